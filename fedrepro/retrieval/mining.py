@@ -1,0 +1,59 @@
+"""Per-client training triples and evaluation candidates from BM25, as in FedMatch.
+
+Training negatives come from the answers of the client's own training questions (no evaluation answer is
+ever shown to training); evaluation candidates are a question's gold answers plus the top-N non-gold BM25
+hits from the client's whole answer pool.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fedrepro.retrieval.bm25 import top_non_gold
+from fedrepro.tasks.qa import CANDIDATE_COLUMNS, TRIPLE_COLUMNS
+
+
+def _questions_and_gold(pairs: pd.DataFrame) -> tuple[dict[str, str], dict[str, set[str]]]:
+    questions = dict(zip(pairs["question_id"], pairs["question"]))
+    gold = pairs.groupby("question_id")["answer_id"].agg(set).to_dict()
+    return questions, gold
+
+
+def training_triples(pairs: pd.DataFrame, pool: pd.DataFrame, k: int, backend: str, **index_opts) -> pd.DataFrame:
+    """One (question, gold answer, negative) triple per gold answer and each of the top-k non-gold hits."""
+    train = pairs[pairs["split"] == "train"]
+    if train.empty:
+        return pd.DataFrame(columns=list(TRIPLE_COLUMNS))
+    questions, gold = _questions_and_gold(train)
+    hits = top_non_gold(questions, gold, pool, k, backend, **index_opts)
+    text = dict(zip(pool["answer_id"], pool["answer"]))
+    merged = train.merge(hits[["question_id", "answer_id", "rank"]].rename(columns={"answer_id": "negative_id"}), on="question_id")
+    merged = merged.sort_values(["question_id", "answer_id", "rank"]).reset_index(drop=True)
+    return pd.DataFrame({
+        "question_id": merged["question_id"],
+        "question": merged["question"],
+        "positive_id": merged["answer_id"],
+        "positive": merged["answer"],
+        "negative_id": merged["negative_id"],
+        "negative": merged["negative_id"].map(text),
+    })
+
+
+def evaluation_candidates(pairs: pd.DataFrame, pool: pd.DataFrame, n: int, backend: str, **index_opts) -> pd.DataFrame:
+    """Gold answers (relevance 1) plus the top-n non-gold BM25 hits (relevance 0) for every valid/test question."""
+    frames = []
+    text = dict(zip(pool["answer_id"], pool["answer"]))
+    for split in ("valid", "test"):
+        rows = pairs[pairs["split"] == split]
+        if rows.empty:
+            continue
+        questions, gold = _questions_and_gold(rows)
+        hits = top_non_gold(questions, gold, pool, n, backend, **index_opts)
+        golds = rows.assign(relevance=1)[["question_id", "question", "answer_id", "answer", "relevance"]].drop_duplicates(["question_id", "answer_id"])
+        negatives = hits.assign(question=hits["question_id"].map(questions), answer=hits["answer_id"].map(text), relevance=0)
+        frame = pd.concat([golds, negatives[["question_id", "question", "answer_id", "answer", "relevance"]]])
+        frames.append(frame.assign(split=split))
+    if not frames:
+        return pd.DataFrame(columns=list(CANDIDATE_COLUMNS))
+    result = pd.concat(frames)[list(CANDIDATE_COLUMNS)]
+    return result.sort_values(["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)

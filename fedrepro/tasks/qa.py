@@ -1,0 +1,124 @@
+"""FedMatch's task: answer selection with a cross-encoder and the pairwise hinge loss
+``max(0, 1 - f(q, a+) + f(q, a-))``, evaluated by MAP and MRR over each question's candidates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import pandas as pd
+import torch
+from torch import nn
+
+from fedrepro.errors import DataError
+from fedrepro.fl.algorithm import TaskOutput
+from fedrepro.io import read_table
+from fedrepro.metrics.ranking import ranking_metrics
+
+TRIPLE_COLUMNS = ("question_id", "question", "positive_id", "positive", "negative_id", "negative")
+CANDIDATE_COLUMNS = ("split", "question_id", "question", "answer_id", "answer", "relevance")
+
+
+@dataclass
+class ClientQAData:
+    """One client's mined training triples and its evaluation candidates (valid and test)."""
+
+    triples: pd.DataFrame
+    candidates: pd.DataFrame
+
+
+def load_client_data(mined_dir: str | Path, client_ids: Sequence[str]) -> dict[str, ClientQAData]:
+    """Read ``<mined_dir>/<client>/{triples,candidates}.parquet`` for each client."""
+    clients = {}
+    for client_id in client_ids:
+        folder = Path(mined_dir) / client_id
+        for name in ("triples", "candidates"):
+            if not (folder / f"{name}.parquet").exists():
+                raise DataError(f"{folder / name}.parquet is missing: run the mine stage for client {client_id!r}")
+        clients[client_id] = ClientQAData(read_table(folder / "triples.parquet"), read_table(folder / "candidates.parquet"))
+    return clients
+
+
+class QAMatchingTask:
+    """Pre-tokenises every (question, answer) pair once; batches are padded to their own longest sequence."""
+
+    def __init__(
+        self,
+        clients: dict[str, ClientQAData],
+        tokenizer,
+        build_model: Callable[[], nn.Module],
+        max_length: int,
+        batch_size: int,
+        eval_batch_size: int = 128,
+    ) -> None:
+        self.client_ids = list(clients)
+        self.tokenizer, self._build_model = tokenizer, build_model
+        self.max_length, self.batch_size, self.eval_batch_size = max_length, batch_size, eval_batch_size
+        self.candidates = {cid: data.candidates for cid, data in clients.items()}
+        self.positives, self.negatives, self.candidate_encodings = {}, {}, {}
+        for cid, data in clients.items():
+            self.positives[cid] = self._encode(data.triples["question"], data.triples["positive"])
+            self.negatives[cid] = self._encode(data.triples["question"], data.triples["negative"])
+            self.candidate_encodings[cid] = self._encode(data.candidates["question"], data.candidates["answer"])
+
+    def _encode(self, questions: pd.Series, answers: pd.Series) -> list[dict[str, list[int]]]:
+        if len(questions) == 0:
+            return []
+        encoded = self.tokenizer(list(questions), list(answers), truncation="longest_first", max_length=self.max_length,
+                                 return_token_type_ids=True, return_attention_mask=True)
+        keys = ("input_ids", "token_type_ids", "attention_mask")
+        return [{k: encoded[k][i] for k in keys} for i in range(len(questions))]
+
+    def _pad(self, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        return dict(self.tokenizer.pad(rows, return_tensors="pt"))
+
+    def build_model(self) -> nn.Module:
+        return self._build_model()
+
+    def num_train_samples(self, client_ids: Sequence[str]) -> int:
+        return sum(len(self.positives[c]) for c in client_ids)
+
+    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator) -> Iterator[dict[str, torch.Tensor]]:
+        """Shuffled batches of triples; each batch holds the B positive pairs followed by the B negative pairs."""
+        index = [(c, i) for c in client_ids for i in range(len(self.positives[c]))]
+        order = torch.randperm(len(index), generator=generator).tolist()
+        for start in range(0, len(order), self.batch_size):
+            chosen = [index[j] for j in order[start:start + self.batch_size]]
+            rows = [self.positives[c][i] for c, i in chosen] + [self.negatives[c][i] for c, i in chosen]
+            yield self._pad(rows)
+
+    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        scores, features = model(**batch)
+        half = scores.shape[0] // 2
+        loss = torch.relu(1.0 - scores[:half] + scores[half:]).mean()
+        return TaskOutput(loss=loss, logits=scores, features=features)
+
+    def score(self, model: nn.Module, client_id: str, split: str) -> pd.DataFrame:
+        """The candidates of ``split`` with the model's score for each (higher = more relevant)."""
+        frame = self.candidates[client_id]
+        mask = (frame["split"] == split).to_numpy()
+        rows = [enc for enc, keep in zip(self.candidate_encodings[client_id], mask) if keep]
+        scores = []
+        for start in range(0, len(rows), self.eval_batch_size):
+            batch_scores, _ = model(**self._pad(rows[start:start + self.eval_batch_size]))
+            scores.extend(batch_scores.tolist())
+        scored = frame.loc[mask, ["question_id", "answer_id", "relevance"]].copy()
+        scored["score"] = scores
+        return scored
+
+    def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
+        scored = self.score(model, client_id, split)
+        return ranking_metrics(*qrels_and_run(scored))
+
+
+def qrels_and_run(scored: pd.DataFrame) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, float]]]:
+    """TREC-style qrels (relevant answers) and run (scores of every candidate) from a scored candidate table."""
+    qrels: dict[str, dict[str, int]] = {}
+    run: dict[str, dict[str, float]] = {}
+    for row in scored.itertuples(index=False):
+        qid, aid = str(row.question_id), str(row.answer_id)
+        run.setdefault(qid, {})[aid] = float(row.score)
+        if row.relevance > 0:
+            qrels.setdefault(qid, {})[aid] = int(row.relevance)
+    return qrels, run

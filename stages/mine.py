@@ -1,0 +1,33 @@
+"""Stage mine: BM25 negatives for training (top-k non-gold, k=5 in the paper) and evaluation candidates."""
+
+from pathlib import Path
+
+from tqdm import tqdm
+
+from fedrepro.cli import run_stage
+from fedrepro.config import load_params
+from fedrepro.io import atomic_dir, read_table, write_json, write_table
+from fedrepro.retrieval.mining import evaluation_candidates, training_triples
+
+PARTITION, OUT = Path("data/partition/qa"), Path("data/mined")
+
+
+def main() -> None:
+    params = load_params().mine
+    options = {"k1": params.k1, "b": params.b, "es_url": params.es_url}
+    summary = {}
+    with atomic_dir(OUT) as tmp:
+        for folder in tqdm(sorted(PARTITION.iterdir()), desc="mining clients"):
+            pairs = read_table(folder / "pairs.parquet")
+            triples = training_triples(pairs, read_table(folder / "train_pool.parquet"), params.negatives_per_question, params.backend, **options)
+            candidates = evaluation_candidates(pairs, read_table(folder / "pool.parquet"), params.eval_negatives, params.backend, **options)
+            out = tmp / folder.name
+            out.mkdir()
+            write_table(out / "triples.parquet", triples)
+            write_table(out / "candidates.parquet", candidates)
+            summary[folder.name] = {"triples": len(triples), "candidates": candidates.groupby("split").size().to_dict()}
+        write_json(tmp / "summary.json", summary)
+
+
+if __name__ == "__main__":
+    run_stage(main)
