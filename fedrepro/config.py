@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedrepro.errors import ConfigError
 
+RE_CORPORA = ("pgr", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
 ALGORITHMS = ("individual", "centralised", "fedavg", "fedprox", "fedper")
 SCALES = ("embedded", "cpu", "paper")
 
@@ -31,6 +32,15 @@ class DataParams(_Strict):
     max_questions_per_client: int = Field(ge=0, description="train questions of the largest client; 0 = all")
     min_questions_per_client: int = Field(ge=1)
     max_eval_questions_per_client: int = Field(ge=0, description="valid/test questions per client; 0 = all")
+    re_corpora: list[Literal[RE_CORPORA]]  # type: ignore[valid-type]
+    vertical_sets: dict[str, list[str] | None] = Field(description="FATE set -> host files to join (null: all)")
+    i2b2_dir: str | None = None
+
+    @property
+    def raw_collections(self) -> list[str]:
+        """The raw collections acquire must bring for the configured RE corpora and vertical sets."""
+        needed = [c.split("_")[0] for c in self.re_corpora if c != "i2b2"]
+        return list(dict.fromkeys(needed + (["fate_vfl"] if self.vertical_sets else [])))
 
 
 class PartitionParams(_Strict):
@@ -44,6 +54,7 @@ class MineParams(_Strict):
     b: float = Field(ge=0, le=1)
     negatives_per_question: int = Field(ge=1)
     eval_negatives: int = Field(ge=1)
+    eval_pool: Literal["bm25", "official"]
     es_url: str | None = None
 
 

@@ -36,17 +36,9 @@ def run_fingerprint(params: Params, algorithm: str, seed: int, inputs_digest: st
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def build_qa_engine(
-    params: Params,
-    algorithm: str,
-    seed: int,
-    mined_dir: Path,
-    tokenizer_dir: Path,
-    checkpoint_dir: Path,
-    progress: bool = True,
-) -> Engine:
-    seed_everything(seed, params.train.threads)
-    model_params, train = params.model, params.train
+def build_qa_task(params: Params, mined_dir: Path, tokenizer_dir: Path) -> QAMatchingTask:
+    """The clients' mined data, tokenised once; the task can serve several runs (e.g. every evaluated cell)."""
+    model_params = params.model
     tokenizer = load_tokenizer(model_params.backbone, tokenizer_dir)
     clients = load_client_data(mined_dir, sorted(p.name for p in Path(mined_dir).iterdir() if p.is_dir()))
 
@@ -54,12 +46,26 @@ def build_qa_engine(
         encoder = build_encoder(model_params.backbone, len(tokenizer), model_params.tiny.model_dump(), model_params.max_length)
         return CrossEncoder(encoder)
 
-    task = QAMatchingTask(clients, tokenizer, build_model, model_params.max_length, train.batch_size)
+    return QAMatchingTask(clients, tokenizer, build_model, model_params.max_length, params.train.batch_size)
+
+
+def build_engine(
+    params: Params,
+    task: QAMatchingTask,
+    algorithm: str,
+    seed: int,
+    inputs_digest: str,
+    checkpoint_dir: Path,
+    progress: bool = True,
+) -> Engine:
+    """An engine for one (algorithm, seed) cell; it resumes from ``checkpoint_dir`` when that holds this run."""
+    train = params.train
+    seed_everything(seed, train.threads)
     settings = EngineSettings(
         rounds=train.rounds, local_epochs=train.local_epochs, clients_per_round=train.clients_per_round, lr=train.lr,
         batch_size=train.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
         seed=seed, eval_every=train.eval_every,
     )
-    fingerprint = run_fingerprint(params, algorithm, seed, tree_digest(mined_dir, tokenizer_dir))
+    fingerprint = run_fingerprint(params, algorithm, seed, inputs_digest)
     chosen = build_algorithm(algorithm, AlgorithmSettings(weighting=train.weighting, fedprox_mu=train.fedprox_mu))
     return Engine(task, chosen, settings, checkpoint_dir, fingerprint, progress=progress)

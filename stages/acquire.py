@@ -25,7 +25,7 @@ def main() -> None:
         return
     from fedrepro.data.acquire import acquire
 
-    acquire(params.partition.collections, params.data.source, params.data.mirror, OUT)
+    acquire(params.partition.collections + params.data.raw_collections, params.data.source, params.data.mirror, OUT)
 
 
 if __name__ == "__main__":

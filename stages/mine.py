@@ -7,7 +7,7 @@ from tqdm import tqdm
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, read_table, write_json, write_table
-from fedrepro.retrieval.mining import evaluation_candidates, training_triples
+from fedrepro.retrieval.mining import evaluation_candidates, official_candidates, training_triples
 
 PARTITION, OUT = Path("data/partition/qa"), Path("data/mined")
 
@@ -20,12 +20,21 @@ def main() -> None:
         for folder in tqdm(sorted(PARTITION.iterdir()), desc="mining clients"):
             pairs = read_table(folder / "pairs.parquet")
             triples = training_triples(pairs, read_table(folder / "train_pool.parquet"), params.negatives_per_question, params.backend, **options)
-            candidates = evaluation_candidates(pairs, read_table(folder / "pool.parquet"), params.eval_negatives, params.backend, **options)
+            official = params.eval_pool == "official" and (folder / "official_pools.parquet").exists()
+            if official:
+                candidates = official_candidates(pairs, read_table(folder / "official_pools.parquet"))
+            else:
+                candidates = evaluation_candidates(pairs, read_table(folder / "pool.parquet"), params.eval_negatives, params.backend, **options)
             out = tmp / folder.name
             out.mkdir()
             write_table(out / "triples.parquet", triples)
             write_table(out / "candidates.parquet", candidates)
-            summary[folder.name] = {"triples": len(triples), "candidates": candidates.groupby("split").size().to_dict()}
+            summary[folder.name] = {
+                "triples": len(triples),
+                "candidates": candidates.groupby("split").size().to_dict(),
+                "negatives": {"train": len(triples), **candidates[candidates.relevance == 0].groupby("split").size().to_dict()},
+                "eval_pool": "official" if official else "bm25",
+            }
         write_json(tmp / "summary.json", summary)
 
 

@@ -1,25 +1,27 @@
-"""Stage prepare: one tidy table per collection (question id, question, answer id, answer, split, domain)."""
+"""Stage prepare: tidy tables for every collection (QA: question id, question, answer id, answer, split, domain),
+plus the statistics the report shows (FedQA Table 1 shape)."""
 
 from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.data.embedded import COLLECTION, load_insuranceqa_package
-from fedrepro.io import atomic_dir, write_table
+from fedrepro.data.prepare import prepare_embedded, prepare_raw
+from fedrepro.io import atomic_dir, write_json
 
 RAW, OUT = Path("data/raw"), Path("data/prepared")
 
 
 def main() -> None:
     params = load_params()
+    data = params.data
     with atomic_dir(OUT) as tmp:
-        if params.data.source == "embedded":
-            pairs, answers, pools = load_insuranceqa_package(RAW / "insuranceqa_pkg")
-            folder = tmp / "qa" / COLLECTION
-            folder.mkdir(parents=True)
-            write_table(folder / "pairs.parquet", pairs)
-            write_table(folder / "answers.parquet", answers)
-            write_table(folder / "pools.parquet", pools)
+        if data.source == "embedded":
+            stats = prepare_embedded(RAW, tmp, data.seed)
+        else:
+            stats = prepare_raw(RAW, tmp, data.seed, params.partition.collections, data.re_corpora, data.vertical_sets, data.i2b2_dir)
+        for line in stats["skipped"]:
+            print(line)
+        write_json(tmp / "statistics.json", stats)
 
 
 if __name__ == "__main__":

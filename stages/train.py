@@ -11,7 +11,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, write_json
 from fedrepro.metrics.summary import overall
-from fedrepro.runs import build_qa_engine
+from fedrepro.runs import build_engine, build_qa_task, tree_digest
 
 MINED, TOKENIZER = Path("data/mined"), Path("data/tokenizer")
 
@@ -37,7 +37,8 @@ def main() -> None:
     params = load_params()
     cell = f"{args.algorithm}-{args.seed}"
     checkpoints, out = Path("data/checkpoints") / cell, Path("data/train") / cell
-    engine = build_qa_engine(params, args.algorithm, args.seed, MINED, TOKENIZER, checkpoints)
+    task = build_qa_task(params, MINED, TOKENIZER)
+    engine = build_engine(params, task, args.algorithm, args.seed, tree_digest(MINED, TOKENIZER), checkpoints)
     started = time.perf_counter()
     state = engine.run()
     with atomic_dir(out) as tmp:
@@ -51,7 +52,8 @@ def main() -> None:
             "parameters": {"shared": len(engine.shared_names), "private": len(engine.private_names)},
         })
         write_json(tmp / "timing.json", {"seconds_this_invocation": time.perf_counter() - started})
-        log_history(tmp / "live", state.history)
+    with atomic_dir(Path("data/live") / cell) as tmp:
+        log_history(tmp, state.history)
 
 
 if __name__ == "__main__":

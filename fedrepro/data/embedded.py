@@ -9,7 +9,6 @@ Question ids restart at 0 in every split, so they are prefixed with the split he
 from __future__ import annotations
 
 import gzip
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro.data.schema import check_qa_pairs, normalise_space
+from fedrepro.data.acquire import sha256_of
 from fedrepro.errors import DataError
 
 PACKAGE = "insuranceqa_data"
@@ -37,14 +37,6 @@ def package_dir() -> Path:
     return Path(spec.origin).parent
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def copy_package_files(dest: Path) -> dict[str, str]:
     """Copy the package's data files into ``dest``, checking each against its known sha256."""
     source = package_dir()
@@ -52,7 +44,7 @@ def copy_package_files(dest: Path) -> dict[str, str]:
         path = source / name
         if not path.exists():
             raise DataError(f"{path} is missing from the installed insuranceqa-data package")
-        actual = sha256_file(path)
+        actual = sha256_of(path)
         if actual != expected:
             raise DataError(f"{path}: sha256 {actual} does not match the expected {expected}")
         shutil.copyfile(path, dest / name)

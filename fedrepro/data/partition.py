@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from fedrepro.errors import DataError
+from fedrepro.io import read_table, write_table
 from fedrepro.seeding import derive_seed
 
 
@@ -45,3 +49,65 @@ def training_pool(pairs: pd.DataFrame, pool: pd.DataFrame) -> pd.DataFrame:
     train_gold = set(pairs.loc[pairs["split"] == "train", "answer_id"])
     eval_only = set(pairs.loc[pairs["split"] != "train", "answer_id"]) - train_gold
     return pool[~pool["answer_id"].isin(eval_only)].reset_index(drop=True)
+
+
+@dataclass
+class QAClient:
+    """One client's uncapped tables: its pairs, its answer pool, the collection's official candidate pools
+    (or None) and the collection's answer texts (official pools may point anywhere in the collection)."""
+
+    pairs: pd.DataFrame
+    pool: pd.DataFrame
+    official_pools: pd.DataFrame | None
+    collection_answers: pd.DataFrame
+
+
+def read_collection(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    pools = read_table(folder / "pools.parquet") if (folder / "pools.parquet").exists() else None
+    return read_table(folder / "pairs.parquet"), read_table(folder / "answers.parquet"), pools
+
+
+def clients_by_collection(prepared: Path, collections: list[str]) -> dict[str, QAClient]:
+    """FedQA: each collection is one client, its pool is every answer of the collection."""
+    clients = {}
+    for name in collections:
+        pairs, answers, pools = read_collection(prepared / name)
+        clients[name] = QAClient(pairs, answers, pools, answers)
+    return clients
+
+
+def clients_by_domain(prepared: Path, collection: str, domains: list[str]) -> dict[str, QAClient]:
+    """One client per domain of one collection; its pool is every answer that is gold for one of its questions."""
+    pairs, answers, pools = read_collection(prepared / collection)
+    clients = {}
+    for domain in domains:
+        own = pairs[pairs["domain"] == domain]
+        if own.empty:
+            raise DataError(f"params: partition.embedded_domains has {domain!r}, not a domain of {collection}; "
+                            f"allowed {sorted(pairs['domain'].unique())}")
+        clients[domain] = QAClient(own, answers[answers["answer_id"].isin(set(own["answer_id"]))], pools, answers)
+    return clients
+
+
+def write_clients(clients: dict[str, QAClient], out: Path, largest: int, smallest: int, eval_questions: int, seed: int) -> dict:
+    """Cap every client (keeping the size skew) and write its tables under ``out/qa/<client>/``; return a summary."""
+    train_sizes = {c: client.pairs.loc[client.pairs["split"] == "train", "question_id"].nunique() for c, client in clients.items()}
+    caps = skew_preserving_caps(train_sizes, largest, smallest)
+    summary = {}
+    for name, client in clients.items():
+        capped = cap_client(client.pairs, caps[name], eval_questions, seed, name)
+        folder = out / "qa" / name
+        folder.mkdir(parents=True)
+        write_table(folder / "pairs.parquet", capped)
+        write_table(folder / "pool.parquet", client.pool.reset_index(drop=True))
+        write_table(folder / "train_pool.parquet", training_pool(client.pairs, client.pool))
+        if client.official_pools is not None:
+            evaluated = set(capped.loc[capped["split"] != "train", "question_id"])
+            pooled = client.official_pools[client.official_pools["question_id"].isin(evaluated)]
+            write_table(folder / "official_pools.parquet", pooled.merge(client.collection_answers, on="answer_id"))
+        summary[name] = {
+            "train_questions_available": int(train_sizes[name]),
+            "questions": capped.groupby("split")["question_id"].nunique().to_dict(),
+            "answer_pool": len(client.pool),
+        }
+    return {"caps": caps, "clients": summary}

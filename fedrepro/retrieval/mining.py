@@ -57,3 +57,16 @@ def evaluation_candidates(pairs: pd.DataFrame, pool: pd.DataFrame, n: int, backe
         return pd.DataFrame(columns=list(CANDIDATE_COLUMNS))
     result = pd.concat(frames)[list(CANDIDATE_COLUMNS)]
     return result.sort_values(["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)
+
+
+def official_candidates(pairs: pd.DataFrame, pools: pd.DataFrame) -> pd.DataFrame:
+    """Gold answers plus the collection's own candidate pool (``pools``: question_id, answer_id, answer), e.g.
+    InsuranceQA's, for every valid/test question."""
+    evaluation = pairs[pairs["split"] != "train"]
+    questions = evaluation.drop_duplicates("question_id").set_index("question_id")
+    golds = evaluation[["question_id", "answer_id", "answer"]].drop_duplicates(["question_id", "answer_id"])
+    pooled = pools[pools["question_id"].isin(questions.index)]
+    frame = pd.concat([golds.assign(relevance=1), pooled.assign(relevance=0)]).drop_duplicates(["question_id", "answer_id"])
+    frame = frame.assign(split=frame["question_id"].map(questions["split"]), question=frame["question_id"].map(questions["question"]))
+    return frame[list(CANDIDATE_COLUMNS)].sort_values(
+        ["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)

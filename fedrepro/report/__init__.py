@@ -1,0 +1,1 @@
+"""Tables, figures and the markdown report, built only from what the pipeline wrote."""

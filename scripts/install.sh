@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs fedrepro and everything it needs into ./.venv (idempotent). Offline-safe: only package registries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+# torch is pinned exactly: a bare `torch` would pull a multi-GB CUDA build.
+python -m pip install --quiet -e ".[pipeline,test]"
+python -m pip check
+# DVC needs a git repository with at least one commit and an identity for `dvc exp run`.
+git config user.name >/dev/null 2>&1 || git config user.name "fedrepro"
+git config user.email >/dev/null 2>&1 || git config user.email "fedrepro@localhost"

@@ -1,0 +1,69 @@
+"""Params validation: one line naming the key, the bad value and what is allowed; scale presets fill nulls."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedrepro.config import parse_params
+from fedrepro.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def with_change(path: str, value):
+    raw = copy.deepcopy(RAW)
+    *parents, last = path.split(".")
+    target = raw
+    for key in parents:
+        target = target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return raw
+
+
+def test_defaults_are_valid_and_filled_from_the_scale():
+    params = parse_params(RAW)
+    assert params.scale == "embedded"
+    assert params.train.rounds == RAW["scales"]["embedded"]["train"]["rounds"]
+    assert params.model.backbone == "tiny"
+
+
+def test_switching_scale_moves_every_null_key():
+    params = parse_params(with_change("scale", "cpu"))
+    assert params.model.backbone == "minilm"
+    assert params.data.max_questions_per_client == RAW["scales"]["cpu"]["data"]["max_questions_per_client"]
+
+
+def test_an_explicit_value_wins_over_the_scale():
+    assert parse_params(with_change("train.rounds", 3)).train.rounds == 3
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    ("train.algorithms", ["fedavg", "fedsgd"], "train.algorithms.1 = 'fedsgd'"),
+    ("train.lr", -0.1, "train.lr = -0.1"),
+    ("train.clients_per_round", 9, "train.clients_per_round = 9"),
+    ("mine.backend", "lucene", "mine.backend = 'lucene'"),
+    ("scale", "huge", "scale = 'huge'"),
+    ("train.local_epochs", KeyError, "train.local_epochs is missing"),
+    ("train.learning_rate", 0.1, "train.learning_rate is not a known key"),
+])
+def test_bad_params_name_the_key_and_value(path, value, expected):
+    with pytest.raises(ConfigError) as error:
+        parse_params(with_change(path, value))
+    message = str(error.value)
+    assert expected in message and "\n" not in message
+
+
+def test_a_stage_with_bad_params_exits_nonzero_in_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(with_change("train.lr", -1)))
+    result = subprocess.run([sys.executable, str(ROOT / "stages" / "acquire.py")], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "train.lr = -1" in result.stderr
+    assert not (tmp_path / "data").exists()

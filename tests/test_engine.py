@@ -1,0 +1,139 @@
+"""The federated engine: aggregation math, the channel, private state, sampling, determinism and resume."""
+
+import json
+
+import pytest
+import torch
+
+from fedrepro.fl.algorithm import AlgorithmSettings, ClientUpdate, LocalContext, TaskOutput
+from fedrepro.fl.algorithms import build_algorithm
+from fedrepro.fl.channel import SERVER, Channel
+from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
+from toy import ToyTask
+
+SIZES = {"a": 40, "b": 20, "c": 8}
+
+
+def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, seed=0, weighting="uniform", mu=0.0, **kwargs):
+    torch.use_deterministic_algorithms(True)
+    settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=clients_per_round, lr=0.01,
+                              batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
+    chosen = build_algorithm(algorithm, AlgorithmSettings(weighting=weighting, fedprox_mu=mu))
+    return Engine(ToyTask(SIZES), chosen, settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{seed}-{rounds}",
+                  progress=False, **kwargs)
+
+
+def test_uniform_and_size_weighted_average():
+    updates = [ClientUpdate("a", {"w": torch.tensor([1.0, 2.0])}, 30), ClientUpdate("b", {"w": torch.tensor([3.0, 6.0])}, 10)]
+    base = {"w": torch.zeros(2)}
+    uniform = build_algorithm("fedavg", AlgorithmSettings(weighting="uniform")).aggregate(base, updates)
+    sized = build_algorithm("fedavg", AlgorithmSettings(weighting="size")).aggregate(base, updates)
+    assert torch.allclose(uniform["w"], torch.tensor([2.0, 4.0]))
+    assert torch.allclose(sized["w"], torch.tensor([0.75 * 1 + 0.25 * 3, 0.75 * 2 + 0.25 * 6]))
+
+
+def test_channel_counts_bytes_names_and_copies():
+    channel = Channel()
+    tensor = torch.ones(3, 4)
+    delivered = channel.send(0, SERVER, "a", {"x": tensor, "y": torch.zeros(2, dtype=torch.float64)})
+    channel.send(0, "a", SERVER, {"x": tensor})
+    channel.send(1, "a", SERVER, {"x": tensor})
+    assert channel.round_bytes(0) == {"up": 48, "down": 48 + 16}
+    assert channel.round_bytes(1) == {"up": 48, "down": 0}
+    assert channel.names_received("a") == {"x", "y"} and channel.names_received(SERVER) == {"x"}
+    delivered["x"].add_(1)
+    assert torch.equal(tensor, torch.ones(3, 4)), "the receiver must get a copy, not the sender's memory"
+    assert channel.summary()["a->server"] == {"bytes": 96, "messages": 2}
+
+
+def test_fedavg_round_bytes_match_model_size(tmp_path):
+    engine = make_engine(tmp_path, rounds=1)
+    engine.run()
+    model_bytes = sum(p.numel() * 4 for p in engine.model.parameters())
+    record = engine.state.history[0]
+    assert record["bytes_up"] == record["bytes_down"] == len(SIZES) * model_bytes
+
+
+def test_fedper_keeps_heads_private(tmp_path):
+    engine = make_engine(tmp_path, algorithm="fedper")
+    engine.run()
+    assert not any(name.startswith("head.") for name in engine.channel.names_received(SERVER))
+    for client in SIZES:
+        assert not any(name.startswith("head.") for name in engine.channel.names_sent(client))
+    heads = [engine.state.client_states[c]["param/head.weight"] for c in SIZES]
+    assert not torch.equal(heads[0], heads[1]), "each client trains its own head"
+    assert "head.weight" not in engine.state.global_weights
+
+
+def test_individual_and_centralised_send_nothing(tmp_path):
+    for name in ("individual", "centralised"):
+        engine = make_engine(tmp_path / name, algorithm=name)
+        engine.run()
+        assert engine.channel.messages == []
+        assert set(engine.state.client_states) == ({"pooled"} if name == "centralised" else set(SIZES))
+
+
+def test_client_sampling_leaves_unsampled_private_state_untouched(tmp_path):
+    engine = make_engine(tmp_path, algorithm="fedper", rounds=4, clients_per_round=2)
+    snapshots = []
+    engine.on_round_end = lambda record: snapshots.append(
+        (record["clients"], {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()}))
+    engine.run()
+    assert all(len(clients) == 2 for clients, _ in snapshots)
+    for (_, before), (clients, after) in zip(snapshots, snapshots[1:]):
+        for client in set(before) - set(clients):
+            assert all(torch.equal(before[client][k], after[client][k]) for k in before[client])
+
+
+def test_fedprox_adds_the_proximal_term():
+    model = torch.nn.Linear(2, 1)
+    received = {name: (p.detach() + 1.0) for name, p in model.named_parameters()}
+    loss = torch.tensor(0.5)
+    context = LocalContext(0, "a", received)
+    objective = build_algorithm("fedprox", AlgorithmSettings(fedprox_mu=0.2)).local_objective(model, TaskOutput(loss), context)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert objective.item() == pytest.approx(0.5 + 0.5 * 0.2 * n_params)
+
+
+def test_lr_schedule_warms_up_then_decays():
+    factors = [lr_factor(step, 20, 0.1) for step in range(20)]
+    assert factors[0] == pytest.approx(0.5) and factors[1] == pytest.approx(1.0)
+    assert factors[2] > factors[10] > factors[19] > 0
+    assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
+
+
+def test_same_seed_gives_byte_identical_history(tmp_path):
+    first = make_engine(tmp_path / "1", algorithm="fedprox", mu=0.1).run().history
+    second = make_engine(tmp_path / "2", algorithm="fedprox", mu=0.1).run().history
+    other = make_engine(tmp_path / "3", algorithm="fedprox", mu=0.1, seed=1).run().history
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    assert json.dumps(first, sort_keys=True) != json.dumps(other, sort_keys=True)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedper", "individual"])
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, algorithm):
+    reference = make_engine(tmp_path / "ref", algorithm=algorithm, rounds=4, clients_per_round=2).run()
+
+    def crash(record):
+        if record["round"] == 2:
+            raise KeyboardInterrupt("killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        make_engine(tmp_path / "run", algorithm=algorithm, rounds=4, clients_per_round=2, on_round_end=crash).run()
+    resumed_engine = make_engine(tmp_path / "run", algorithm=algorithm, rounds=4, clients_per_round=2)
+    assert resumed_engine.state.next_round == 2
+    resumed = resumed_engine.run()
+    assert json.dumps(resumed.history, sort_keys=True) == json.dumps(reference.history, sort_keys=True)
+    for name, value in reference.global_weights.items():
+        assert torch.equal(value, resumed.global_weights[name])
+    assert resumed_engine.channel.summary() == make_engine(tmp_path / "ref", algorithm=algorithm, rounds=4,
+                                                          clients_per_round=2).channel.summary()
+
+
+def test_a_checkpoint_from_other_settings_is_not_resumed(tmp_path):
+    make_engine(tmp_path, rounds=2).run()
+    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
+    engine = Engine(ToyTask(SIZES), build_algorithm("fedavg", AlgorithmSettings()), settings, tmp_path / "ckpt",
+                    fingerprint="something else", progress=False)
+    assert engine.state.next_round == 0

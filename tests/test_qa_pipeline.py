@@ -1,0 +1,94 @@
+"""FedMatch's data path: skew-preserving caps, leakage-free pools, mined triples and candidates, the hinge loss."""
+
+import pandas as pd
+import pytest
+import torch
+
+from fedrepro.data.partition import cap_client, skew_preserving_caps, training_pool
+from fedrepro.retrieval.mining import evaluation_candidates, training_triples
+from fedrepro.tasks.qa import qrels_and_run
+
+WORDS = "premium policy claim deductible annuity renters auto life coverage term whole beneficiary rider".split()
+
+
+def toy_pairs():
+    rows = []
+    for i in range(12):
+        split = "train" if i < 8 else ("valid" if i < 10 else "test")
+        question = f"what is a {WORDS[i]} {WORDS[(i + 1) % 13]}"
+        rows.append((f"q{i}", question, f"a{i}", f"a {WORDS[i]} is explained here {WORDS[(i + 1) % 13]}", split, "d"))
+    return pd.DataFrame(rows, columns=["question_id", "question", "answer_id", "answer", "split", "domain"])
+
+
+def pool_of(pairs):
+    extra = pd.DataFrame({"answer_id": [f"x{i}" for i in range(6)], "answer": [f"{w} {w} details" for w in WORDS[:6]]})
+    return pd.concat([pairs[["answer_id", "answer"]], extra], ignore_index=True)
+
+
+def test_caps_keep_the_size_skew():
+    caps = skew_preserving_caps({"big": 3328, "mid": 800, "small": 107}, largest=40, smallest=5)
+    assert caps == {"big": 40, "mid": 10, "small": 5}
+    assert skew_preserving_caps({"a": 10, "b": 3}, largest=0, smallest=1) == {"a": 10, "b": 3}
+
+
+def test_capping_is_seeded_and_per_split():
+    pairs = toy_pairs()
+    first = cap_client(pairs, 3, 1, seed=0, client="c")
+    assert first.groupby("split")["question_id"].nunique().to_dict() == {"test": 1, "train": 3, "valid": 1}
+    assert first.equals(cap_client(pairs, 3, 1, seed=0, client="c"))
+
+
+def test_training_pool_drops_answers_gold_only_for_evaluation():
+    pairs = toy_pairs()
+    pool = training_pool(pairs, pool_of(pairs))
+    assert not set(pool["answer_id"]) & {"a8", "a9", "a10", "a11"}
+    assert {"a0", "x0"} <= set(pool["answer_id"])
+
+
+def test_triples_never_use_a_gold_answer_as_negative():
+    pairs = toy_pairs()
+    triples = training_triples(pairs, training_pool(pairs, pool_of(pairs)), k=3, backend="bm25s")
+    assert len(triples) > 0 and set(triples["question_id"]) <= {f"q{i}" for i in range(8)}
+    gold = dict(zip(pairs["question_id"], pairs["answer_id"]))
+    assert all(row.negative_id != gold[row.question_id] for row in triples.itertuples())
+    assert (triples.groupby("question_id").size() <= 3).all()
+
+
+def test_candidates_hold_every_gold_answer_plus_bm25_negatives():
+    pairs = toy_pairs()
+    candidates = evaluation_candidates(pairs, pool_of(pairs), n=4, backend="bm25s")
+    assert set(candidates["split"]) == {"valid", "test"}
+    relevant = candidates[candidates.relevance == 1]
+    assert sorted(relevant["question_id"]) == ["q10", "q11", "q8", "q9"]
+    assert (candidates.groupby("question_id").size() <= 5).all()
+
+
+def test_qrels_and_run_from_scored_candidates():
+    scored = pd.DataFrame({"question_id": ["q", "q", "r"], "answer_id": ["a", "b", "c"], "relevance": [1, 0, 0], "score": [0.2, 0.9, 0.1]})
+    qrels, run = qrels_and_run(scored)
+    assert qrels == {"q": {"a": 1}} and run == {"q": {"a": 0.2, "b": 0.9}, "r": {"c": 0.1}}
+
+
+def test_hinge_loss_of_the_task():
+    from fedrepro.tasks.qa import QAMatchingTask
+
+    class FixedScores(torch.nn.Module):
+        def forward(self, **batch):
+            return batch["input_ids"][:, 0].float(), None
+
+    task = QAMatchingTask.__new__(QAMatchingTask)
+    batch = {"input_ids": torch.tensor([[3], [0], [1], [0]])}  # positives score 3, 0; negatives score 1, 0
+    loss = task.forward(FixedScores(), batch).loss
+    assert loss.item() == pytest.approx((max(0, 1 - 3 + 1) + max(0, 1 - 0 + 0)) / 2)
+
+
+def test_official_pool_candidates_add_every_gold_answer():
+    from fedrepro.retrieval.mining import official_candidates
+
+    pairs = toy_pairs()
+    pools = pd.DataFrame({"question_id": ["q8", "q8", "q9", "q1"], "answer_id": ["x0", "a8", "x1", "x2"],
+                          "answer": ["pool zero", "gold eight", "pool one", "train pool"]})
+    candidates = official_candidates(pairs, pools)
+    assert set(candidates["question_id"]) == {"q8", "q9", "q10", "q11"}, "train questions are not evaluated"
+    q8 = candidates[candidates.question_id == "q8"].set_index("answer_id")["relevance"].to_dict()
+    assert q8 == {"a8": 1, "x0": 0}
