@@ -31,6 +31,7 @@ def main() -> None:
             write_table(out / "candidates.parquet", candidates)
             summary[folder.name] = {
                 "triples": len(triples),
+                "distinct_positives": int(triples["positive_id"].nunique()),
                 "candidates": candidates.groupby("split").size().to_dict(),
                 "negatives": {"train": len(triples), **candidates[candidates.relevance == 0].groupby("split").size().to_dict()},
                 "eval_pool": "official" if official else "bm25",

@@ -20,7 +20,7 @@ def main() -> None:
     communication = histories.groupby("algorithm", sort=False)[["bytes_up", "bytes_down"]].mean().astype(int)
     communication = communication.reindex(algorithms)
     report = render_report(
-        params, results, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"), communication
+        params, results, histories, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"), communication
     )
     with atomic_file(REPORTS / "report.md") as handle:
         handle.write(report)

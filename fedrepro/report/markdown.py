@@ -33,7 +33,26 @@ def _markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown()
 
 
-def render_report(params: Params, results: pd.DataFrame, partition: dict, mined: dict, communication: pd.DataFrame) -> str:
+def fit_diagnostics(histories: pd.DataFrame, mined: dict) -> list[str]:
+    """Last-round training loss against the validation MRR gain: a loss near zero with no MRR gain means the
+    model fits the few positive answers it sees rather than learning to match."""
+    lines = []
+    positives = sum(client["distinct_positives"] for client in mined.values())
+    for algorithm, frame in histories.groupby("algorithm", sort=False):
+        by_round = frame.groupby("round")[["train_loss", "valid_mrr"]].mean()
+        first, last = by_round.iloc[0], by_round.iloc[-1]
+        gain = last["valid_mrr"] - first["valid_mrr"]
+        line = (f"{algorithm}: training loss {first['train_loss']:.3f} -> {last['train_loss']:.3f}, validation MRR "
+                f"{first['valid_mrr']:.3f} -> {last['valid_mrr']:.3f} (round 1 -> {int(by_round.index[-1])}, mean over seeds)")
+        if last["train_loss"] < 0.1 and gain < 0.02:
+            line += (f"; the loss is near zero while validation MRR does not improve: with only {positives} distinct "
+                     "positive answers in all clients' training data, the model fits them instead of learning to match")
+        lines.append(line)
+    return lines
+
+
+def render_report(params: Params, results: pd.DataFrame, histories: pd.DataFrame, partition: dict, mined: dict,
+                  communication: pd.DataFrame) -> str:
     train, model, seeds = params.train, params.model, params.train.seeds
     algorithms = train.algorithms
     clients = pd.DataFrame({
@@ -44,6 +63,7 @@ def render_report(params: Params, results: pd.DataFrame, partition: dict, mined:
             "test questions": info["questions"].get("test", 0),
             "answer pool": info["answer_pool"],
             "training triples": mined[client]["triples"],
+            "distinct positive answers": mined[client]["distinct_positives"],
             "test candidates": mined[client]["candidates"].get("test", 0),
         }
         for client, info in partition["clients"].items()
@@ -91,6 +111,7 @@ def render_report(params: Params, results: pd.DataFrame, partition: dict, mined:
         claims.append("A private head (FedPer) versus FedAvg. " + compare(results, "fedper", "fedavg", "mrr"))
     if claims:
         lines += ["## Claims checked at this scale", ""] + [f"- {claim}" for claim in claims] + [""]
+    lines += ["## Fit diagnostics", ""] + [f"- {line}" for line in fit_diagnostics(histories, mined)] + [""]
     lines += [
         "## Figures",
         "",
