@@ -27,25 +27,36 @@ def minilm_path() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int, extra_tokens: Iterable[str] = ()) -> PreTrainedTokenizerFast:
-    """An uncased BERT-style WordPiece tokenizer trained on ``texts`` with the ``tokenizers`` library."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
+def train_wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """An uncased BERT-style WordPiece tokenizer trained on ``texts`` with the ``tokenizers`` library.
+
+    The library's trainer creates the ``##`` continuation tokens in hash-map order, which changes merge
+    tie-breaking and so the vocabulary from one process to the next (huggingface/tokenizers#1794). Registering
+    every ``##`` + character up front, in sorted order, makes training deterministic; the trained vocabulary is
+    then loaded into a fresh WordPiece model so those tokens are ordinary entries, not special tokens.
+    """
+    texts = list(texts)
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    alphabet = sorted({char for text in texts for char in normalizer.normalize_str(text) if not char.isspace()})
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + ["##" + char for char in alphabet], initial_alphabet=alphabet,
+    )
+    scratch = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    scratch.normalizer, scratch.pre_tokenizer = normalizer, pre_tokenizers.BertPreTokenizer()
+    scratch.train_from_iterator(texts, trainer)
+    tokenizer = Tokenizer(models.WordPiece(vocab=scratch.get_vocab(), unk_token="[UNK]"))
+    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizers.BertPreTokenizer()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]",
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
-    if extra_tokens:
-        fast.add_tokens(list(extra_tokens))
-    return fast
 
 
 def load_tokenizer(backbone: str, tokenizer_dir: str | Path | None = None):
