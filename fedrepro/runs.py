@@ -29,10 +29,22 @@ def tree_digest(*folders: Path) -> str:
     return digest.hexdigest()
 
 
+def code_digest() -> str:
+    """sha256 over fedrepro's Python sources: a checkpoint written by other code is never resumed."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def run_fingerprint(params: Params, algorithm: str, seed: int, inputs_digest: str) -> str:
-    """Changes whenever anything that shapes the run changes; a checkpoint from another run is never resumed."""
+    """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
+    another run is never resumed."""
     train = params.train.model_dump(exclude={"algorithms", "seeds"})
-    payload = {"algorithm": algorithm, "seed": seed, "model": params.model.model_dump(), "train": train, "inputs": inputs_digest}
+    payload = {"algorithm": algorithm, "seed": seed, "model": params.model.model_dump(), "train": train,
+               "inputs": inputs_digest, "code": code_digest()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
