@@ -49,11 +49,12 @@ def main() -> None:
             "history": state.history,
             "final_valid": overall(state.history[-1]["valid"]),
             "channel": engine.channel.summary(),
-            "parameters": {"shared": len(engine.shared_names), "private": len(engine.private_names)},
+            "memory_bytes": engine.memory_bytes(),
         })
-        write_json(tmp / "timing.json", {"seconds_this_invocation": time.perf_counter() - started})
+    # Wall time varies run to run, so it stays out of the cached cell output (data/train), beside the curves.
     with atomic_dir(Path("data/live") / cell) as tmp:
         log_history(tmp, state.history)
+        write_json(tmp / "timing.json", {"seconds_this_invocation": time.perf_counter() - started})
 
 
 if __name__ == "__main__":

@@ -46,6 +46,16 @@ def test_channel_counts_bytes_names_and_copies():
     assert channel.summary()["a->server"] == {"bytes": 96, "messages": 2}
 
 
+def test_broadcast_counts_every_receiver_and_hands_over_a_copy():
+    channel = Channel()
+    tensor = torch.ones(5)
+    delivered = channel.broadcast(0, SERVER, ["a", "b", "c"], {"w": tensor})
+    assert channel.round_bytes(0) == {"up": 0, "down": 3 * 20}
+    assert all(channel.names_received(c) == {"w"} for c in "abc")
+    delivered["w"].add_(1)
+    assert torch.equal(tensor, torch.ones(5))
+
+
 def test_fedavg_round_bytes_match_model_size(tmp_path):
     engine = make_engine(tmp_path, rounds=1)
     engine.run()
@@ -137,3 +147,34 @@ def test_a_checkpoint_from_other_settings_is_not_resumed(tmp_path):
     engine = Engine(ToyTask(SIZES), build_algorithm("fedavg", AlgorithmSettings()), settings, tmp_path / "ckpt",
                     fingerprint="something else", progress=False)
     assert engine.state.next_round == 0
+
+
+def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
+    import yaml
+
+    from fedrepro import runs
+    from fedrepro.config import parse_params
+    from test_config import RAW
+
+    params = parse_params(yaml.safe_load(yaml.safe_dump(RAW)))
+    base = runs.run_fingerprint(params, "fedavg", 0, "inputs")
+    assert base == runs.run_fingerprint(params, "fedavg", 0, "inputs")
+    assert base != runs.run_fingerprint(params, "fedavg", 1, "inputs")
+    assert base != runs.run_fingerprint(params, "fedavg", 0, "other inputs")
+    changed = params.model_copy(update={"train": params.train.model_copy(update={"lr": 0.123})})
+    assert base != runs.run_fingerprint(changed, "fedavg", 0, "inputs")
+    monkeypatch.setattr(runs, "code_digest", lambda: "edited code")
+    assert base != runs.run_fingerprint(params, "fedavg", 0, "inputs")
+
+
+def test_memory_accounting_follows_what_each_algorithm_keeps(tmp_path):
+    fedper = make_engine(tmp_path / "fedper", algorithm="fedper", rounds=1)
+    fedper.run()
+    individual = make_engine(tmp_path / "individual", algorithm="individual", rounds=1)
+    individual.run()
+    head = sum(p.numel() * 4 for n, p in fedper.model.named_parameters() if n.startswith("head."))
+    model = fedper.memory_bytes()["model"]
+    assert fedper.memory_bytes() == {"model": model, "server_shared": model - head, "private_per_client_max": head,
+                                     "private_all_clients": len(SIZES) * head}
+    assert individual.memory_bytes()["server_shared"] == 0
+    assert individual.memory_bytes()["private_all_clients"] == len(SIZES) * model

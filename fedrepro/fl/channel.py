@@ -39,6 +39,13 @@ class Channel:
         self.messages.append(Message(round_index, sender, receiver, tuple(sorted(delivered)), tensor_bytes(delivered)))
         return delivered
 
+    def broadcast(self, round_index: int, sender: str, receivers: list[str], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The same tensors to several receivers: one read-only copy in memory, bytes counted once per receiver."""
+        delivered = {name: t.detach().clone() for name, t in tensors.items()}
+        names, nbytes = tuple(sorted(delivered)), tensor_bytes(delivered)
+        self.messages.extend(Message(round_index, sender, receiver, names, nbytes) for receiver in receivers)
+        return delivered
+
     def round_bytes(self, round_index: int) -> dict[str, int]:
         """Bytes uploaded to and downloaded from the server in one round."""
         totals = {"up": 0, "down": 0}

@@ -118,6 +118,19 @@ class Engine:
         stored.update({STATE + k: v.detach().clone() for k, v in algorithm_state.items()})
         self.state.client_states[client_id] = stored
 
+    def memory_bytes(self) -> dict[str, int]:
+        """What the engine holds besides the one model: the server's shared weights and each client's private state."""
+        def size(tensors: dict[str, torch.Tensor]) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors.values())
+
+        per_client = [size(state) for state in self.state.client_states.values()]
+        return {
+            "model": size(self.params),
+            "server_shared": size(self.state.global_weights),
+            "private_per_client_max": max(per_client, default=0),
+            "private_all_clients": sum(per_client),
+        }
+
     # ----- the round loop ------------------------------------------------------------------------------
     def sample_clients(self, round_index: int) -> list[str]:
         k = self.settings.clients_per_round
@@ -144,10 +157,10 @@ class Engine:
         extras = algorithm.server_extras(round_index)
         updates, losses = [], []
         sampled = self.sample_clients(round_index)
+        received = {}
+        if algorithm.federated:
+            received = channel.broadcast(round_index, SERVER, sampled, {**self.state.global_weights, **extras})
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
-            received = {}
-            if algorithm.federated:
-                received = channel.send(round_index, SERVER, client_id, {**self.state.global_weights, **extras})
             context = LocalContext(round_index, client_id, received, self.load_client(client_id, received))
             losses.append(self._train_local(client_id, round_index, context))
             self._store_client(client_id, context.client_state)
