@@ -1,4 +1,5 @@
-"""Stage evaluate: MAP and MRR of each client's own final model on its test candidates, for every cell."""
+"""Stage evaluate: MAP and MRR of each client's own final model on its test candidates, for every cell,
+and the chance level: the same metrics for a random ordering of the same candidates."""
 
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from fedrepro.config import load_params
 from fedrepro.errors import DataError
 from fedrepro.fl.engine import POOLED
 from fedrepro.io import atomic_dir, write_json, write_table
-from fedrepro.metrics.ranking import ranking_metrics
+from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.metrics.summary import overall
 from fedrepro.runs import build_engine, build_qa_task, tree_digest
 from fedrepro.tasks.qa import qrels_and_run
@@ -40,6 +41,11 @@ def main() -> None:
                 (tmp / cell).mkdir()
                 write_json(tmp / cell / "metrics.json", {"algorithm": algorithm, "seed": seed, "clients": per_client, "overall": overall(per_client)})
                 write_table(tmp / cell / "scores.parquet", pd.concat(scored, ignore_index=True))
+        chance = {}
+        for client_id in task.client_ids:
+            test = task.candidates[client_id].query("split == 'test'").assign(score=0.0)
+            chance[client_id] = random_ranking_metrics(*qrels_and_run(test), seed=params.data.seed)
+        write_json(tmp / "chance.json", {"clients": chance, "overall": overall(chance)})
 
 
 if __name__ == "__main__":

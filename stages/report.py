@@ -7,7 +7,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_file, read_json, write_json
 from fedrepro.report.markdown import readme_block, render_report, replace_readme_block
-from fedrepro.report.results import load_histories, load_results, overall_stats
+from fedrepro.report.results import load_histories, load_memory, load_results, overall_stats
 
 REPORTS = Path("reports")
 
@@ -18,9 +18,10 @@ def main() -> None:
     results = load_results(Path("data/eval"), algorithms, seeds)
     histories = load_histories(Path("data/train"), algorithms, seeds)
     communication = histories.groupby("algorithm", sort=False)[["bytes_up", "bytes_down"]].mean().astype(int)
-    communication = communication.reindex(algorithms)
+    communication = communication.reindex(algorithms).join(load_memory(Path("data/train"), algorithms, seeds[0]))
+    chance = read_json("data/eval/chance.json")
     report = render_report(
-        params, results, histories, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"), communication
+        params, results, chance, histories, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"), communication
     )
     with atomic_file(REPORTS / "report.md") as handle:
         handle.write(report)
@@ -28,7 +29,7 @@ def main() -> None:
     write_json(REPORTS / "metrics.json", overall_stats(results, algorithms))
     readme = Path("README.md")
     if readme.exists():
-        updated = replace_readme_block(readme.read_text(encoding="utf-8"), readme_block(results, params))
+        updated = replace_readme_block(readme.read_text(encoding="utf-8"), readme_block(results, chance, params))
         with atomic_file(readme) as handle:
             handle.write(updated)
 

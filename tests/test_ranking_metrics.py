@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fedrepro.errors import FedreproError
-from fedrepro.metrics.ranking import cross_check_ranx, per_question_metrics, ranking_metrics
+from fedrepro.metrics.ranking import cross_check_ranx, per_question_metrics, random_ranking_metrics, ranking_metrics
 
 QRELS = {
     "q1": {"d1": 1, "d3": 1, "d2": 0},
@@ -66,3 +66,14 @@ def test_pytrec_eval_and_ranx_agree_on_random_runs():
 def test_no_relevant_answer_anywhere_is_an_error():
     with pytest.raises(FedreproError, match="no question has a relevant answer"):
         ranking_metrics({"q": {"d": 0}}, {"q": {"d": 1.0}})
+
+
+def test_random_ranking_matches_the_closed_form_chance_level():
+    # One relevant answer among n candidates: E[RR] = (1/n) * sum_{k=1..n} 1/k, and AP = RR.
+    n = 4
+    qrels = {"q": {"d0": 1}}
+    run = {"q": {f"d{i}": 0.0 for i in range(n)}}
+    expected = sum(1 / k for k in range(1, n + 1)) / n
+    measured = random_ranking_metrics(qrels, run, draws=4000, seed=1)
+    assert measured["mrr"] == pytest.approx(expected, abs=0.02)
+    assert measured["map"] == pytest.approx(expected, abs=0.02)

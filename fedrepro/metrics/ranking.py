@@ -62,3 +62,19 @@ def cross_check_ranx(qrels: Qrels, run: Run) -> dict[str, float]:
         return {"map": 0.0, "mrr": 0.0}
     result = evaluate(RanxQrels(judged), RanxRun(run_tf), ["map", "mrr"], make_comparable=True)
     return {"map": float(result["map"]), "mrr": float(result["mrr"])}
+
+
+def random_ranking_metrics(qrels: Qrels, run: Run, draws: int = 200, seed: int = 0) -> dict[str, float]:
+    """MAP and MRR of a random ordering of the same candidates, averaged over ``draws`` seeded shuffles.
+
+    The chance level of a candidate set: a learned model is only worth its margin over this.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    totals = {"map": 0.0, "mrr": 0.0}
+    for _ in range(draws):
+        shuffled = {q: dict(zip(docs, rng.permutation(len(docs)).astype(float))) for q, docs in run.items()}
+        for name, value in ranking_metrics(qrels, shuffled).items():
+            totals[name] += value / draws
+    return totals

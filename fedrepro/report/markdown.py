@@ -51,8 +51,19 @@ def fit_diagnostics(histories: pd.DataFrame, mined: dict) -> list[str]:
     return lines
 
 
-def render_report(params: Params, results: pd.DataFrame, histories: pd.DataFrame, partition: dict, mined: dict,
-                  communication: pd.DataFrame) -> str:
+def chance_margins(results: pd.DataFrame, chance: dict, algorithms: list[str]) -> str:
+    """Each method's overall MRR over the random-ranking level of the same candidates."""
+    level = chance["overall"]["mrr"]
+    margins = []
+    for algorithm in algorithms:
+        rows = results[(results.algorithm == algorithm) & (results.client == OVERALL) & (results.metric == "mrr")]
+        mean, std = mean_std(rows["value"].tolist())
+        margins.append(f"{algorithm} {mean - level:+.3f} (± {std:.3f})")
+    return f"Margin over chance (random ranking of the same test candidates, overall MRR {level:.3f}): " + ", ".join(margins) + "."
+
+
+def render_report(params: Params, results: pd.DataFrame, chance: dict, histories: pd.DataFrame, partition: dict,
+                  mined: dict, communication: pd.DataFrame) -> str:
     train, model, seeds = params.train, params.model, params.train.seeds
     algorithms = train.algorithms
     clients = pd.DataFrame({
@@ -100,9 +111,11 @@ def render_report(params: Params, results: pd.DataFrame, histories: pd.DataFrame
         "",
     ]
     for metric in ("map", "mrr"):
-        lines += [f"## Test {metric.upper()} (mean ± std over {len(seeds)} seeds)", "", _markdown(summary_table(results, metric, algorithms)), ""]
-    lines += ["## Communication per round (bytes, counted by the channel)", "", _markdown(communication), ""]
-    claims = []
+        lines += [f"## Test {metric.upper()} (mean ± std over {len(seeds)} seeds)", "", _markdown(summary_table(results, metric, algorithms, chance)), ""]
+    lines += ["## Communication per round and memory held (bytes)", "",
+              "Upload and download are counted by the channel; memory is what the engine keeps besides its one model.", "",
+              _markdown(communication), ""]
+    claims = [chance_margins(results, chance, algorithms)]
     if {"fedavg", "individual"} <= set(algorithms):
         claims.append("FedMatch Table 3: FedAvg beats individual training overall. " + compare(results, "fedavg", "individual", "mrr"))
     if {"centralised", "fedavg"} <= set(algorithms):
@@ -134,15 +147,17 @@ def render_report(params: Params, results: pd.DataFrame, histories: pd.DataFrame
     return "\n".join(lines)
 
 
-def readme_block(results: pd.DataFrame, params: Params) -> str:
+def readme_block(results: pd.DataFrame, chance: dict, params: Params) -> str:
     """The results table and figure shown in the README, framed by markers the report stage rewrites."""
-    table = summary_table(results, "mrr", params.train.algorithms)
+    table = summary_table(results, "mrr", params.train.algorithms, chance)
     return "\n".join([
         README_START,
         f"Test MRR at scale `{params.scale}` (mean ± std over {len(params.train.seeds)} seeds; full report: "
         "[reports/report.md](reports/report.md)):",
         "",
         table.to_markdown(),
+        "",
+        chance_margins(results, chance, params.train.algorithms),
         "",
         "![convergence](reports/figures/convergence.png)",
         README_END,

@@ -39,8 +39,18 @@ def load_histories(train_dir: Path, algorithms: list[str], seeds: list[int]) -> 
     return pd.DataFrame(rows)
 
 
-def summary_table(results: pd.DataFrame, metric: str, algorithms: list[str]) -> pd.DataFrame:
-    """Algorithms x clients (+ overall) of 'mean ± std' strings over seeds, in the given algorithm order."""
+CHANCE = "random ranking (chance)"
+
+
+def load_memory(train_dir: Path, algorithms: list[str], seed: int) -> pd.DataFrame:
+    """Per algorithm: the bytes the engine held (model, server's shared weights, private state per client)."""
+    rows = {a: read_json(Path(train_dir) / f"{a}-{seed}" / "metrics.json")["memory_bytes"] for a in algorithms}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def summary_table(results: pd.DataFrame, metric: str, algorithms: list[str], chance: dict | None = None) -> pd.DataFrame:
+    """Algorithms x clients (+ overall) of 'mean ± std' strings over seeds, in the given algorithm order;
+    with ``chance`` (evaluate's chance.json) a last row gives the random-ranking level of the same candidates."""
     clients = [c for c in dict.fromkeys(results["client"]) if c != OVERALL] + [OVERALL]
     table = {}
     for algorithm in algorithms:
@@ -50,6 +60,8 @@ def summary_table(results: pd.DataFrame, metric: str, algorithms: list[str]) -> 
             mean, std = mean_std(values.tolist())
             row[client] = f"{mean:.3f} ± {std:.3f}"
         table[algorithm] = row
+    if chance is not None:
+        table[CHANCE] = {c: f"{(chance['overall'] if c == OVERALL else chance['clients'][c])[metric]:.3f}" for c in clients}
     frame = pd.DataFrame.from_dict(table, orient="index")[clients]
     frame.index.name = "method"
     return frame
