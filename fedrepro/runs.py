@@ -19,11 +19,11 @@ from fedrepro.seeding import seed_everything
 from fedrepro.tasks.qa import QAMatchingTask, load_client_data
 
 
-def tree_digest(*folders: Path) -> str:
-    """sha256 over the names and bytes of every file under the folders: identifies the exact inputs of a run."""
+def tree_digest(*folders: Path, pattern: str = "*") -> str:
+    """sha256 over the relative names and bytes of every file matching ``pattern`` under the folders."""
     digest = hashlib.sha256()
     for folder in folders:
-        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        for path in sorted(p for p in Path(folder).rglob(pattern) if p.is_file()):
             digest.update(str(path.relative_to(folder)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -31,12 +31,7 @@ def tree_digest(*folders: Path) -> str:
 
 def code_digest() -> str:
     """sha256 over fedrepro's Python sources: a checkpoint written by other code is never resumed."""
-    package = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return tree_digest(Path(__file__).resolve().parent, pattern="*.py")
 
 
 def run_fingerprint(params: Params, algorithm: str, seed: int, inputs_digest: str) -> str:

@@ -9,7 +9,6 @@ import torch
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.errors import DataError
-from fedrepro.fl.engine import POOLED
 from fedrepro.io import atomic_dir, write_json, write_table
 from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.metrics.summary import overall
@@ -31,13 +30,11 @@ def main() -> None:
                 if engine.state.next_round < engine.settings.rounds:
                     raise DataError(f"{TRAINED / cell}/latest was not trained with the current params and data; run `dvc repro`")
                 per_client, scored = {}, []
-                for client_id in task.client_ids:
-                    engine.load_client(POOLED if engine.algorithm.pooled else client_id)
-                    engine.model.eval()
-                    with torch.no_grad():
-                        scores = task.score(engine.model, client_id, "test")
-                    per_client[client_id] = ranking_metrics(*qrels_and_run(scores))
-                    scored.append(scores.assign(client=client_id))
+                with torch.no_grad():
+                    for client_id, model in engine.client_models():
+                        scores = task.score(model, client_id, "test")
+                        per_client[client_id] = ranking_metrics(*qrels_and_run(scores))
+                        scored.append(scores.assign(client=client_id))
                 (tmp / cell).mkdir()
                 write_json(tmp / cell / "metrics.json", {"algorithm": algorithm, "seed": seed, "clients": per_client, "overall": overall(per_client)})
                 write_table(tmp / cell / "scores.parquet", pd.concat(scored, ignore_index=True))

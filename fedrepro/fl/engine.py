@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -210,15 +210,17 @@ class Engine:
         return float(np.mean(losses)) if losses else float("nan")
 
     # ----- evaluation ----------------------------------------------------------------------------------
-    def evaluate(self, split: str) -> dict[str, dict[str, float]]:
-        """Each client's own model (global shared + its private tensors) on its own ``split``.
+    def client_models(self) -> Iterator[tuple[str, nn.Module]]:
+        """Each client's own model (global shared + its private tensors) in eval mode, one after the other.
 
-        A pooled (centralised) run evaluates its one model on every client's data.
+        A pooled (centralised) run yields its one model for every client.
         """
-        results = {}
         for client_id in self.task.client_ids:
             self.load_client(POOLED if self.algorithm.pooled else client_id)
             self.model.eval()
-            with torch.no_grad():
-                results[client_id] = self.task.evaluate(self.model, client_id, split)
-        return results
+            yield client_id, self.model
+
+    def evaluate(self, split: str) -> dict[str, dict[str, float]]:
+        """Each client's own model on its own ``split``."""
+        with torch.no_grad():
+            return {client_id: self.task.evaluate(model, client_id, split) for client_id, model in self.client_models()}
