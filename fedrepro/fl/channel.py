@@ -35,9 +35,7 @@ class Channel:
 
     def send(self, round_index: int, sender: str, receiver: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Deliver a detached copy, so the receiver can never alias (and silently mutate) the sender's memory."""
-        delivered = {name: t.detach().clone() for name, t in tensors.items()}
-        self.messages.append(Message(round_index, sender, receiver, tuple(sorted(delivered)), tensor_bytes(delivered)))
-        return delivered
+        return self.broadcast(round_index, sender, [receiver], tensors)
 
     def broadcast(self, round_index: int, sender: str, receivers: list[str], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The same tensors to several receivers: one read-only copy in memory, bytes counted once per receiver."""

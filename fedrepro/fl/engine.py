@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate, LocalContext, TaskOutput
-from fedrepro.fl.channel import SERVER, Channel, Message
+from fedrepro.fl.channel import SERVER, Channel, Message, tensor_bytes
 from fedrepro.fl.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from fedrepro.seeding import derive_seed
 
@@ -120,13 +120,10 @@ class Engine:
 
     def memory_bytes(self) -> dict[str, int]:
         """What the engine holds besides the one model: the server's shared weights and each client's private state."""
-        def size(tensors: dict[str, torch.Tensor]) -> int:
-            return sum(t.numel() * t.element_size() for t in tensors.values())
-
-        per_client = [size(state) for state in self.state.client_states.values()]
+        per_client = [tensor_bytes(state) for state in self.state.client_states.values()]
         return {
-            "model": size(self.params),
-            "server_shared": size(self.state.global_weights),
+            "model": tensor_bytes(self.params),
+            "server_shared": tensor_bytes(self.state.global_weights),
             "private_per_client_max": max(per_client, default=0),
             "private_all_clients": sum(per_client),
         }
