@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fedrepro.errors import ConfigError
 
 RE_CORPORA = ("pgr", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
-ALGORITHMS = ("individual", "centralised", "fedavg", "fedprox", "fedper")
 SCALES = ("embedded", "cpu", "paper")
 
 
@@ -53,6 +52,7 @@ class MineParams(_Strict):
     k1: float = Field(gt=0)
     b: float = Field(ge=0, le=1)
     negatives_per_question: int = Field(ge=1)
+    max_triples_per_client: int = Field(ge=0, description="training triples kept per client (seeded sample); 0 = all")
     eval_negatives: int = Field(ge=1)
     eval_pool: Literal["bm25", "official"]
     es_url: str | None = None
@@ -69,12 +69,11 @@ class TinyBertParams(_Strict):
 class ModelParams(_Strict):
     backbone: str = Field(min_length=1, description="tiny | minilm | a hub name or local directory")
     max_length: int = Field(ge=16, le=512)
+    keep_layers: int = Field(ge=0, description="keep only the lowest N encoder layers of a pretrained backbone; 0 = all")
     tiny: TinyBertParams
 
 
 class TrainParams(_Strict):
-    algorithms: list[Literal[ALGORITHMS]] = Field(min_length=1)  # type: ignore[valid-type]
-    seeds: list[int] = Field(min_length=1)
     rounds: int = Field(ge=1)
     local_epochs: int = Field(ge=1, description="epochs each client trains between two aggregations")
     clients_per_round: int = Field(ge=0, description="k of T clients sampled each round; 0 = all")
@@ -84,8 +83,56 @@ class TrainParams(_Strict):
     warmup_fraction: float = Field(ge=0, lt=1)
     max_grad_norm: float = Field(gt=0)
     fedprox_mu: float = Field(ge=0)
-    eval_every: int = Field(ge=1)
+    eval_every: int = Field(ge=0, description="rounds between validation MAP/MRR; 0 = none")
     threads: int = Field(ge=1)
+    precision: Literal["fp32", "bf16"] = Field(description="bf16 = bfloat16 autocast for training steps on the CPU")
+
+
+class FedMatchSettings(_Strict):
+    """Knobs of every FedMatch-track cell (a change reruns every cell)."""
+
+    fidelity: Literal["paper", "released_code"]
+    patch_size: int = Field(ge=1, description="r, the patch's projection size")
+    patch_heads: int = Field(ge=1, description="attention heads of a PAL patch")
+    shared_layers: int | None = Field(ge=0, description="bottom encoder layers shared; the rest private; null = all")
+    clients_sampled: int = Field(ge=1, description="k clients per round for the _cs methods")
+    cover_queries: int = Field(ge=1, description="generated cover questions sent with each real question (CoverQuery)")
+    lg_local_layers: int | None = Field(ge=0, description="LG-FedAvg: bottom encoder layers kept local; null = half")
+    matcher_dim: int = Field(ge=4, description="embedding and hidden size of RE2 and ESIM")
+
+
+class FedMatchSweeps(_Strict):
+    """The points of Figs 5-8 (one cached cell per point and seed)."""
+
+    seeds: list[int] = Field(min_length=1)
+    shared_layers: list[int] = Field(min_length=1)
+    patch_size: list[int] = Field(min_length=1)
+    aggregate_every: list[int] = Field(min_length=1)
+    data_ratio: list[int | float] = Field(min_length=1)
+    data_ratio_methods: list[str] = Field(min_length=1)
+
+
+class FedMatchParams(_Strict):
+    methods: list[str] = Field(min_length=1, description="every row of Tables 2-3: one cached cell per method x seed")
+    seeds: list[int] = Field(min_length=1)
+    table2: list[str]
+    table3: list[str]
+    sweeps: FedMatchSweeps
+    settings: FedMatchSettings
+
+    @model_validator(mode="after")
+    def _known_methods(self) -> "FedMatchParams":
+        from fedrepro.fedmatch.methods import METHODS
+
+        for key, names in (("methods", self.methods), ("sweeps.data_ratio_methods", self.sweeps.data_ratio_methods)):
+            for index, name in enumerate(names):
+                if name not in METHODS:
+                    raise ValueError(f"fedmatch.{key}.{index} = {name!r}: allowed {sorted(METHODS)}")
+        for key in ("table2", "table3"):
+            missing = [m for m in getattr(self, key) if m not in self.methods]
+            if missing:
+                raise ValueError(f"fedmatch.{key} lists {missing}, which fedmatch.methods does not run; add them there")
+        return self
 
 
 class ReportParams(_Strict):
@@ -99,16 +146,16 @@ class Params(_Strict):
     mine: MineParams
     model: ModelParams
     train: TrainParams
+    fedmatch: FedMatchParams
     report: ReportParams
 
     @model_validator(mode="after")
     def _clients_per_round_fits(self) -> "Params":
         n_clients = len(self.partition.embedded_domains if self.data.source == "embedded" else self.partition.collections)
-        if self.train.clients_per_round > n_clients:
-            raise ValueError(
-                f"train.clients_per_round = {self.train.clients_per_round}: more than the {n_clients} clients; "
-                f"allowed 0 (all) .. {n_clients}"
-            )
+        for key, value in (("train.clients_per_round", self.train.clients_per_round),
+                           ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled)):
+            if value > n_clients:
+                raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed 0 (all) .. {n_clients}")
         return self
 
 
@@ -121,16 +168,21 @@ def _fill_from_scale(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(presets, dict):
         raise ConfigError(f"params: scales.{scale} is missing; it must give the values of the scale {scale!r}")
     filled = copy.deepcopy({k: v for k, v in raw.items() if k != "scales"})
-    for group, values in presets.items():
-        target = filled.get(group)
-        if not isinstance(target, dict):
-            raise ConfigError(f"params: scales.{scale}.{group} names no group of params.yaml")
-        for key, value in values.items():
-            if key not in target:
-                raise ConfigError(f"params: scales.{scale}.{group}.{key} names no key of the group {group}")
-            if target[key] is None:
-                target[key] = value
+    _fill(filled, presets, f"scales.{scale}")
     return filled
+
+
+def _fill(target: dict[str, Any], presets: dict[str, Any], where: str) -> None:
+    """Recursively copy each preset into the matching key of ``target`` where that key is null."""
+    for key, value in presets.items():
+        if key not in target:
+            raise ConfigError(f"params: {where}.{key} names no key of params.yaml")
+        if isinstance(value, dict):
+            if not isinstance(target[key], dict):
+                raise ConfigError(f"params: {where}.{key} names no group of params.yaml")
+            _fill(target[key], value, f"{where}.{key}")
+        elif target[key] is None:
+            target[key] = value
 
 
 def _one_line(error: ValidationError) -> str:

@@ -1,15 +1,18 @@
-"""Assembling one FedMatch-track run (task + algorithm + engine) from validated params.
+"""Assembling one FedMatch-track cell (task + algorithm + engine) from validated params.
 
-Shared by the train and evaluate stages, the tests and the benchmarks, so they all build the very same run.
+Shared by the cell stage, the tests and the benchmarks, so they all build the very same run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from fedrepro.config import Params
+from fedrepro.fedmatch.cells import Cell, cell_params
+from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.engine import Engine, EngineSettings
@@ -34,45 +37,66 @@ def code_digest() -> str:
     return tree_digest(Path(__file__).resolve().parent, pattern="*.py")
 
 
-def run_fingerprint(params: Params, algorithm: str, seed: int, inputs_digest: str) -> str:
+def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed."""
-    train = params.train.model_dump(exclude={"algorithms", "seeds"})
-    payload = {"algorithm": algorithm, "seed": seed, "model": params.model.model_dump(), "train": train,
-               "inputs": inputs_digest, "code": code_digest()}
+    payload = {"cell": asdict(cell), "model": params.model.model_dump(), "train": params.train.model_dump(),
+               "fedmatch": params.fedmatch.settings.model_dump(), "inputs": inputs_digest, "code": code_digest()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def build_qa_task(params: Params, mined_dir: Path, tokenizer_dir: Path) -> QAMatchingTask:
-    """The clients' mined data, tokenised once; the task can serve several runs (e.g. every evaluated cell)."""
+def build_model_factory(params: Params, tokenizer, model: str):
+    """A zero-argument builder of the matching model: the cross-encoder, or a non-BERT matcher (RE2, ESIM)."""
     model_params = params.model
-    tokenizer = load_tokenizer(model_params.backbone, tokenizer_dir)
+    if model == "bert":
+        def build() -> CrossEncoder:
+            encoder = build_encoder(model_params.backbone, len(tokenizer), model_params.tiny.model_dump(),
+                                    model_params.max_length, model_params.keep_layers)
+            return CrossEncoder(encoder)
+        return build
+    from fedrepro.models.matchers import MatcherSpec, build_matcher
+
+    dim = params.fedmatch.settings.matcher_dim
+    spec = MatcherSpec(vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id, cls_id=tokenizer.cls_token_id,
+                       sep_id=tokenizer.sep_token_id, embedding_dim=dim, hidden=dim)
+    return lambda: build_matcher(model, spec)
+
+
+def build_qa_task(params: Params, mined_dir: Path, tokenizer_dir: Path, model: str = "bert") -> QAMatchingTask:
+    """The clients' mined data, tokenised once."""
+    tokenizer = load_tokenizer(params.model.backbone, tokenizer_dir)
     clients = load_client_data(mined_dir, sorted(p.name for p in Path(mined_dir).iterdir() if p.is_dir()))
-
-    def build_model() -> CrossEncoder:
-        encoder = build_encoder(model_params.backbone, len(tokenizer), model_params.tiny.model_dump(), model_params.max_length)
-        return CrossEncoder(encoder)
-
-    return QAMatchingTask(clients, tokenizer, build_model, model_params.max_length, params.train.batch_size)
+    loss = "cross_entropy" if params.fedmatch.settings.fidelity == "released_code" else "hinge"
+    return QAMatchingTask(clients, tokenizer, build_model_factory(params, tokenizer, model), params.model.max_length,
+                          params.train.batch_size, loss=loss)
 
 
-def build_engine(
-    params: Params,
-    task: QAMatchingTask,
-    algorithm: str,
-    seed: int,
-    inputs_digest: str,
-    checkpoint_dir: Path,
-    progress: bool = True,
-) -> Engine:
-    """An engine for one (algorithm, seed) cell; it resumes from ``checkpoint_dir`` when that holds this run."""
-    train = params.train
-    seed_everything(seed, train.threads)
+def algorithm_settings(params: Params, method: str) -> AlgorithmSettings:
+    from fedrepro.models.patches import PatchSpec
+
+    recipe, settings = METHODS[method], params.fedmatch.settings
+    patch = None
+    if recipe.insertion is not None:
+        patch = PatchSpec(recipe.insertion, recipe.structure, settings.patch_size, settings.patch_heads)
+    return AlgorithmSettings(weighting=params.train.weighting, fedprox_mu=params.train.fedprox_mu, patch=patch,
+                             shared_layers=settings.shared_layers, fidelity=settings.fidelity,
+                             lg_local_layers=settings.lg_local_layers, cover_queries=settings.cover_queries)
+
+
+def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
+               checkpoint_dir: Path, progress: bool = True) -> Engine:
+    """An engine for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
+    params = cell_params(params, cell)
+    recipe, train = METHODS[cell.method], params.train
+    seed_everything(cell.seed, train.threads)
+    task = build_qa_task(params, mined_dir, tokenizer_dir, recipe.model)
+    if cell.sweep == "data_ratio":
+        task = task.with_train_fraction(float(cell.value), params.data.seed)
     settings = EngineSettings(
-        rounds=train.rounds, local_epochs=train.local_epochs, clients_per_round=train.clients_per_round, lr=train.lr,
-        batch_size=train.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
-        seed=seed, eval_every=train.eval_every,
+        rounds=train.rounds, local_epochs=train.local_epochs,
+        clients_per_round=params.fedmatch.settings.clients_sampled if recipe.client_sampling else train.clients_per_round,
+        lr=train.lr, batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
+        max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
     )
-    fingerprint = run_fingerprint(params, algorithm, seed, inputs_digest)
-    chosen = build_algorithm(algorithm, AlgorithmSettings(weighting=train.weighting, fedprox_mu=train.fedprox_mu))
-    return Engine(task, chosen, settings, checkpoint_dir, fingerprint, progress=progress)
+    algorithm = build_algorithm(recipe.algorithm, algorithm_settings(params, cell.method))
+    return Engine(task, algorithm, settings, checkpoint_dir, run_fingerprint(params, cell, inputs_digest), progress=progress)

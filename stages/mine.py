@@ -7,7 +7,7 @@ from tqdm import tqdm
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, read_table, write_json, write_table
-from fedrepro.retrieval.mining import evaluation_candidates, official_candidates, training_triples
+from fedrepro.retrieval.mining import cap_triples, evaluation_candidates, official_candidates, training_triples
 
 PARTITION, OUT = Path("data/partition/qa"), Path("data/mined")
 
@@ -20,6 +20,7 @@ def main() -> None:
         for folder in tqdm(sorted(PARTITION.iterdir()), desc="mining clients"):
             pairs = read_table(folder / "pairs.parquet")
             triples = training_triples(pairs, read_table(folder / "train_pool.parquet"), params.negatives_per_question, params.backend, **options)
+            triples = cap_triples(triples, params.max_triples_per_client, folder.name)
             official = params.eval_pool == "official" and (folder / "official_pools.parquet").exists()
             if official:
                 candidates = official_candidates(pairs, read_table(folder / "official_pools.parquet"))

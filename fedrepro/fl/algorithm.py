@@ -7,9 +7,14 @@ objective, what extra state the server sends, and how the server aggregates. It 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from fedrepro.fl.channel import Channel
+    from fedrepro.models.patches import PatchSpec
 
 
 @dataclass
@@ -45,6 +50,16 @@ class ClientUpdate:
 class AlgorithmSettings:
     weighting: str = "uniform"
     fedprox_mu: float = 0.0
+    patch: PatchSpec | None = None
+    """FedMatch: the private patch injected into the backbone."""
+    shared_layers: int | None = None
+    """FedMatch: bottom encoder layers shared; the layers above are private too (None: all shared)."""
+    fidelity: str = "paper"
+    """FedMatch: ``released_code`` also keeps every LayerNorm private, as the authors' code does."""
+    lg_local_layers: int | None = None
+    """LG-FedAvg: bottom encoder layers (with the embeddings) kept local (None: half of them)."""
+    cover_queries: int = 0
+    """CoverQuery: generated cover questions sent with each real one."""
 
 
 class Algorithm:
@@ -58,6 +73,14 @@ class Algorithm:
 
     def __init__(self, settings: AlgorithmSettings) -> None:
         self.settings = settings
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        """Called once on the freshly built model, before private names are read: inject modules, read structure."""
+        return model
+
+    def prepare_task(self, task: Any, channel: Channel, seed: int) -> Any:
+        """What clients send of their data before training starts (through ``channel``); by default nothing."""
+        return task
 
     def is_private(self, name: str) -> bool:
         """Parameters that never leave their client; the engine keeps them per client between rounds."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 SERVER = "server"
@@ -42,6 +43,15 @@ class Channel:
         delivered = {name: t.detach().clone() for name, t in tensors.items()}
         names, nbytes = tuple(sorted(delivered)), tensor_bytes(delivered)
         self.messages.extend(Message(round_index, sender, receiver, names, nbytes) for receiver in receivers)
+        return delivered
+
+    def send_table(self, round_index: int, sender: str, receiver: str, name: str, table: pd.DataFrame) -> pd.DataFrame:
+        """Deliver a copy of a table of records (e.g. questions a client discloses); its names are ``name.<column>``
+        and its bytes the UTF-8 size of every cell, as it would travel in a text format."""
+        delivered = table.copy(deep=True)
+        nbytes = sum(len(str(value).encode("utf-8")) for column in delivered for value in delivered[column])
+        names = tuple(sorted(f"{name}.{column}" for column in delivered.columns))
+        self.messages.append(Message(round_index, sender, receiver, names, nbytes))
         return delivered
 
     def round_bytes(self, round_index: int) -> dict[str, int]:

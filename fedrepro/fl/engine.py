@@ -58,6 +58,9 @@ class EngineSettings:
     max_grad_norm: float
     seed: int
     eval_every: int = 1
+    """Rounds between validation passes over every client (0: none; the test is scored after training anyway)."""
+    precision: str = "fp32"
+    """``bf16``: training forward passes under bfloat16 autocast (weights, optimizer and evaluation stay fp32)."""
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
@@ -85,7 +88,7 @@ class Engine:
         self.checkpoint_dir = Path(checkpoint_dir)
         self.fingerprint, self.progress, self.on_round_end = fingerprint, progress, on_round_end
         torch.manual_seed(derive_seed(settings.seed, "init"))
-        self.model = task.build_model()
+        self.model = algorithm.adapt_model(task.build_model())
         self.params = dict(self.model.named_parameters())
         self.shared_names = [n for n in self.params if not algorithm.is_private(n)]
         self.private_names = [n for n in self.params if algorithm.is_private(n)]
@@ -96,7 +99,11 @@ class Engine:
             fingerprint=fingerprint,
             global_weights={n: self.params[n].detach().clone() for n in self.shared_names} if algorithm.federated else {},
         )
-        self.channel.messages = [Message(r, s, d, tuple(names), b) for r, s, d, names, b in self.state.messages]
+        resumed = self.state.next_round > 0
+        # On resume the data uploads are replayed into a scratch channel: the checkpoint's log already holds them.
+        self.task = algorithm.prepare_task(task, Channel() if resumed else self.channel, settings.seed)
+        if resumed:
+            self.channel.messages = [Message(r, s, d, tuple(names), b) for r, s, d, names, b in self.state.messages]
 
     # ----- state swapping: one model, per-client private tensors ---------------------------------------
     def _members(self, client_id: str) -> list[str]:
@@ -173,8 +180,7 @@ class Engine:
             "train_loss": float(np.mean(losses)),
             **{f"bytes_{k}": v for k, v in channel.round_bytes(round_index).items()},
         }
-        last = round_index + 1 == self.settings.rounds
-        if last or (round_index + 1) % self.settings.eval_every == 0:
+        if self.settings.eval_every and (round_index + 1) % self.settings.eval_every == 0:
             record["valid"] = self.evaluate("valid")
         return record
 
@@ -195,8 +201,9 @@ class Engine:
             for batch in self.task.train_batches(self._members(client_id), generator):
                 for group in optimizer.param_groups:
                     group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
-                output = self.task.forward(model, batch)
-                objective = self.algorithm.local_objective(model, output, context)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+                    output = self.task.forward(model, batch)
+                    objective = self.algorithm.local_objective(model, output, context)
                 optimizer.zero_grad(set_to_none=True)
                 objective.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)

@@ -78,3 +78,14 @@ def random_ranking_metrics(qrels: Qrels, run: Run, draws: int = 200, seed: int =
         for name, value in ranking_metrics(qrels, shuffled).items():
             totals[name] += value / draws
     return totals
+
+
+def trec_files(qrels: Qrels, run: Run, tag: str) -> tuple[str, str]:
+    """Standard TREC qrels (``qid 0 docid rel``) and run (``qid Q0 docid rank score tag``) texts, so anyone can
+    recompute MAP/MRR with trec_eval or another tool. Ranks follow the tie rule above."""
+    qrels_lines = [f"{q} 0 {d} {r}" for q in sorted(qrels) for d, r in sorted(qrels[q].items())]
+    run_lines = []
+    for q in sorted(run):
+        ordered = sorted(run[q].items(), key=lambda ds: (-ds[1], ds[0]))
+        run_lines += [f"{q} Q0 {d} {rank} {score:.6f} {tag}" for rank, (d, score) in enumerate(ordered, start=1)]
+    return "\n".join(qrels_lines) + "\n", "\n".join(run_lines) + "\n"

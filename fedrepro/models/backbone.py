@@ -68,8 +68,13 @@ def load_tokenizer(backbone: str, tokenizer_dir: str | Path | None = None):
     return AutoTokenizer.from_pretrained(str(minilm_path()) if backbone == "minilm" else backbone)
 
 
-def build_encoder(backbone: str, vocab_size: int, tiny: dict | None = None, max_length: int = 512) -> PreTrainedModel:
-    """A BERT-family encoder: random tiny BERT, or pretrained weights from the package / hub / directory."""
+def build_encoder(backbone: str, vocab_size: int, tiny: dict | None = None, max_length: int = 512,
+                  keep_layers: int = 0) -> PreTrainedModel:
+    """A BERT-family encoder: random tiny BERT, or pretrained weights from the package / hub / directory.
+
+    ``keep_layers`` > 0 keeps only the lowest encoder layers of a pretrained backbone (a cheaper, shallower
+    model that keeps the pretrained embeddings and lower layers; its cost in quality is measured, not assumed).
+    """
     if backbone == "tiny":
         tiny = tiny or {}
         config = BertConfig(
@@ -91,4 +96,10 @@ def build_encoder(backbone: str, vocab_size: int, tiny: dict | None = None, max_
         ) from None
     if encoder.get_input_embeddings().num_embeddings < vocab_size:
         encoder.resize_token_embeddings(vocab_size)
+    layers = encoder.encoder.layer
+    if keep_layers:
+        if keep_layers > len(layers):
+            raise ConfigError(f"params: model.keep_layers = {keep_layers}: {backbone} has {len(layers)} layers; allowed 0 (all) .. {len(layers)}")
+        encoder.encoder.layer = layers[:keep_layers]
+        encoder.config.num_hidden_layers = keep_layers
     return encoder

@@ -7,9 +7,11 @@ hits from the client's whole answer pool.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from fedrepro.retrieval.bm25 import top_non_gold
+from fedrepro.seeding import derive_seed
 from fedrepro.tasks.qa import CANDIDATE_COLUMNS, TRIPLE_COLUMNS
 
 
@@ -70,3 +72,13 @@ def official_candidates(pairs: pd.DataFrame, pools: pd.DataFrame) -> pd.DataFram
     frame = frame.assign(split=frame["question_id"].map(questions["split"]), question=frame["question_id"].map(questions["question"]))
     return frame[list(CANDIDATE_COLUMNS)].sort_values(
         ["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)
+
+
+def cap_triples(triples: pd.DataFrame, cap: int, client: str) -> pd.DataFrame:
+    """A seeded sample of at most ``cap`` training triples (0 = all), in their original order: a per-client
+    budget on training work that, unlike a cap on questions, also bounds collections with many gold answers."""
+    if cap == 0 or len(triples) <= cap:
+        return triples
+    rng = np.random.default_rng(derive_seed("cap_triples", client))
+    keep = np.sort(rng.choice(len(triples), size=cap, replace=False))
+    return triples.iloc[keep].reset_index(drop=True)

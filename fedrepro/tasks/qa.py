@@ -1,12 +1,19 @@
 """FedMatch's task: answer selection with a cross-encoder and the pairwise hinge loss
-``max(0, 1 - f(q, a+) + f(q, a-))``, evaluated by MAP and MRR over each question's candidates."""
+``max(0, 1 - f(q, a+) + f(q, a-))``, evaluated by MAP and MRR over each question's candidates.
+
+``loss="cross_entropy"`` is the released code's objective instead: each (q, a) pair classified relevant or
+not. With one score per pair this is the 2-class softmax cross-entropy with the other logit fixed at 0, i.e.
+binary cross-entropy on the score (positives labelled 1, mined negatives 0).
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -15,6 +22,9 @@ from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import TaskOutput
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import ranking_metrics
+from fedrepro.seeding import derive_seed
+
+LOSSES = ("hinge", "cross_entropy")
 
 TRIPLE_COLUMNS = ("question_id", "question", "positive_id", "positive", "negative_id", "negative")
 CANDIDATE_COLUMNS = ("split", "question_id", "question", "answer_id", "answer", "relevance")
@@ -51,16 +61,40 @@ class QAMatchingTask:
         max_length: int,
         batch_size: int,
         eval_batch_size: int = 128,
+        loss: str = "hinge",
     ) -> None:
+        if loss not in LOSSES:
+            raise ValueError(f"loss {loss!r}: allowed {LOSSES}")
         self.client_ids = list(clients)
-        self.tokenizer, self._build_model = tokenizer, build_model
+        self.tokenizer, self._build_model, self.loss = tokenizer, build_model, loss
         self.max_length, self.batch_size, self.eval_batch_size = max_length, batch_size, eval_batch_size
         self.candidates = {cid: data.candidates for cid, data in clients.items()}
-        self.positives, self.negatives, self.candidate_encodings = {}, {}, {}
-        for cid, data in clients.items():
-            self.positives[cid] = self._encode(data.triples["question"], data.triples["positive"])
-            self.negatives[cid] = self._encode(data.triples["question"], data.triples["negative"])
-            self.candidate_encodings[cid] = self._encode(data.candidates["question"], data.candidates["answer"])
+        self.candidate_encodings = {cid: self._encode(data.candidates["question"], data.candidates["answer"])
+                                    for cid, data in clients.items()}
+        self._set_triples({cid: data.triples for cid, data in clients.items()})
+
+    def _set_triples(self, triples: dict[str, pd.DataFrame]) -> None:
+        self.triples = triples
+        self.positives = {cid: self._encode(frame["question"], frame["positive"]) for cid, frame in triples.items()}
+        self.negatives = {cid: self._encode(frame["question"], frame["negative"]) for cid, frame in triples.items()}
+
+    def with_triples(self, triples: dict[str, pd.DataFrame]) -> "QAMatchingTask":
+        """The same task (candidates, tokenizer, model) training on other triples; this task is left untouched."""
+        other = copy.copy(self)
+        other._set_triples({cid: triples[cid] for cid in self.client_ids})
+        return other
+
+    def with_train_fraction(self, ratio: float, seed: int) -> "QAMatchingTask":
+        """Every client keeps a seeded ``ratio`` of its training questions (with all their triples); Fig 8's data ratio."""
+        if not 0 < ratio <= 1:
+            raise ValueError(f"data ratio {ratio}: allowed (0, 1]")
+        kept = {}
+        for cid, frame in self.triples.items():
+            questions = np.array(sorted(frame["question_id"].unique()))
+            count = max(1, round(ratio * len(questions)))
+            chosen = np.random.default_rng(derive_seed(seed, "data_ratio", cid)).choice(questions, size=count, replace=False)
+            kept[cid] = frame[frame["question_id"].isin(set(chosen))].reset_index(drop=True)
+        return self.with_triples(kept)
 
     def _encode(self, questions: pd.Series, answers: pd.Series) -> list[dict[str, list[int]]]:
         if len(questions) == 0:
@@ -91,7 +125,11 @@ class QAMatchingTask:
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutput:
         scores, features = model(**batch)
         half = scores.shape[0] // 2
-        loss = torch.relu(1.0 - scores[:half] + scores[half:]).mean()
+        if self.loss == "hinge":
+            loss = torch.relu(1.0 - scores[:half] + scores[half:]).mean()
+        else:
+            labels = torch.cat([torch.ones(half), torch.zeros(scores.shape[0] - half)])
+            loss = nn.functional.binary_cross_entropy_with_logits(scores.float(), labels)
         return TaskOutput(loss=loss, logits=scores, features=features)
 
     def score(self, model: nn.Module, client_id: str, split: str) -> pd.DataFrame:

@@ -3,17 +3,20 @@
 from fedrepro.errors import ConfigError
 from fedrepro.fl.algorithm import Algorithm, AlgorithmSettings
 from fedrepro.fl.algorithms.centralised import Centralised
+from fedrepro.fl.algorithms.coverquery import CoverQuery
 from fedrepro.fl.algorithms.fedavg import FedAvg
+from fedrepro.fl.algorithms.fedmatch import FedMatch
 from fedrepro.fl.algorithms.fedper import FedPer
 from fedrepro.fl.algorithms.fedprox import FedProx
 from fedrepro.fl.algorithms.individual import Individual
+from fedrepro.fl.algorithms.lg_fedavg import LGFedAvg
 
 REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (Individual, Centralised, FedAvg, FedProx, FedPer)
+    cls.name: cls for cls in (Individual, Centralised, CoverQuery, FedAvg, FedProx, LGFedAvg, FedPer, FedMatch)
 }
 
 
 def build_algorithm(name: str, settings: AlgorithmSettings) -> Algorithm:
     if name not in REGISTRY:
-        raise ConfigError(f"params: train.algorithms contains {name!r}; allowed {sorted(REGISTRY)}")
+        raise ConfigError(f"algorithm {name!r} is not registered; allowed {sorted(REGISTRY)}")
     return REGISTRY[name](settings)

@@ -1,0 +1,63 @@
+"""The cells of FedMatch's grid: one (method, seed) per table row, one (sweep point, method, seed) per figure point.
+
+A cell sees the params with its sweep point applied (``cell_params``), so the same engine code runs every
+table row and every figure point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedrepro.config import Params
+from fedrepro.fedmatch.methods import FIGURE_METHOD
+
+SWEEPS = {
+    "shared_layers": "Fig 5: encoder layers shared (the layers above are private)",
+    "patch_size": "Fig 6: patch size r",
+    "aggregate_every": "Fig 7: local epochs between aggregations",
+    "data_ratio": "Fig 8: share of each client's training questions used",
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    seed: int
+    sweep: str | None = None
+    value: str | None = None
+    """The sweep point exactly as params.yaml (and so DVC's matrix) spells it, e.g. ``64`` or ``0.2``."""
+
+    @property
+    def name(self) -> str:
+        """Folder name of the cell's outputs: ``<method>-<seed>`` or ``<sweep>-<value>-<method>-<seed>``."""
+        if self.sweep is None:
+            return f"{self.method}-{self.seed}"
+        return f"{self.sweep}-{self.value}-{self.method}-{self.seed}"
+
+
+def table_cells(params: Params) -> list[Cell]:
+    return [Cell(m, s) for m in params.fedmatch.methods for s in params.fedmatch.seeds]
+
+
+def sweep_cells(params: Params) -> list[Cell]:
+    sweeps = params.fedmatch.sweeps
+    cells = []
+    for sweep in SWEEPS:
+        methods = sweeps.data_ratio_methods if sweep == "data_ratio" else [FIGURE_METHOD]
+        for value in getattr(sweeps, sweep):
+            cells += [Cell(m, s, sweep, str(value)) for m in methods for s in sweeps.seeds]
+    return cells
+
+
+def cell_params(params: Params, cell: Cell) -> Params:
+    """The params as this cell runs them: its sweep point applied (data_ratio is applied to the task instead)."""
+    if cell.sweep in ("shared_layers", "patch_size"):
+        settings = params.fedmatch.settings.model_copy(update={cell.sweep: int(cell.value)})
+        return params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
+    if cell.sweep == "aggregate_every":
+        every = int(cell.value)
+        # Same training budget at every point: rounds x local epochs stays about train.rounds epochs.
+        train = params.train.model_copy(update={"local_epochs": every, "rounds": max(1, math.ceil(params.train.rounds / every))})
+        return params.model_copy(update={"train": train})
+    return params
