@@ -46,7 +46,10 @@ def test_an_explicit_value_wins_over_the_scale():
 
 
 @pytest.mark.parametrize("path, value, expected", [
-    ("train.algorithms", ["fedavg", "fedsgd"], "train.algorithms.1 = 'fedsgd'"),
+    ("fedmatch.methods", ["fedavg", "fedsgd"], "fedmatch.methods.1 = 'fedsgd'"),
+    ("fedmatch.table2", ["fedmatch_h_lr", "fedmatch_x_lr"], "fedmatch.table2 lists ['fedmatch_x_lr'], which fedmatch.methods does not run"),
+    ("fedmatch.settings.fidelity", "authors", "fedmatch.settings.fidelity = 'authors'"),
+    ("model.keep_layers", -1, "model.keep_layers = -1"),
     ("train.lr", -0.1, "train.lr = -0.1"),
     ("train.clients_per_round", 9, "train.clients_per_round = 9"),
     ("mine.backend", "lucene", "mine.backend = 'lucene'"),

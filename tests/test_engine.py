@@ -156,15 +156,21 @@ def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
     from fedrepro.config import parse_params
     from test_config import RAW
 
+    from fedrepro.fedmatch.cells import Cell
+
     params = parse_params(yaml.safe_load(yaml.safe_dump(RAW)))
-    base = runs.run_fingerprint(params, "fedavg", 0, "inputs")
-    assert base == runs.run_fingerprint(params, "fedavg", 0, "inputs")
-    assert base != runs.run_fingerprint(params, "fedavg", 1, "inputs")
-    assert base != runs.run_fingerprint(params, "fedavg", 0, "other inputs")
+    base = runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
+    assert base == runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
+    assert base != runs.run_fingerprint(params, Cell("fedavg", 1), "inputs")
+    assert base != runs.run_fingerprint(params, Cell("fedavg", 0, "patch_size", "64"), "inputs")
+    assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "other inputs")
     changed = params.model_copy(update={"train": params.train.model_copy(update={"lr": 0.123})})
-    assert base != runs.run_fingerprint(changed, "fedavg", 0, "inputs")
+    assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
+    settings = params.fedmatch.settings.model_copy(update={"cover_queries": 7})
+    changed = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
+    assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
     monkeypatch.setattr(runs, "code_digest", lambda: "edited code")
-    assert base != runs.run_fingerprint(params, "fedavg", 0, "inputs")
+    assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
 
 
 def test_memory_accounting_follows_what_each_algorithm_keeps(tmp_path):

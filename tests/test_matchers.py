@@ -118,5 +118,5 @@ def test_a_few_adam_steps_lower_the_pairwise_hinge_loss(name):
 
 
 def test_unknown_matcher_names_the_param_and_the_allowed_names():
-    with pytest.raises(ConfigError, match=r"fedmatch\.matchers.*'bimpm'.*esim.*re2"):
+    with pytest.raises(ConfigError, match=r"matcher 'bimpm'.*esim.*re2"):
         build_matcher("bimpm", SPEC)

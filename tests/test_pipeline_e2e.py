@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from pipeline_copy import ENV, ROOT, fresh_copy, run
 
@@ -23,19 +24,20 @@ def project(tmp_path_factory):
     return root
 
 
-def test_repro_writes_the_report_with_every_algorithm(project):
-    metrics = json.loads((project / "reports" / "metrics.json").read_text())
-    assert set(metrics) == {"individual", "centralised", "fedavg", "fedprox", "fedper"}
-    for values in metrics.values():
-        assert 0.0 < values["mrr_mean"] <= 1.0 and values["mrr_std"] >= 0.0
-    report = (project / "reports" / "report.md").read_text()
-    assert "mean ± std over 3 seeds" in report and "Claims checked at this scale" in report
-    for figure in ("convergence.png", "test_map.png", "test_mrr.png"):
-        assert (project / "reports" / "figures" / figure).stat().st_size > 10_000
-    readme = (project / "README.md").read_text()
-    assert "| fedavg" in readme and "reports/figures/convergence.png" in readme
-    curves = project / "data" / "live" / "fedavg-0" / "plots" / "metrics" / "valid_mrr.tsv"
-    assert len(curves.read_text().splitlines()) == 1 + 5
+def test_repro_writes_fedmatch_tables_figures_and_claims(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())["fedmatch"]
+    metrics = json.loads((project / "reports" / "fedmatch" / "metrics.json").read_text())
+    assert set(metrics["mrr"]) == set(params["methods"]) == set(metrics["map"])
+    assert all(0.0 < value <= 1.0 for value in metrics["mrr"].values())
+    report = (project / "reports" / "fedmatch" / "report.md").read_text()
+    for heading in ("## Table 2", "## Table 3", "## Claims checked at this scale", "## Parameters, communication and memory"):
+        assert heading in report
+    assert "FedMatch H+LR" in report and "CoverQuery" in report and "random ranking (chance)" in report
+    for figure in ("convergence.png", "fig5_shared_layers.png", "fig6_patch_size.png", "fig7_aggregate_every.png", "fig8_data_ratio.png"):
+        assert (project / "reports" / "fedmatch" / "figures" / figure).stat().st_size > 10_000
+    cell = project / "data" / "fedmatch" / "tables" / "fedmatch_h_lr" / "fedmatch_h_lr-0"
+    assert {p.suffix for p in (cell / "trec").iterdir()} == {".qrels", ".run"}
+    assert "| FedMatch H+LR" in (project / "README.md").read_text()
 
 
 def test_second_repro_reruns_nothing(project):
@@ -46,34 +48,38 @@ def test_second_repro_reruns_nothing(project):
     assert time.perf_counter() - started < 120
 
 
-def test_a_killed_train_cell_resumes_to_identical_metrics(project):
-    cell = "fedavg-0"
-    reference = (project / "data" / "train" / cell / "metrics.json").read_bytes()
-    state = project / "data" / "checkpoints" / cell / "latest" / "state.json"
-    subprocess.run(["rm", "-rf", str(state.parent.parent)], check=True)
-    process = subprocess.Popen([sys.executable, "stages/train.py", "--algorithm", "fedavg", "--seed", "0"], cwd=project,
-                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def test_a_killed_fedmatch_cell_resumes_to_identical_metrics(project):
+    method = "fedmatch_h_lr"
+    outputs = project / "data" / "fedmatch" / "tables" / method
+    reference = {p.name: (p / "metrics.json").read_bytes() for p in outputs.iterdir()}
+    checkpoints = project / "data" / "checkpoints" / "fedmatch" / "tables" / method
+    state = checkpoints / f"{method}-0" / "latest" / "state.json"
+    subprocess.run(["rm", "-rf", str(checkpoints)], check=True)
+    command = [sys.executable, "stages/fedmatch_train.py", "--method", method]
+    process = subprocess.Popen(command, cwd=project, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         if state.exists() and json.loads(state.read_text())["next_round"] >= 2:
             break
-        time.sleep(0.2)
+        time.sleep(0.1)
     assert process.poll() is None, "training finished before it could be killed"
-    time.sleep(0.7)  # land somewhere inside round 3
+    time.sleep(0.3)  # land somewhere inside round 3
     process.send_signal(signal.SIGKILL)
     process.wait()
-    resumed = run([sys.executable, "stages/train.py", "--algorithm", "fedavg", "--seed", "0"], project)
+    resumed = run(command, project)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert (project / "data" / "train" / cell / "metrics.json").read_bytes() == reference
+    assert {p.name: (p / "metrics.json").read_bytes() for p in outputs.iterdir()} == reference
 
 
 def test_exp_run_with_a_changed_param(project):
-    result = run(["dvc", "exp", "run", "-S", "train.rounds=2", "-S", "train.algorithms=[fedavg,fedper]", "-S", "train.seeds=[0]"], project)
+    result = run(["dvc", "exp", "run", "-S", "train.rounds=2", "-S", "fedmatch.methods=[fedavg,fedmatch_h_lr]",
+                  "-S", "fedmatch.table2=[fedmatch_h_lr]", "-S", "fedmatch.table3=[fedavg,fedmatch_h_lr]",
+                  "-S", "fedmatch.seeds=[0]", "-S", "fedmatch.sweeps.patch_size=[16,32]"], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     shown = run(["dvc", "exp", "show", "--json"], project)
-    assert shown.returncode == 0 and "mrr_mean" in shown.stdout
-    history = json.loads((project / "data" / "train" / "fedper-0" / "metrics.json").read_text())["history"]
-    assert len(history) == 2
+    assert shown.returncode == 0 and "fedmatch_h_lr" in shown.stdout
+    cell = project / "data" / "fedmatch" / "tables" / "fedmatch_h_lr" / "fedmatch_h_lr-0" / "metrics.json"
+    assert len(json.loads(cell.read_text())["history"]) == 2
 
 
 @pytest.mark.mirror

@@ -77,9 +77,13 @@ def test_hinge_loss_of_the_task():
             return batch["input_ids"][:, 0].float(), None
 
     task = QAMatchingTask.__new__(QAMatchingTask)
+    task.loss = "hinge"
     batch = {"input_ids": torch.tensor([[3], [0], [1], [0]])}  # positives score 3, 0; negatives score 1, 0
     loss = task.forward(FixedScores(), batch).loss
     assert loss.item() == pytest.approx((max(0, 1 - 3 + 1) + max(0, 1 - 0 + 0)) / 2)
+    task.loss = "cross_entropy"  # the released code's objective: positives labelled 1, negatives 0
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor([3.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert task.forward(FixedScores(), batch).loss.item() == pytest.approx(expected.item())
 
 
 def test_official_pool_candidates_add_every_gold_answer():

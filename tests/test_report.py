@@ -1,40 +1,45 @@
-"""Report helpers: verdicts and diagnostics follow the measured numbers, mean±std tables, the README block."""
+"""Report helpers: verdicts follow the measured numbers, mean ± std tables, TREC round trips, the README block."""
 
 import pandas as pd
 
-from fedrepro.report.markdown import README_END, README_START, compare, fit_diagnostics, replace_readme_block
-from fedrepro.report.results import summary_table
+from fedrepro.metrics.ranking import ranking_metrics, trec_files
+from fedrepro.report.markdown import README_END, README_START, replace_readme_block
+from fedrepro.report.results import paired_test, read_trec, summary_table, verdict
 
 
 def results(values: dict[str, list[float]]) -> pd.DataFrame:
-    rows = [(algorithm, seed, client, "mrr", value + offset)
-            for algorithm, series in values.items() for seed, value in enumerate(series)
-            for client, offset in (("a", 0.0), ("overall", 0.0))]
-    return pd.DataFrame(rows, columns=["algorithm", "seed", "client", "metric", "value"])
+    rows = [(row, seed, client, "mrr", value) for row, series in values.items() for seed, value in enumerate(series)
+            for client in ("a", "overall")]
+    return pd.DataFrame(rows, columns=["row", "seed", "client", "metric", "value"])
 
 
-def test_compare_says_whether_a_claim_holds():
-    clear = results({"fedavg": [0.50, 0.52, 0.51], "individual": [0.30, 0.31, 0.29]})
-    assert "holds here" in compare(clear, "fedavg", "individual", "mrr")
-    noisy = results({"fedavg": [0.50, 0.30, 0.41], "individual": [0.40, 0.38, 0.39]})
-    assert "within the seed spread" in compare(noisy, "fedavg", "individual", "mrr")
-    reversed_ = results({"fedavg": [0.30, 0.31, 0.29], "individual": [0.50, 0.52, 0.51]})
-    assert "does not hold" in compare(reversed_, "fedavg", "individual", "mrr")
+def test_summary_table_is_mean_and_sample_std_with_labels_and_chance():
+    chance = {"clients": {"a": {"mrr": 0.25}}, "overall": {"mrr": 0.25}}
+    table = summary_table(results({"fedavg": [0.2, 0.4]}), "mrr", ["fedavg"], {"fedavg": "FedAvg"}, chance)
+    assert table.loc["FedAvg", "overall"] == "0.300 ± 0.141"
+    assert table.loc["random ranking (chance)", "a"] == "0.250"
 
 
-def test_summary_table_is_mean_and_sample_std():
-    table = summary_table(results({"fedavg": [0.2, 0.4]}), "mrr", ["fedavg"])
-    assert table.loc["fedavg", "overall"] == "0.300 ± 0.141"
+def test_paired_test_and_verdict_follow_the_numbers():
+    index = pd.MultiIndex.from_tuples([("c", f"q{i}") for i in range(30)])
+    base = pd.Series([0.2 + 0.01 * (i % 7) for i in range(30)], index=index)
+    better = base + 0.1 + pd.Series([0.002 * (i % 3) for i in range(30)], index=index)
+    diff, p, n = paired_test(better, base)
+    assert n == 30 and diff > 0.09 and p < 0.001 and verdict(diff, p) == "holds"
+    diff, p, _ = paired_test(base, better)
+    assert verdict(diff, p).startswith("does not hold")
+    noisy = base + pd.Series([0.05 if i % 2 else -0.05 for i in range(30)], index=index)
+    assert verdict(*paired_test(noisy, base)[:2]).startswith("not significant")
 
 
-def test_fit_diagnostics_flag_memorising_only_when_measured():
-    histories = pd.DataFrame({
-        "algorithm": ["x", "x", "y", "y"], "seed": [0] * 4, "round": [1, 2, 1, 2],
-        "train_loss": [0.9, 0.01, 0.9, 0.5], "valid_mrr": [0.30, 0.30, 0.30, 0.40],
-    })
-    lines = fit_diagnostics(histories, {"c": {"distinct_positives": 7}})
-    assert "7 distinct positive answers" in lines[0]
-    assert "distinct" not in lines[1]
+def test_trec_files_round_trip_to_the_same_metrics(tmp_path):
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1, "c": 1}}
+    run = {"q1": {"a": 0.1, "x": 0.9, "y": 0.5}, "q2": {"b": 0.3, "c": 0.3, "z": 0.4}}
+    qrels_text, run_text = trec_files(qrels, run, "tag")
+    (tmp_path / "c.qrels").write_text(qrels_text)
+    (tmp_path / "c.run").write_text(run_text)
+    assert run_text.splitlines()[0] == "q1 Q0 x 1 0.900000 tag"
+    assert ranking_metrics(*read_trec(tmp_path / "c.qrels", tmp_path / "c.run")) == ranking_metrics(qrels, run)
 
 
 def test_readme_block_is_replaced_between_markers_only():

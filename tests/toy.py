@@ -55,3 +55,51 @@ class ToyTask:
     def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
         x, y = self.data[client_id]
         return {"mse": float(((model(x[:16]) - y[:16]) ** 2).mean())}
+
+
+class ToyQATask:
+    """A tiny answer-selection task on a 2-layer BERT cross-encoder: random token pairs, positives share the
+    question's tokens. Small enough for engine tests of patches, private names and resume."""
+
+    def __init__(self, sizes: dict[str, int], vocab: int = 60, length: int = 12, batch_size: int = 4) -> None:
+        generator = torch.Generator().manual_seed(99)
+        self.client_ids, self.batch_size, self.vocab = list(sizes), batch_size, vocab
+        self.data = {}
+        for client, size in sizes.items():
+            questions = torch.randint(5, vocab, (size, length // 2), generator=generator)
+            negatives = torch.randint(5, vocab, (size, length // 2), generator=generator)
+            self.data[client] = (questions, questions.flip(1), negatives)
+
+    def build_model(self) -> nn.Module:
+        from transformers import BertConfig, BertModel
+
+        from fedrepro.models.cross_encoder import CrossEncoder
+
+        config = BertConfig(vocab_size=self.vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32, max_position_embeddings=32)
+        return CrossEncoder(BertModel(config, add_pooling_layer=False))
+
+    def num_train_samples(self, client_ids: Sequence[str]) -> int:
+        return sum(len(self.data[c][0]) for c in client_ids)
+
+    def _pairs(self, questions: torch.Tensor, answers: torch.Tensor) -> dict[str, torch.Tensor]:
+        ids = torch.cat([questions, answers], dim=1)
+        types = torch.cat([torch.zeros_like(questions), torch.ones_like(answers)], dim=1)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": types}
+
+    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator):
+        q, pos, neg = (torch.cat([self.data[c][i] for c in client_ids]) for i in range(3))
+        order = torch.randperm(len(q), generator=generator)
+        for start in range(0, len(q), self.batch_size):
+            index = order[start:start + self.batch_size]
+            yield self._pairs(torch.cat([q[index], q[index]]), torch.cat([pos[index], neg[index]]))
+
+    def forward(self, model: nn.Module, batch) -> TaskOutput:
+        scores, features = model(**batch)
+        half = scores.shape[0] // 2
+        return TaskOutput(loss=torch.relu(1.0 - scores[:half] + scores[half:]).mean(), logits=scores, features=features)
+
+    def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
+        q, pos, neg = self.data[client_id]
+        scores, _ = model(**self._pairs(torch.cat([q, q]), torch.cat([pos, neg])))
+        return {"accuracy": float((scores[: len(q)] > scores[len(q):]).float().mean())}

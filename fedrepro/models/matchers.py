@@ -185,7 +185,7 @@ class RE2(_Matcher):
 
 
 def build_matcher(name: str, spec: MatcherSpec) -> nn.Module:
-    """The matcher a ``fedmatch.matchers`` entry names."""
+    """The matcher a method of ``fedrepro/fedmatch/methods.py`` names (``model="re2"`` or ``"esim"``)."""
     if name not in MATCHERS:
-        raise ConfigError(f"params: fedmatch.matchers = {name!r}: allowed {list(MATCHERS)}")
+        raise ConfigError(f"matcher {name!r} (a method's model in fedrepro/fedmatch/methods.py): allowed {list(MATCHERS)}")
     return ESIM(spec) if name == "esim" else RE2(spec)

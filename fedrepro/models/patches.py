@@ -1,4 +1,4 @@
-"""FedMatch's private patches: small modules injected into a shared BERT backbone (CIKM'21, Sec. 3 and Table 5).
+"""FedMatch's private patches: small modules injected into a shared BERT backbone (FedMatch, CIKM'21, Sec. 3).
 
 A patch maps hidden states (..., d) to a delta (..., d). Its up-projection ``up`` is zero-initialised, so a freshly
 patched model computes exactly what the unpatched one does. Two structures:
@@ -50,16 +50,16 @@ class PatchSpec:
 
     def __post_init__(self) -> None:
         if self.insertion not in INSERTIONS:
-            raise ConfigError(f"params: fedmatch.patch.insertion = {self.insertion!r}: allowed {list(INSERTIONS)}")
+            raise ConfigError(f"patch insertion {self.insertion!r} (from fedmatch.methods): allowed {list(INSERTIONS)}")
         if self.structure not in STRUCTURES:
-            raise ConfigError(f"params: fedmatch.patch.structure = {self.structure!r}: allowed {list(STRUCTURES)}")
+            raise ConfigError(f"patch structure {self.structure!r} (from fedmatch.methods): allowed {list(STRUCTURES)}")
         for field in ("size", "heads"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"params: fedmatch.patch.{field} = {value!r}: allowed a positive integer")
+                raise ConfigError(f"params: fedmatch.settings.patch_{field} = {value!r}: allowed a positive integer")
         if self.structure == "pal" and self.size % self.heads:
             raise ConfigError(
-                f"params: fedmatch.patch.heads = {self.heads}: the PAL size fedmatch.patch.size = {self.size} "
+                f"params: fedmatch.settings.patch_heads = {self.heads}: the PAL size fedmatch.settings.patch_size = {self.size} "
                 f"must be divisible by it; allowed a divisor of {self.size}"
             )
 
@@ -150,10 +150,10 @@ def inject_patch(model: nn.Module, spec: PatchSpec) -> nn.Module:
     """Inject in place into the first submodule that looks like a BERT encoder (has ``.embeddings`` and
     ``.encoder.layer``); returns ``model``. Raise ConfigError if none is found."""
     if any(is_patch_parameter(name) for name, _ in model.named_parameters()):
-        raise ConfigError(f"fedmatch.patch: {type(model).__name__} already holds a patch; inject once")
+        raise ConfigError(f"{type(model).__name__} already holds a patch; inject once")
     bert = next((m for m in model.modules() if hasattr(m, "embeddings") and hasattr(getattr(m, "encoder", None), "layer")), None)
     if bert is None:
-        raise ConfigError(f"fedmatch.patch: found no BERT encoder (.embeddings and .encoder.layer) in {type(model).__name__}")
+        raise ConfigError(f"found no BERT encoder (.embeddings and .encoder.layer) in {type(model).__name__}")
     hidden = bert.config.hidden_size
     if spec.structure == "pal":
         masks = _MaskRecorder()
@@ -177,11 +177,12 @@ def is_patch_parameter(name: str) -> bool:
     return name.startswith("patch.") or ".patch." in name
 
 
-_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
+_LAYER = re.compile(r"(?:^|\.)encoder\.(?:base\.)?layer\.(\d+)\.")
 
 
 def encoder_layer_index(name: str) -> int | None:
-    """The encoder layer i of a name containing ``encoder.layer.{i}.`` (wrapped names too), else None."""
+    """The encoder layer i of a name containing ``encoder.layer.{i}.``, also inside a wrapped encoder
+    (``encoder.base.layer.{i}.``, as vertical/horizontal patches name it), else None."""
     match = _LAYER.search(name)
     return int(match.group(1)) if match else None
 

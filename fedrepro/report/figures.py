@@ -1,4 +1,4 @@
-"""Matplotlib figures of the runs (PNG, fixed size and DPI so reruns give the same picture)."""
+"""Matplotlib figures in the papers' style (PNG, fixed size and DPI, no timestamps, so reruns give the same bytes)."""
 
 from __future__ import annotations
 
@@ -13,32 +13,52 @@ import pandas as pd  # noqa: E402
 from fedrepro.report.results import OVERALL  # noqa: E402
 
 
-def convergence_figure(histories: pd.DataFrame, path: Path) -> None:
-    """Overall validation MRR and training loss per round: mean over seeds with a ±1 std band."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-    for algorithm, frame in histories.groupby("algorithm", sort=False):
-        for ax, column in zip(axes, ("valid_mrr", "train_loss")):
-            stats = frame.groupby("round")[column].agg(["mean", "std"]).fillna(0.0)
-            ax.plot(stats.index, stats["mean"], marker="o", label=algorithm)
-            ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.15)
-    axes[0].set(title="Validation MRR (mean over clients)", xlabel="round", ylabel="MRR")
-    axes[1].set(title="Training hinge loss", xlabel="round", ylabel="loss")
-    axes[0].legend(fontsize=8)
+def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
+    fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
 
 
-def per_client_figure(results: pd.DataFrame, metric: str, path: Path) -> None:
-    """Test ``metric`` per client and overall: bars are the mean over seeds, whiskers ±1 std."""
-    frame = results[results.metric == metric]
-    stats = frame.groupby(["client", "algorithm"], sort=False)["value"].agg(["mean", "std"]).fillna(0.0)
-    means, stds = stats["mean"].unstack(), stats["std"].unstack()
-    order = [c for c in means.index if c != OVERALL] + [OVERALL]
-    algorithms = list(dict.fromkeys(frame["algorithm"]))
-    ax = means.loc[order, algorithms].plot.bar(yerr=stds.loc[order, algorithms], figsize=(10, 4), capsize=2, rot=20)
-    ax.set(title=f"Test {metric.upper()} per client (mean ± std over seeds)", xlabel="", ylabel=metric.upper())
-    ax.legend(fontsize=8, ncols=len(algorithms))
-    ax.figure.tight_layout()
-    ax.figure.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(ax.figure)
+def convergence_figure(histories: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
+    """Training loss per round of each method: mean over seeds with a ±1 std band."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for method, frame in histories.groupby("method", sort=False):
+        curve = frame.groupby("round")["train_loss"].agg(["mean", "std"]).fillna(0.0)
+        ax.plot(curve.index, curve["mean"], marker="o", label=labels.get(method, method))
+        ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.12)
+    ax.set(title="Training loss per round (mean over clients and seeds)", xlabel="round", ylabel="loss")
+    ax.legend(fontsize=7, ncols=2)
+    _save(fig, path)
+
+
+def sweep_figure(table: pd.DataFrame, x_label: str, title: str, path: Path, log2: bool = False, reverse: bool = False) -> None:
+    """A figure of Figs 5-7: test MRR of each client (thin) and overall (thick) over the sweep points.
+
+    ``table``: index = sweep point, columns = clients (incl. overall).
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for client in table.columns:
+        thick = client == OVERALL
+        ax.plot(table.index, table[client], marker="o", linewidth=2.5 if thick else 1.2, color="saddlebrown" if thick else None,
+                label=client)
+    if log2:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(table.index), [str(int(v)) for v in table.index])
+    else:
+        ax.set_xticks(list(table.index))
+    if reverse:
+        ax.invert_xaxis()
+    ax.set(title=title, xlabel=x_label, ylabel="test MRR")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def data_ratio_figure(ours: pd.DataFrame, theirs: pd.DataFrame, labels: tuple[str, str], client: str, path: Path) -> None:
+    """Fig 8: MAP and MRR over the share of training data, FedMatch H+LR against individual BERT."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, metric in zip(axes, ("map", "mrr")):
+        ax.plot([100 * v for v in ours.index], ours[metric], marker="o", label=labels[0])
+        ax.plot([100 * v for v in theirs.index], theirs[metric], marker="s", label=labels[1])
+        ax.set(title=f"{client}: test {metric.upper()}", xlabel="training data used (%)", ylabel=metric.upper())
+        ax.legend(fontsize=8)
+    _save(fig, path)

@@ -1,65 +1,58 @@
-"""Collecting the evaluated cells into tidy frames and mean±std tables over seeds."""
+"""Collecting evaluated cells into tidy frames, mean ± std tables over seeds, and paired significance tests."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from fedrepro.io import read_json
+from fedrepro.metrics.ranking import per_question_metrics
 from fedrepro.metrics.summary import mean_std
 
 OVERALL = "overall"
-
-
-def load_results(eval_dir: Path, algorithms: list[str], seeds: list[int]) -> pd.DataFrame:
-    """Long frame: algorithm, seed, client (incl. 'overall'), metric, value — one row per measured number."""
-    rows = []
-    for algorithm in algorithms:
-        for seed in seeds:
-            metrics = read_json(Path(eval_dir) / f"{algorithm}-{seed}" / "metrics.json")
-            for client, values in {**metrics["clients"], OVERALL: metrics["overall"]}.items():
-                rows.extend((algorithm, seed, client, name, value) for name, value in values.items())
-    return pd.DataFrame(rows, columns=["algorithm", "seed", "client", "metric", "value"])
-
-
-def load_histories(train_dir: Path, algorithms: list[str], seeds: list[int]) -> pd.DataFrame:
-    """Long frame of the per-round history: algorithm, seed, round, train_loss, bytes, overall valid MAP/MRR."""
-    rows = []
-    for algorithm in algorithms:
-        for seed in seeds:
-            for record in read_json(Path(train_dir) / f"{algorithm}-{seed}" / "metrics.json")["history"]:
-                row = {"algorithm": algorithm, "seed": seed, "round": record["round"], "train_loss": record["train_loss"],
-                       "bytes_up": record["bytes_up"], "bytes_down": record["bytes_down"]}
-                if "valid" in record:
-                    for metric in ("map", "mrr"):
-                        values = [v[metric] for v in record["valid"].values()]
-                        row[f"valid_{metric}"] = sum(values) / len(values)
-                rows.append(row)
-    return pd.DataFrame(rows)
-
-
 CHANCE = "random ranking (chance)"
 
 
-def load_memory(train_dir: Path, algorithms: list[str], seed: int) -> pd.DataFrame:
-    """Per algorithm: the bytes the engine held (model, server's shared weights, private state per client)."""
-    rows = {a: read_json(Path(train_dir) / f"{a}-{seed}" / "metrics.json")["memory_bytes"] for a in algorithms}
-    return pd.DataFrame.from_dict(rows, orient="index")
+def read_trec(qrels_path: Path, run_path: Path) -> tuple[dict, dict]:
+    """qrels and run back from the standard TREC files a cell wrote."""
+    qrels: dict[str, dict[str, int]] = {}
+    for line in qrels_path.read_text().splitlines():
+        qid, _, doc, relevance = line.split()
+        qrels.setdefault(qid, {})[doc] = int(relevance)
+    run: dict[str, dict[str, float]] = {}
+    for line in run_path.read_text().splitlines():
+        qid, _, doc, _, score, _ = line.split()
+        run.setdefault(qid, {})[doc] = float(score)
+    return qrels, run
 
 
-def summary_table(results: pd.DataFrame, metric: str, algorithms: list[str], chance: dict | None = None) -> pd.DataFrame:
-    """Algorithms x clients (+ overall) of 'mean ± std' strings over seeds, in the given algorithm order;
-    with ``chance`` (evaluate's chance.json) a last row gives the random-ranking level of the same candidates."""
-    clients = [c for c in dict.fromkeys(results["client"]) if c != OVERALL] + [OVERALL]
+def load_cell(folder: Path) -> tuple[dict, pd.DataFrame]:
+    """A cell's metrics.json and its per-question AP/RR (recomputed from its TREC files)."""
+    metrics = read_json(folder / "metrics.json")
+    rows = []
+    for qrels_path in sorted((folder / "trec").glob("*.qrels")):
+        client = qrels_path.stem
+        for question, values in per_question_metrics(*read_trec(qrels_path, qrels_path.with_suffix(".run"))).items():
+            rows.append((client, question, values["map"], values["mrr"]))
+    return metrics, pd.DataFrame(rows, columns=["client", "question", "map", "mrr"])
+
+
+def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: dict[str, str],
+                  chance: dict | None = None) -> pd.DataFrame:
+    """Rows x clients (+ overall) of 'mean ± std' over seeds; ``results`` has columns row, seed, client, metric, value.
+    With ``chance`` a last row gives the random-ranking level of the same candidates."""
+    clients = sorted(c for c in set(results["client"]) if c != OVERALL) + [OVERALL]
     table = {}
-    for algorithm in algorithms:
-        row = {}
+    for row in rows:
+        cells = {}
         for client in clients:
-            values = results[(results.algorithm == algorithm) & (results.client == client) & (results.metric == metric)]["value"]
+            values = results[(results.row == row) & (results.client == client) & (results.metric == metric)]["value"]
             mean, std = mean_std(values.tolist())
-            row[client] = f"{mean:.3f} ± {std:.3f}"
-        table[algorithm] = row
+            cells[client] = f"{mean:.3f} ± {std:.3f}"
+        table[labels.get(row, row)] = cells
     if chance is not None:
         table[CHANCE] = {c: f"{(chance['overall'] if c == OVERALL else chance['clients'][c])[metric]:.3f}" for c in clients}
     frame = pd.DataFrame.from_dict(table, orient="index")[clients]
@@ -67,13 +60,20 @@ def summary_table(results: pd.DataFrame, metric: str, algorithms: list[str], cha
     return frame
 
 
-def overall_stats(results: pd.DataFrame, algorithms: list[str]) -> dict[str, dict[str, float]]:
-    """Per algorithm: mean and std over seeds of the overall MAP and MRR (the numbers `dvc exp show` lists)."""
-    stats = {}
-    for algorithm in algorithms:
-        entry = {}
-        for metric in ("map", "mrr"):
-            values = results[(results.algorithm == algorithm) & (results.client == OVERALL) & (results.metric == metric)]["value"]
-            entry[f"{metric}_mean"], entry[f"{metric}_std"] = mean_std(values.tolist())
-        stats[algorithm] = entry
-    return stats
+def paired_test(better: pd.Series, worse: pd.Series) -> tuple[float, float, int]:
+    """Mean difference and two-sided paired t-test p-value over the questions both sides were scored on.
+
+    Each side is a per-question metric (already averaged over seeds), indexed by (client, question).
+    """
+    joined = pd.concat([better.rename("a"), worse.rename("b")], axis=1, join="inner").dropna()
+    diff = (joined["a"] - joined["b"]).to_numpy()
+    if len(diff) < 2 or np.allclose(diff, diff[0]):
+        return float(diff.mean()) if len(diff) else 0.0, 1.0, len(diff)
+    return float(diff.mean()), float(stats.ttest_rel(joined["a"], joined["b"]).pvalue), len(diff)
+
+
+def verdict(difference: float, p_value: float, alpha: float = 0.05) -> str:
+    """holds / does not hold / not significant, for a claim that ``difference`` is positive."""
+    if p_value < alpha:
+        return "holds" if difference > 0 else "does not hold (significantly reversed)"
+    return "not significant (" + ("same direction" if difference > 0 else "opposite direction") + ")"

@@ -1,0 +1,35 @@
+"""Stage fedmatch_report: reports/fedmatch/{report.md, results.csv, metrics.json, figures/} and the README block."""
+
+from pathlib import Path
+
+from fedrepro.cli import run_stage
+from fedrepro.config import load_params
+from fedrepro.io import atomic_dir, atomic_file, read_json, write_json
+from fedrepro.report.markdown import chance_levels, readme_block, render_report, replace_readme_block, write_figures
+from fedrepro.report.fedmatch import load_fedmatch, results_frame
+
+OUT = Path("reports/fedmatch")
+
+
+def main() -> None:
+    params = load_params()
+    data = load_fedmatch(Path("data/fedmatch"), params)
+    chance = chance_levels(Path("data/mined"), params.data.seed)
+    with atomic_dir(OUT / "figures") as tmp:
+        write_figures(data, params, tmp)
+    report = render_report(params, data, chance, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"))
+    with atomic_file(OUT / "report.md") as handle:
+        handle.write(report)
+    results_frame(data).to_csv(OUT / "results.csv", index=False, float_format="%.6f")
+    overall = data.results[(data.results.sweep.isna()) & (data.results.client == "overall")]
+    means = overall.groupby(["metric", "method"])["value"].mean().round(4)
+    write_json(OUT / "metrics.json", {metric: means[metric].to_dict() for metric in ("mrr", "map")})
+    readme = Path("README.md")
+    if readme.exists() and params.scale == "embedded":
+        updated = replace_readme_block(readme.read_text(encoding="utf-8"), readme_block(params, data, chance))
+        with atomic_file(readme) as handle:
+            handle.write(updated)
+
+
+if __name__ == "__main__":
+    run_stage(main)
