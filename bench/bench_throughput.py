@@ -3,9 +3,11 @@
 Around the very same steps, an engine round adds the channel copies, each client's private-state swap,
 aggregation and an atomic checkpoint. The plain loop trains one copy of the same (patched) model client
 after client on the same batches: same seeds, autocast, clipping, Adam and learning-rate schedule, nothing
-else. Rounds alternate (engine, plain, engine, ...) so both see the same machine load; the first round of
-each is a warm-up and is not timed. Both wall time and this process's CPU time are printed (other jobs on
-the cores inflate wall time far more), with medians and the median of the adjacent engine/plain ratios.
+else. The two interleave step by step (the engine's task runs one plain step, timed apart, after each
+engine step), because other jobs on the cores can slow steps tens of times over for seconds at a time, which
+would swamp a comparison of whole alternating rounds. A round's engine time is its wall time (from the
+start of the round to the end of its checkpoint) less the plain steps run inside it. Both sides then
+share the global RNG, which changes dropout masks but not the work. The first round is a warm-up.
 A training sequence is one (question, answer) pair; a triple gives two.
 Target (issue): engine throughput >= 90% of the plain loop's (engine time / plain time <= 1.11).
 
@@ -16,12 +18,14 @@ Usage: python bench/bench_throughput.py [--project DIR] [--scale cpu] [--rounds 
 
 import argparse
 import copy
+import itertools
 import math
 import statistics
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import yaml
@@ -52,18 +56,9 @@ def capped_engine(params: Params, project: Path, max_triples: int, checkpoint_di
     return engine
 
 
-def clocks() -> tuple[float, float]:
-    """Wall time and this process's CPU time (less inflated than wall time when other jobs share the cores)."""
-    return time.perf_counter(), time.process_time()
-
-
-def since(started: tuple[float, float]) -> tuple[float, float]:
-    return tuple(now - then for now, then in zip(clocks(), started))
-
-
-def plain_round(task, model, settings, clients, round_index: int, steps: dict[str, int]) -> tuple[float, float]:
-    """The engine's local training without the engine: same batches, seeds, autocast, clipping, Adam, schedule."""
-    started = clocks()
+def plain_steps(task, model, settings, clients, round_index: int, steps: dict[str, int]) -> Iterator[None]:
+    """The engine's local training without the engine, one optimizer step per ``next``: same batches, seeds,
+    autocast, clipping, Adam (fresh each client and round) and learning-rate schedule."""
     model.train()
     for client_id in clients:
         optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
@@ -83,39 +78,66 @@ def plain_round(task, model, settings, clients, round_index: int, steps: dict[st
                 optimizer.step()
                 losses.append(loss.item())
                 steps[client_id] += 1
-    return since(started)
+                yield
 
 
-def bench(args: argparse.Namespace, precision: str) -> None:
-    params = load_cell_params(args.project, args.scale, rounds=args.rounds + 1, eval_every=0, precision=precision)
-    engine_times, plain_times, started = [], [], [clocks()]
+class Interleaved:
+    """The engine's task, running one plain-loop step (timed apart) after each step the engine takes."""
+
+    def __init__(self, task) -> None:
+        self.task, self.plain, self.plain_seconds = task, iter(()), 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.task, name)
+
+    def advance(self, steps: int | None = 1) -> None:
+        started = time.perf_counter()
+        for _ in itertools.islice(self.plain, steps):
+            pass
+        self.plain_seconds += time.perf_counter() - started
+
+    def train_batches(self, client_ids, generator):
+        for batch in self.task.train_batches(client_ids, generator):
+            yield batch
+            self.advance()  # the engine has taken its step on ``batch`` and asks for the next one
+
+
+def bench(args: argparse.Namespace, params: Params, precision: str) -> None:
+    train = params.train.model_copy(update={"rounds": args.rounds + 1, "eval_every": 0, "precision": precision})
+    params = params.model_copy(update={"train": train})
+    engine_times, plain_times, started = [], [], [0.0]
     with tempfile.TemporaryDirectory() as folder:
         engine = capped_engine(params, args.project, args.max_triples, Path(folder))
-        plain_model, steps = copy.deepcopy(engine.model), defaultdict(int)
+        task, plain_model, steps = Interleaved(engine.task), copy.deepcopy(engine.model), defaultdict(int)
+        engine.task = task
+
+        def start_round(round_index: int) -> None:
+            task.plain = plain_steps(task.task, plain_model, engine.settings, engine.sample_clients(round_index), round_index, steps)
+            task.plain_seconds, started[0] = 0.0, time.perf_counter()
 
         def after_engine_round(record: dict) -> None:
-            """Run the plain loop on the same round right after the engine's (checkpoint included), then restart the clocks."""
-            engine_times.append(since(started[0]))
-            plain_times.append(plain_round(engine.task, plain_model, engine.settings, record["clients"], record["round"] - 1, steps))
-            started[0] = clocks()
+            """Split the round's wall time (checkpoint included) into the plain loop's steps and the engine's rest."""
+            elapsed = time.perf_counter() - started[0]
+            before = task.plain_seconds
+            task.advance(None)  # none left when both took the same steps
+            engine_times.append(elapsed - before)
+            plain_times.append(task.plain_seconds)
+            start_round(record["round"])
 
         engine.on_round_end = after_engine_round
-        started[0] = clocks()
+        start_round(0)
         engine.run()
-    task = engine.task
     sequences = 2 * engine.settings.local_epochs * task.num_train_samples(engine.sample_clients(0))
+    engine_s, plain_s = statistics.median(engine_times[1:]), statistics.median(plain_times[1:])
+    paired = statistics.median(e / p for e, p in zip(engine_times[1:], plain_times[1:]))
     print(f"[{precision}] {len(task.client_ids)} clients x <= {args.max_triples} triples "
           f"({', '.join(f'{c} {len(f)}' for c, f in task.triples.items())}): {sequences} sequences/round, "
           f"{torch.get_num_threads()} threads, {len(engine_times) - 1} timed rounds of each (+1 warm-up)")
-    for clock, kind in ((0, "wall"), (1, "cpu")):
-        engine_round, plain_round_s = [t[clock] for t in engine_times[1:]], [t[clock] for t in plain_times[1:]]
-        engine_s, plain_s = statistics.median(engine_round), statistics.median(plain_round_s)
-        paired = statistics.median(e / p for e, p in zip(engine_round, plain_round_s))
-        print(f"[{precision}, {kind} time] engine rounds (s): {' '.join(f'{t:.1f}' for t in engine_round)}; "
-              f"plain rounds (s): {' '.join(f'{t:.1f}' for t in plain_round_s)}; median of paired ratios {paired:.3f}")
-        print(f"[{precision}, {kind} time] engine {engine_s:.1f} s/round ({sequences / engine_s:.0f} seq/s), plain loop "
-              f"{plain_s:.1f} s/round ({sequences / plain_s:.0f} seq/s): engine throughput = {plain_s / engine_s:.0%} "
-              f"of plain (target >= 90%); time ratio engine/plain = {engine_s / plain_s:.3f} (target <= 1.11)")
+    print(f"[{precision}] engine rounds (s): {' '.join(f'{t:.1f}' for t in engine_times[1:])}; plain rounds (s): "
+          f"{' '.join(f'{t:.1f}' for t in plain_times[1:])}; median of the per-round ratios engine/plain {paired:.3f}")
+    print(f"[{precision}] engine {engine_s:.1f} s/round ({sequences / engine_s:.0f} seq/s), plain loop {plain_s:.1f} s/round "
+          f"({sequences / plain_s:.0f} seq/s): engine throughput = {plain_s / engine_s:.0%} of plain (target >= 90%); "
+          f"time ratio engine/plain = {engine_s / plain_s:.3f} (target <= 1.11)")
 
 
 def main() -> None:
@@ -126,8 +148,9 @@ def main() -> None:
     parser.add_argument("--max-triples", type=int, default=120, help="training triples kept per client (default 120)")
     parser.add_argument("--precision", nargs="+", choices=["bf16", "fp32"], help="one line each (default: the scale's)")
     args = parser.parse_args()
-    for precision in args.precision or [load_cell_params(args.project, args.scale).train.precision]:
-        bench(args, precision)
+    params = load_cell_params(args.project, args.scale)  # read once: the file may change during a long bench
+    for precision in args.precision or [params.train.precision]:
+        bench(args, params, precision)
 
 
 if __name__ == "__main__":

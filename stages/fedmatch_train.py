@@ -67,6 +67,7 @@ def main() -> None:
     else:
         cells, folder = [c for c in sweep_cells(params) if c.sweep == args.sweep], Path("sweeps") / args.sweep
     digest = tree_digest(MINED, TOKENIZER)
+    (Path("data/checkpoints/fedmatch") / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(Path("data/fedmatch") / folder) as tmp:
         for cell in cells:
             run_cell(params, cell, tmp / cell.name, Path("data/checkpoints/fedmatch") / folder / cell.name, digest)

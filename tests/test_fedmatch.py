@@ -176,3 +176,11 @@ def test_the_embedded_params_list_every_method_of_both_tables():
     assert len(fedmatch["table2"]) == 8
     assert {"individual_re2", "individual_esim", "individual", "coverquery", "fedavg", "fedprox", "lg_fedavg", "fedper",
             "fedmatch_h_lr", "fedavg_cs", "fedmatch_cs"} <= set(fedmatch["table3"])
+
+
+def test_an_empty_sweep_skips_its_figure_and_only_it():
+    raw = yaml.safe_load(yaml.safe_dump(RAW))
+    raw["fedmatch"]["sweeps"]["patch_size"] = []
+    cells = sweep_cells(parse_params(raw))
+    assert not [c for c in cells if c.sweep == "patch_size"]
+    assert {c.sweep for c in cells} == {"shared_layers", "aggregate_every", "data_ratio"}

@@ -30,7 +30,7 @@ def test_repro_writes_fedmatch_tables_figures_and_claims(project):
     assert set(metrics["mrr"]) == set(params["methods"]) == set(metrics["map"])
     assert all(0.0 < value <= 1.0 for value in metrics["mrr"].values())
     report = (project / "reports" / "fedmatch" / "report.md").read_text()
-    for heading in ("## Table 2", "## Table 3", "## Claims checked at this scale", "## Parameters, communication and memory"):
+    for heading in ("## Table 2", "## Table 3", "## Claims checked at this scale", "## Training, parameters, communication and memory"):
         assert heading in report
     assert "FedMatch H+LR" in report and "CoverQuery" in report and "random ranking (chance)" in report
     for figure in ("convergence.png", "fig5_shared_layers.png", "fig6_patch_size.png", "fig7_aggregate_every.png", "fig8_data_ratio.png"):

@@ -45,7 +45,7 @@ def sweep_figure(table: pd.DataFrame, x_label: str, title: str, path: Path, log2
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(table.index), [str(int(v)) for v in table.index])
     else:
-        ax.set_xticks(list(table.index))
+        ax.set_xticks(list(table.index), [str(v) for v in table.index])
     if reverse:
         ax.invert_xaxis()
     ax.set(title=title, xlabel=x_label, ylabel="test MRR")

@@ -12,7 +12,7 @@ from fedrepro.fedmatch.methods import FIGURE_METHOD
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics
 from fedrepro.metrics.summary import overall
-from fedrepro.report.fedmatch import LABELS, FedMatchResults, _sweep_series, claims_table, communication_table
+from fedrepro.report.fedmatch import LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, training_caveats
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
 from fedrepro.report.results import OVERALL, summary_table
 from fedrepro.tasks.qa import qrels_and_run
@@ -54,12 +54,14 @@ def write_figures(data: FedMatchResults, params: Params, folder: Path) -> None:
     styles = {"shared_layers": dict(reverse=True), "patch_size": dict(log2=True), "aggregate_every": {}}
     for number, sweep in zip((5, 6, 7), styles):
         table = _sweep_table(data, sweep)
+        if table.empty:
+            continue
         sweep_figure(table, SWEEPS[sweep].split(": ")[1], f"Fig {number}: FedMatch H+LR, test MRR", folder / f"fig{number}_{sweep}.png", **styles[sweep])
         _figure_csv(data, sweep, FIGURE_METHOD, folder / f"fig{number}_{sweep}.csv")
     client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
     curves = [pd.DataFrame({m: _sweep_series(data, "data_ratio", client, m, method) for m in ("map", "mrr")})
               for method in params.fedmatch.sweeps.data_ratio_methods[:2]]
-    if len(curves) == 2:
+    if len(curves) == 2 and not curves[0].empty:
         names = tuple(LABELS[m] for m in params.fedmatch.sweeps.data_ratio_methods[:2])
         data_ratio_figure(curves[0], curves[1], names, client, folder / "fig8_data_ratio.png")
     for method in params.fedmatch.sweeps.data_ratio_methods:
@@ -70,6 +72,10 @@ def _figure_csv(data: FedMatchResults, sweep: str, method: str, path: Path) -> N
     frame = pd.DataFrame({f"overall_{m}": _sweep_series(data, sweep, OVERALL, m, method) for m in ("map", "mrr")})
     frame.index.name = sweep
     frame.reset_index().to_csv(path, index=False, float_format="%.6f")
+
+
+def _over_seeds(count: int) -> str:
+    return f"mean ± std over {count} seeds" if count > 1 else "1 seed"
 
 
 def _results_for(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
@@ -132,7 +138,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         "",
     ]
     for metric in ("map", "mrr"):
-        lines += [f"Test {metric.upper()} (mean ± std over {len(seeds)} seeds)", "",
+        lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table2), metric, fm.table2, LABELS, chance).to_markdown(), ""]
     lines += ["## Table 3: FedMatch against the baselines", "",
               "RE2 and ESIM are trained per client from scratch on random word embeddings (no pretrained vectors can be "
@@ -141,22 +147,31 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "(`fedrepro/fl/algorithms/coverquery.py` says what it is based on). LG-FedAvg keeps the embeddings and the "
               "bottom half of the encoder local. Centralised (pooled data, not private) is an extra reference row.", ""]
     for metric in ("map", "mrr"):
-        lines += [f"Test {metric.upper()} (mean ± std over {len(seeds)} seeds)", "",
+        lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table3), metric, fm.table3, LABELS, chance).to_markdown(), ""]
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict "
               "follows the numbers whatever they are.", "", claims_table(data, params).to_markdown(index=False), ""]
+    caveats = training_caveats(data, chance, list(dict.fromkeys(fm.table3 + fm.table2)))
+    if caveats:
+        lines += ["**Read the verdicts with these measured caveats.** These methods barely trained within this "
+                  f"scale's budget ({train.rounds} rounds) or sit close to chance, so a verdict involving them says more "
+                  "about the budget than about the method:", ""] + [f"- {line}" for line in caveats] + [""]
     rows = list(dict.fromkeys(fm.table3 + fm.table2))
-    lines += ["## Parameters, communication and memory", "",
-              "Bytes are counted by the channel (`fedrepro/fl/channel.py`); uploads happen once per round per sampled "
+    lines += ["## Training, parameters, communication and memory", "",
+              "The training loss is the mean over clients and seeds of each round's local hinge (or cross-entropy) loss. Bytes are counted by the channel (`fedrepro/fl/channel.py`); uploads happen once per round per sampled "
               "client; 'data bytes sent once' is CoverQuery's upload of (obfuscated) training text; private state is "
               "what the engine keeps per client between rounds.", "", communication_table(data, rows).to_markdown(), ""]
     lines += ["## Figures", "", "![convergence](figures/convergence.png)", ""]
-    for number, sweep in zip((5, 6, 7), ("shared_layers", "patch_size", "aggregate_every")):
-        lines += [f"**{SWEEPS[sweep]}**", "", _sweep_table(data, sweep).to_markdown(floatfmt=".3f"), "",
-                  f"![fig {number}](figures/fig{number}_{sweep}.png)", ""]
-    lines += [f"**{SWEEPS['data_ratio']}** (FedMatch H+LR vs individual BERT; the same ratio is applied to every client)", "",
-              "![fig 8](figures/fig8_data_ratio.png)", ""]
+    for number, sweep in zip((5, 6, 7, 8), SWEEPS):
+        lines += [f"**{SWEEPS[sweep]}**" + (" (FedMatch H+LR vs individual BERT; the same ratio for every client)"
+                                             if sweep == "data_ratio" else ""), ""]
+        if not getattr(fm.sweeps, sweep):
+            lines += [f"Not run at this scale (`fedmatch.sweeps.{sweep}` is empty) to fit the time budget.", ""]
+            continue
+        if sweep != "data_ratio":
+            lines += [_sweep_table(data, sweep).to_markdown(floatfmt=".3f"), ""]
+        lines += [f"![fig {number}](figures/fig{number}_{sweep}.png)", ""]
     if params.scale == "embedded":
         lines += ["## What this run is and is not", "",
                   "The embedded scale is a fast, offline run of every table and figure in miniature: real InsuranceQA "
@@ -176,7 +191,7 @@ def readme_block(params: Params, data: FedMatchResults, chance: dict) -> str:
     })
     return "\n".join([
         README_START,
-        f"FedMatch Table 3 at scale `{params.scale}`, overall test MAP/MRR (mean ± std over {len(params.fedmatch.seeds)} seeds; "
+        f"FedMatch Table 3 at scale `{params.scale}`, overall test MAP/MRR ({_over_seeds(len(params.fedmatch.seeds))}; "
         "full report with Table 2, Figs 5-8 and the claims: [reports/fedmatch/report.md](reports/fedmatch/report.md)):",
         "",
         table.to_markdown(),

@@ -42,7 +42,7 @@ def load_cell(folder: Path) -> tuple[dict, pd.DataFrame]:
 
 def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: dict[str, str],
                   chance: dict | None = None) -> pd.DataFrame:
-    """Rows x clients (+ overall) of 'mean ± std' over seeds; ``results`` has columns row, seed, client, metric, value.
+    """Rows x clients (+ overall) of 'mean ± std' over seeds (the mean alone for one seed); ``results`` has columns row, seed, client, metric, value.
     With ``chance`` a last row gives the random-ranking level of the same candidates."""
     clients = sorted(c for c in set(results["client"]) if c != OVERALL) + [OVERALL]
     table = {}
@@ -51,7 +51,7 @@ def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: d
         for client in clients:
             values = results[(results.row == row) & (results.client == client) & (results.metric == metric)]["value"]
             mean, std = mean_std(values.tolist())
-            cells[client] = f"{mean:.3f} ± {std:.3f}"
+            cells[client] = f"{mean:.3f} ± {std:.3f}" if len(values) > 1 else f"{mean:.3f}"
         table[labels.get(row, row)] = cells
     if chance is not None:
         table[CHANCE] = {c: f"{(chance['overall'] if c == OVERALL else chance['clients'][c])[metric]:.3f}" for c in clients}
