@@ -10,10 +10,10 @@ import pandas as pd
 from scipy import stats
 
 from fedrepro.config import Params
-from fedrepro.fedmatch.cells import SWEEPS, Cell, sweep_cells, table_cells
+from fedrepro.fedmatch.cells import Cell, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.metrics.summary import mean_std
-from fedrepro.report.results import OVERALL, load_cell, paired_test, summary_table, verdict
+from fedrepro.report.results import OVERALL, load_cell, paired_test, verdict
 
 LABELS = {name: method.label for name, method in METHODS.items()}
 
