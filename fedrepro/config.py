@@ -99,6 +99,7 @@ class FedMatchSettings(_Strict):
     cover_queries: int = Field(ge=1, description="generated cover questions sent with each real question (CoverQuery)")
     lg_local_layers: int | None = Field(ge=0, description="LG-FedAvg: bottom encoder layers kept local; null = half")
     matcher_dim: int = Field(ge=4, description="embedding and hidden size of RE2 and ESIM")
+    matcher_lr: float = Field(gt=0, description="learning rate of RE2 and ESIM, trained from scratch (BERT's is train.lr)")
 
 
 class FedMatchSweeps(_Strict):

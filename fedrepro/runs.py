@@ -95,7 +95,8 @@ def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path,
     settings = EngineSettings(
         rounds=train.rounds, local_epochs=train.local_epochs,
         clients_per_round=params.fedmatch.settings.clients_sampled if recipe.client_sampling else train.clients_per_round,
-        lr=train.lr, batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
+        lr=train.lr if recipe.model == "bert" else params.fedmatch.settings.matcher_lr,
+        batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
         max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
     )
     algorithm = build_algorithm(recipe.algorithm, algorithm_settings(params, cell.method))
