@@ -136,6 +136,73 @@ class FedMatchParams(_Strict):
         return self
 
 
+FEDCMC_METHODS = ("fedavg", "fedprox", "scaffold", "moon", "fedrs", "fedlc", "fedcmc")
+FEDCMC_VECTORS = ("major", "minor", "random", "none")
+
+
+class FedCMCSettings(_Strict):
+    """Knobs of every FedCMC-track cell: its own backbone and training (the paper's, not FedMatch's)."""
+
+    backbone: str = Field(min_length=1, description="tiny | minilm | a hub name (distilbert-base-uncased) | a local directory")
+    max_length: int = Field(ge=8)
+    keep_layers: int = Field(ge=0)
+    rounds: int = Field(ge=1)
+    clients: int = Field(ge=2, description="K, the clients the training split is partitioned among")
+    local_epochs: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    batch_size: int = Field(ge=1)
+    eval_every: int = Field(ge=0, description="rounds between test F1 of the global model (Fig 3); 0 = none")
+    partition: Literal["dirichlet", "iid", "quantity"]
+    balance: bool = Field(description="NIID-Bench's balance trick in the Dirichlet draw")
+    min_client_size: int = Field(ge=0, description="training sentences every client must get (bounded redraws); 0 = none")
+    max_train_sentences: int = Field(ge=0, description="seeded sample of each corpus's training split, label mix kept; 0 = all")
+    max_eval_sentences: int = Field(ge=0, description="the same for its valid and test splits; 0 = all")
+    negative_labels: list[str] = Field(description="no-relation labels, left out of micro/macro-F1")
+    fedprox_mu: float = Field(ge=0)
+    fedcmc_mu: float = Field(ge=0, description="weight of the contrastive term (not given in the paper)")
+    fedcmc_temperature: float = Field(gt=0, description="temperature of the contrastive term (not given in the paper)")
+    moon_mu: float = Field(ge=0)
+    moon_temperature: float = Field(gt=0)
+    moon_projection_dim: int = Field(ge=0)
+    fedrs_alpha: float = Field(ge=0, le=1)
+    fedrs_mask: bool
+    fedlc_tau: float = Field(ge=0)
+
+
+class FedCMCSweeps(_Strict):
+    """Fig 3b / the clients table / Fig 4 / Table 3 at one dataset; an empty list leaves that one out (the report says so)."""
+
+    seeds: list[int] = Field(min_length=1)
+    dataset: str
+    alpha: float = Field(gt=0)
+    methods: list[Literal[FEDCMC_METHODS]] = Field(min_length=1, description="methods of the clients and local-epochs sweeps")  # type: ignore[valid-type]
+    clients: list[int]
+    local_epochs: list[int]
+    vectors: list[Literal[FEDCMC_VECTORS]]  # type: ignore[valid-type]
+    vectors_alpha: float = Field(gt=0)
+    subset_dataset: str
+    subset_size: int = Field(ge=1)
+    subset_modes: list[Literal["balanced", "natural"]]
+    subset_methods: list[Literal[FEDCMC_METHODS]]  # type: ignore[valid-type]
+
+
+class FedCMCParams(_Strict):
+    methods: list[Literal[FEDCMC_METHODS]] = Field(min_length=1)  # type: ignore[valid-type]
+    datasets: list[str] = Field(min_length=1, description="prepared RE corpora: synthetic-re (embedded) or data.re_corpora names")
+    alphas: list[float] = Field(min_length=1)
+    seeds: list[int] = Field(min_length=1)
+    target_f1: float = Field(gt=0, le=1, description="Fig 3a: rounds each method needs to reach this test micro-F1")
+    sweeps: FedCMCSweeps
+    settings: FedCMCSettings
+
+    @model_validator(mode="after")
+    def _positive_alphas(self) -> "FedCMCParams":
+        for index, alpha in enumerate(self.alphas):
+            if alpha <= 0:
+                raise ValueError(f"fedcmc.alphas.{index} = {alpha}: a Dirichlet concentration must be > 0")
+        return self
+
+
 class ReportParams(_Strict):
     title: str
 
@@ -148,6 +215,7 @@ class Params(_Strict):
     model: ModelParams
     train: TrainParams
     fedmatch: FedMatchParams
+    fedcmc: FedCMCParams
     report: ReportParams
 
     @model_validator(mode="after")

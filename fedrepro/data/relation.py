@@ -1,4 +1,4 @@
-"""Relation-extraction corpora for FedCMC as one tidy table, plus the per-class Dirichlet client split.
+"""Relation-extraction corpora for FedCMC as one tidy table (client splits: ``label_skew``).
 
 Every loader returns an ``RECorpus`` whose table follows ``schema.RE_COLUMNS``: the two relation arguments
 are wrapped in ``<e1>..</e1>`` / ``<e2>..</e2>`` inside ``text`` (FedCMC adds these as tokens), so models
@@ -428,7 +428,7 @@ def synthetic_relations(n_sentences: int = 2000, n_classes: int = 5, seed: int =
     return _finish("synthetic-re", rows, notes)
 
 
-# ----------------------------------------------------------------------------- statistics and partition
+# ----------------------------------------------------------------------------- statistics
 
 def re_statistics(corpus: RECorpus) -> pd.DataFrame:
     """One row per split: sentence and class counts, then one column per class."""
@@ -439,42 +439,3 @@ def re_statistics(corpus: RECorpus) -> pd.DataFrame:
     out = out.reindex([s for s in schema.SPLITS if s in out.index])
     out.index.name, out.columns.name = "split", None
     return out.reset_index()
-
-
-def dirichlet_label_partition(labels: np.ndarray, n_clients: int, alpha: float, seed: int, min_size: int = 1,
-                              max_tries: int = 100) -> list[np.ndarray]:
-    """Per-class Dir_K(alpha) split of sample indices (FedCMC / NIID-Bench, without the balance trick).
-
-    Redrawn until every client has ``min_size`` samples, at most ``max_tries`` times: at small alpha the usual
-    unbounded loop can spin forever, so this raises instead.
-    """
-    labels = np.asarray(labels)
-    if n_clients < 1 or alpha <= 0 or min_size * n_clients > len(labels):
-        raise DataError(f"dirichlet partition: n_clients={n_clients}, alpha={alpha}, min_size={min_size} impossible "
-                        f"for {len(labels)} samples")
-    rng = np.random.default_rng(seed)
-    classes = np.unique(labels)
-    for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-        for c in classes:
-            idx = np.flatnonzero(labels == c)
-            idx = idx[rng.permutation(len(idx))]
-            cuts = (np.cumsum(rng.dirichlet(np.full(n_clients, alpha))) * len(idx)).astype(int)[:-1]
-            for k, chunk in enumerate(np.split(idx, cuts)):
-                parts[k].append(chunk)
-        out = [np.sort(np.concatenate(p)) for p in parts]
-        if min(len(p) for p in out) >= min_size:
-            return out
-    raise DataError(f"dirichlet partition: no draw gave every client >= {min_size} samples after {max_tries} tries "
-                    f"(alpha={alpha}, n_clients={n_clients}, min_size={min_size}); raise alpha or lower min_size")
-
-
-def partition_report(labels: np.ndarray, parts: list[np.ndarray]) -> pd.DataFrame:
-    """Client x class sample counts (plus a total column), as NIID-Bench prints."""
-    labels = np.asarray(labels)
-    classes = np.unique(labels)
-    counts = np.array([[int((labels[p] == c).sum()) for c in classes] for p in parts]).reshape(len(parts), len(classes))
-    report = pd.DataFrame(counts, columns=[str(c) for c in classes])
-    report.index.name = "client"
-    report["total"] = report.sum(axis=1)
-    return report

@@ -7,7 +7,7 @@ objective, what extra state the server sends, and how the server aggregates. It 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -25,6 +25,8 @@ class TaskOutput:
     logits: torch.Tensor | None = None
     features: torch.Tensor | None = None
     targets: torch.Tensor | None = None
+    rerun: Callable[[nn.Module], "TaskOutput"] | None = None
+    """The same batch through another model (MOON compares features with the global and previous models)."""
 
 
 @dataclass
@@ -35,6 +37,11 @@ class LocalContext:
     client_id: str
     received: dict[str, torch.Tensor]
     client_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Tensors the client keeps between its rounds (e.g. SCAFFOLD's variate, MOON's previous model)."""
+    steps: int = 0
+    """Local optimizer steps taken this round."""
+    lr_sum: float = 0.0
+    """Sum of the learning rates of those steps (SCAFFOLD's K * eta under a schedule)."""
 
 
 @dataclass
@@ -60,6 +67,22 @@ class AlgorithmSettings:
     """LG-FedAvg: bottom encoder layers (with the embeddings) kept local (None: half of them)."""
     cover_queries: int = 0
     """CoverQuery: generated cover questions sent with each real one."""
+    seed: int = 0
+    """Seeds an algorithm's own random choices (FedCMC's random-vector ablation)."""
+    fedcmc_mu: float = 0.0
+    """FedCMC: weight of the contrastive term against the major classifier vectors."""
+    fedcmc_temperature: float = 1.0
+    fedcmc_vectors: str = "major"
+    """FedCMC ablation: which client's vector stands for each class (major | minor | random | none)."""
+    moon_mu: float = 0.0
+    moon_temperature: float = 0.5
+    moon_projection_dim: int = 0
+    """MOON: output size of the projection head on the relation features (0: no head, features used as they are)."""
+    fedrs_alpha: float = 0.5
+    """FedRS: logit scale of a class the client never saw (1 for its most frequent class)."""
+    fedrs_mask: bool = False
+    """FedRS: the binary present/absent mask instead of the author's count-scaled one."""
+    fedlc_tau: float = 1.0
 
 
 class Algorithm:
@@ -82,6 +105,13 @@ class Algorithm:
         """What clients send of their data before training starts (through ``channel``); by default nothing."""
         return task
 
+    def initial_server_state(self, global_weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the server holds before round 1: the shared weights, plus any server tensors (SCAFFOLD's variate).
+
+        Everything the server holds is checkpointed and sent to the sampled clients each round.
+        """
+        return global_weights
+
     def is_private(self, name: str) -> bool:
         """Parameters that never leave their client; the engine keeps them per client between rounds."""
         return not self.federated
@@ -95,8 +125,15 @@ class Algorithm:
         return output.loss
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:
-        """What a client sends after local training; by default its shared parameters."""
+        """What a client sends after local training; by default its shared parameters.
+
+        Runs before the client's state is stored, so it may also update ``context.client_state``.
+        """
         return shared
+
+    def round_notes(self) -> dict[str, Any]:
+        """Anything this round's aggregation decided that the report should show (kept in the history)."""
+        return {}
 
     def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
         if self.settings.weighting == "size":

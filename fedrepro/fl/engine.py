@@ -12,6 +12,7 @@ so a run restarted from its last checkpoint replays exactly what an uninterrupte
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from fedrepro.fl.checkpoint import TrainingState, load_checkpoint, save_checkpoi
 from fedrepro.seeding import derive_seed
 
 POOLED = "pooled"
+GLOBAL = "global"
 PARAM, STATE = "param/", "state/"
 
 
@@ -61,6 +63,8 @@ class EngineSettings:
     """Rounds between validation passes over every client (0: none; the test is scored after training anyway)."""
     precision: str = "fp32"
     """``bf16``: training forward passes under bfloat16 autocast (weights, optimizer and evaluation stay fp32)."""
+    eval_split: str = "valid"
+    """The split scored every ``eval_every`` rounds (FedCMC's Fig 3 plots test F1 per round; nothing is selected on it)."""
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
@@ -97,7 +101,8 @@ class Engine:
         self.channel = Channel()
         self.state = load_checkpoint(self.checkpoint_dir, fingerprint) or TrainingState(
             fingerprint=fingerprint,
-            global_weights={n: self.params[n].detach().clone() for n in self.shared_names} if algorithm.federated else {},
+            global_weights=algorithm.initial_server_state(
+                {n: self.params[n].detach().clone() for n in self.shared_names}) if algorithm.federated else {},
         )
         resumed = self.state.next_round > 0
         # On resume the data uploads are replayed into a scratch channel: the checkpoint's log already holds them.
@@ -167,21 +172,21 @@ class Engine:
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
             context = LocalContext(round_index, client_id, received, self.load_client(client_id, received))
             losses.append(self._train_local(client_id, round_index, context))
-            self._store_client(client_id, context.client_state)
             if algorithm.federated:
                 shared = {n: self.params[n] for n in self.shared_names}
                 arrived = channel.send(round_index, client_id, SERVER, algorithm.upload(shared, context))
                 updates.append(ClientUpdate(client_id, arrived, self.task.num_train_samples(self._members(client_id))))
+            self._store_client(client_id, context.client_state)
+        record: dict[str, Any] = {"round": round_index + 1, "clients": sampled, "train_loss": float(np.mean(losses))}
         if algorithm.federated:
+            diagnose = getattr(self.task, "diagnose_round", None)
+            if diagnose is not None:
+                record["diagnostics"] = diagnose(updates)
             self.state.global_weights = algorithm.aggregate(self.state.global_weights, updates)
-        record: dict[str, Any] = {
-            "round": round_index + 1,
-            "clients": sampled,
-            "train_loss": float(np.mean(losses)),
-            **{f"bytes_{k}": v for k, v in channel.round_bytes(round_index).items()},
-        }
+            record.update(algorithm.round_notes())
+        record.update({f"bytes_{k}": v for k, v in channel.round_bytes(round_index).items()})
         if self.settings.eval_every and (round_index + 1) % self.settings.eval_every == 0:
-            record["valid"] = self.evaluate("valid")
+            record[self.settings.eval_split] = self.evaluate(self.settings.eval_split)
         return record
 
     def _total_steps(self, client_id: str) -> int:
@@ -203,12 +208,15 @@ class Engine:
                     group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
                     output = self.task.forward(model, batch)
+                    output.rerun = functools.partial(self.task.forward, batch=batch)
                     objective = self.algorithm.local_objective(model, output, context)
                 optimizer.zero_grad(set_to_none=True)
                 objective.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
                 optimizer.step()
                 losses.append(output.loss.item())
+                context.steps += 1
+                context.lr_sum += optimizer.param_groups[0]["lr"]
                 step += 1
         self.state.client_steps[client_id] = step
         return float(np.mean(losses)) if losses else float("nan")
@@ -224,7 +232,20 @@ class Engine:
             self.model.eval()
             yield client_id, self.model
 
-    def evaluate(self, split: str) -> dict[str, dict[str, float]]:
-        """Each client's own model on its own ``split``."""
+    def global_model(self) -> nn.Module:
+        """The server's model (shared weights, initial private ones) in eval mode: what a non-personalised method ships."""
         with torch.no_grad():
+            for name, value in self.state.global_weights.items():
+                if name in self.params:
+                    self.params[name].copy_(value)
+            for name in self.private_names:
+                self.params[name].copy_(self.initial_private[name])
+        self.model.eval()
+        return self.model
+
+    def evaluate(self, split: str) -> dict[str, dict[str, float]]:
+        """Each client's own model on its own ``split``; for a task scored on one global set, the global model on it."""
+        with torch.no_grad():
+            if getattr(self.task, "evaluates_global_model", False) and self.algorithm.federated:
+                return {GLOBAL: self.task.evaluate(self.global_model(), GLOBAL, split)}
             return {client_id: self.task.evaluate(model, client_id, split) for client_id, model in self.client_models()}

@@ -8,14 +8,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedrepro.report.results import OVERALL  # noqa: E402
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path, dpi: int = 100) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    fig.savefig(path, dpi=dpi, metadata={"Software": None})
     plt.close(fig)
 
 
@@ -62,3 +63,21 @@ def data_ratio_figure(ours: pd.DataFrame, theirs: pd.DataFrame, labels: tuple[st
         ax.set(title=f"{client}: test {metric.upper()}", xlabel="training data used (%)", ylabel=metric.upper())
         ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def partition_heatmap(counts: pd.DataFrame, title: str, path: Path) -> None:
+    """Clients x classes sample counts of a label-skew split (``total`` column dropped), counts written in cells,
+    so the skew of a run can be seen next to its result."""
+    table = counts.drop(columns="total", errors="ignore")
+    values = table.to_numpy(dtype=float)
+    fig, ax = plt.subplots(figsize=(1.5 + 0.7 * table.shape[1], 1.2 + 0.4 * table.shape[0]))
+    image = ax.imshow(values, cmap="Blues", aspect="auto", vmin=0)
+    top = values.max() if values.size else 0.0
+    for (i, j), value in np.ndenumerate(values):
+        ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7,
+                color="white" if value > 0.6 * top else "black")
+    ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns], rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(table.shape[0]), [str(c) for c in table.index], fontsize=8)
+    ax.set(title=title, xlabel="class", ylabel="client")
+    fig.colorbar(image, ax=ax, label="samples")
+    _save(fig, path, dpi=120)

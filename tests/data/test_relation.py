@@ -1,13 +1,11 @@
-"""Relation loaders on small invented files in each source format, the synthetic default, the Dirichlet split."""
+"""Relation loaders on small invented files in each source format, the synthetic default (splits: test_label_skew)."""
 
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from fedrepro.data.relation import (dirichlet_label_partition, load_chemprot, load_i2b2, load_pgr, partition_report,
-                                    re_statistics, synthetic_relations)
+from fedrepro.data.relation import load_chemprot, load_i2b2, load_pgr, re_statistics, synthetic_relations
 from fedrepro.errors import DataError
 
 MIRROR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "raw"
@@ -117,26 +115,6 @@ def test_synthetic_deterministic_skewed_and_learnable():
     accuracy = (model.predict(vec.transform(test["text"])) == test["label"]).mean()
     majority = (test["label"] == counts.index[0]).mean()
     assert accuracy > majority + 0.2 and accuracy < 0.99
-
-
-def skew(labels, parts):
-    report = partition_report(labels, parts).drop(columns="total")
-    share = report.div(report.sum(axis=1).clip(lower=1), axis=0)
-    return float(share.max(axis=1).mean())
-
-
-def test_dirichlet_partition():
-    labels = np.random.default_rng(0).integers(0, 6, size=3000)
-    parts = dirichlet_label_partition(labels, 10, 0.5, seed=1, min_size=10)
-    joined = np.concatenate(parts)
-    assert len(joined) == len(labels) and len(np.unique(joined)) == len(labels)
-    again = dirichlet_label_partition(labels, 10, 0.5, seed=1, min_size=10)
-    assert all(np.array_equal(x, y) for x, y in zip(parts, again))
-    assert partition_report(labels, parts)["total"].sum() == 3000
-    small = dirichlet_label_partition(labels, 10, 0.05, seed=1, min_size=1, max_tries=1000)
-    assert skew(labels, small) > skew(labels, parts) > skew(labels, dirichlet_label_partition(labels, 10, 100.0, 1))
-    with pytest.raises(DataError, match=r"alpha=0.001.*n_clients=50.*min_size=50"):
-        dirichlet_label_partition(labels, 50, 0.001, seed=0, min_size=50, max_tries=20)
 
 
 # ----------------------------------------------------------------------------- the raw-data mirror

@@ -1,0 +1,83 @@
+"""Assembling one FedCMC-track cell (relation task + algorithm + engine) from validated params.
+
+Shared by the cell stage, the tests and the benchmarks, so they all build the very same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from fedrepro.config import Params
+from fedrepro.errors import DataError
+from fedrepro.fedcmc.cells import Cell
+from fedrepro.fl.algorithm import AlgorithmSettings
+from fedrepro.fl.algorithms import build_algorithm
+from fedrepro.fl.engine import Engine, EngineSettings
+from fedrepro.io import read_json, read_table
+from fedrepro.models.backbone import build_encoder, load_tokenizer
+from fedrepro.models.relation import RelationClassifier, add_entity_markers
+from fedrepro.runs import code_digest
+from fedrepro.seeding import seed_everything
+from fedrepro.tasks.relation import RelationTask
+
+
+def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
+    """Changes whenever anything that shapes the run changes; a checkpoint of another run is never resumed."""
+    payload = {"cell": asdict(cell), "settings": params.fedcmc.settings.model_dump(), "tiny": params.model.tiny.model_dump(),
+               "train": {k: getattr(params.train, k) for k in ("warmup_fraction", "max_grad_norm", "threads", "precision")},
+               "inputs": inputs_digest, "code": code_digest()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def relation_tokenizer(params: Params, tokenizer_dir: Path):
+    """The backbone's tokenizer with the four entity markers as special tokens."""
+    tokenizer = load_tokenizer(params.fedcmc.settings.backbone, tokenizer_dir)
+    add_entity_markers(tokenizer)
+    return tokenizer
+
+
+def algorithm_settings(params: Params, cell: Cell) -> AlgorithmSettings:
+    s = params.fedcmc.settings
+    return AlgorithmSettings(
+        weighting="size", fedprox_mu=s.fedprox_mu, seed=cell.seed, fedcmc_mu=s.fedcmc_mu,
+        fedcmc_temperature=s.fedcmc_temperature, fedcmc_vectors=cell.vectors, moon_mu=s.moon_mu,
+        moon_temperature=s.moon_temperature, moon_projection_dim=s.moon_projection_dim, fedrs_alpha=s.fedrs_alpha,
+        fedrs_mask=s.fedrs_mask, fedlc_tau=s.fedlc_tau,
+    )
+
+
+def build_relation_task(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path) -> RelationTask:
+    settings = params.fedcmc.settings
+    folder = Path(partitions_dir) / cell.partition
+    if not (folder / "assignment.parquet").exists():
+        raise DataError(f"{folder}/assignment.parquet is missing: run the fedcmc_partition stage")
+    corpus = read_table(Path(prepared_dir) / cell.dataset / "table.parquet")
+    classes = read_json(folder / "partition.json")["classes"]
+    tokenizer = relation_tokenizer(params, tokenizer_dir)
+
+    def build_model() -> RelationClassifier:
+        encoder = build_encoder(settings.backbone, len(tokenizer), params.model.tiny.model_dump(), settings.max_length,
+                                settings.keep_layers)
+        return RelationClassifier(encoder, len(classes))
+
+    return RelationTask(corpus, read_table(folder / "assignment.parquet"), classes, settings.negative_labels, tokenizer,
+                        build_model, settings.max_length, settings.batch_size)
+
+
+def build_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path,
+               inputs_digest: str, checkpoint_dir: Path, progress: bool = True) -> Engine:
+    """An engine for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
+    settings, train = params.fedcmc.settings, params.train
+    seed_everything(cell.seed, train.threads)
+    task = build_relation_task(params, cell, prepared_dir, partitions_dir, tokenizer_dir)
+    engine_settings = EngineSettings(
+        rounds=settings.rounds, local_epochs=cell.local_epochs, clients_per_round=0, lr=settings.lr,
+        batch_size=settings.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
+        seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_split="test",
+    )
+    algorithm = build_algorithm(cell.method, algorithm_settings(params, cell))
+    return Engine(task, algorithm, engine_settings, checkpoint_dir, run_fingerprint(params, cell, inputs_digest),
+                  progress=progress)
