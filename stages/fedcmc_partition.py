@@ -1,7 +1,8 @@
 """Stage fedcmc_partition: every client split FedCMC's grid trains on, plus the tiny backbone's vocabulary.
 
 For each (dataset, alpha, clients, subset) some cell uses: the corpus capped to the scale's size (a seeded
-sample that keeps the label mix), the Table 3 subset where asked, then the label-skew partition. Written
+sample that keeps the label mix) or, for Table 3, the subset drawn from the whole training split, then the
+label-skew partition. Written
 per partition: the assignment of every sentence to a client (train, and the same proportions applied to
 valid and test), the clients x classes counts and their heat-map, and the drawn proportions.
 The tiny backbone's WordPiece vocabulary is trained here on the corpora's training text (markers removed;
@@ -25,12 +26,14 @@ PREPARED, OUT, TOKENIZER = Path("data/prepared/re"), Path("data/fedcmc/partition
 MARKER = re.compile(r"</?e[12]>")
 
 
-def load_corpus(dataset: str, max_train: int, max_eval: int, seed: int):
+def load_corpus(dataset: str):
     path = PREPARED / dataset / "table.parquet"
     if not path.exists():
         available = sorted(p.name for p in PREPARED.iterdir()) if PREPARED.exists() else []
-        raise DataError(f"params: fedcmc names dataset {dataset!r}, but {path} does not exist; prepared corpora: {available}")
-    return cap_splits(read_table(path), max_train, max_eval, seed)
+        hint = " (i2b2 is prepared only when data.i2b2_dir points at the n2c2 files)" if dataset == "i2b2" else ""
+        raise DataError(f"params: fedcmc names dataset {dataset!r}, but {path} does not exist{hint}; prepared corpora: "
+                        f"{available}; change fedcmc.datasets (or data.re_corpora / data.source)")
+    return read_table(path)
 
 
 def main() -> None:
@@ -41,10 +44,12 @@ def main() -> None:
         for cell in sorted({(c.dataset, c.alpha, c.clients, c.subset, c.partition) for c in all_cells(params)}, key=lambda t: t[4]):
             dataset, alpha, clients, subset, name = cell
             if dataset not in corpora:
-                corpora[dataset] = load_corpus(dataset, settings.max_train_sentences, settings.max_eval_sentences, seed)
-            table = corpora[dataset]
-            if subset is not None:
-                table = subsample_train(table, sweeps.subset_size, subset, seed)
+                corpora[dataset] = load_corpus(dataset)
+            if subset is None:
+                table = cap_splits(corpora[dataset], settings.max_train_sentences, settings.max_eval_sentences, seed)
+            else:  # Table 3's subset is drawn from the whole training split; it is smaller than any cap
+                table = cap_splits(subsample_train(corpora[dataset], sweeps.subset_size, subset, seed), 0,
+                                   settings.max_eval_sentences, seed)
             assignment, proportions = partition_corpus(table, clients, settings.partition, alpha, seed,
                                                        settings.min_client_size, settings.balance)
             counts = client_class_counts(assignment, "train")
@@ -61,7 +66,8 @@ def main() -> None:
                               folder / "heatmap.png")
     with atomic_dir(TOKENIZER) as tmp:
         if settings.backbone == "tiny":
-            texts = (MARKER.sub(" ", text) for table in corpora.values() for text in table.loc[table["split"] == "train", "text"])
+            capped = [cap_splits(table, settings.max_train_sentences, 0, seed) for table in corpora.values()]
+            texts = (MARKER.sub(" ", text) for table in capped for text in table.loc[table["split"] == "train", "text"])
             tokenizer = train_wordpiece(texts, params.model.tiny.vocab_size)
             add_entity_markers(tokenizer)
             tokenizer.save_pretrained(str(tmp))

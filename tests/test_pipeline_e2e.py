@@ -40,6 +40,21 @@ def test_repro_writes_fedmatch_tables_figures_and_claims(project):
     assert "| FedMatch H+LR" in (project / "README.md").read_text()
 
 
+def test_repro_writes_fedcmc_tables_figures_and_claims(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())["fedcmc"]
+    metrics = json.loads((project / "reports" / "fedcmc" / "metrics.json").read_text())
+    assert set(metrics["f1"]) == set(params["methods"])
+    assert all(0.0 < value <= 1.0 for value in metrics["f1"].values())
+    report = (project / "reports" / "fedcmc" / "report.md").read_text()
+    for heading in ("## Table 2", "## The clients table", "## Table 3", "## Fig 1", "## Fig 3a", "## Fig 3b", "## Fig 4",
+                    "## Communication and memory", "## Claims checked at this scale"):
+        assert heading in report
+    assert "FedCMC" in report and "SCAFFOLD" in report and "majority class (chance)" in report
+    figures = project / "reports" / "fedcmc" / "figures"
+    assert len(list((figures / "partitions").glob("*.png"))) == len(list((project / "data" / "fedcmc" / "partitions").iterdir()))
+    assert all(p.stat().st_size > 10_000 for p in figures.glob("*.png"))
+
+
 def test_second_repro_reruns_nothing(project):
     started = time.perf_counter()
     result = run(["dvc", "repro"], project)
@@ -79,6 +94,14 @@ def test_exp_run_with_a_changed_param(project):
     shown = run(["dvc", "exp", "show", "--json"], project)
     assert shown.returncode == 0 and "fedmatch_h_lr" in shown.stdout
     cell = project / "data" / "fedmatch" / "tables" / "fedmatch_h_lr" / "fedmatch_h_lr-0" / "metrics.json"
+    assert len(json.loads(cell.read_text())["history"]) == 2
+    result = run(["dvc", "exp", "run", "-S", "fedcmc.settings.rounds=2", "-S", "fedcmc.methods=[fedavg,fedcmc]",
+                  "-S", "fedcmc.alphas=[0.5]", "-S", "fedcmc.sweeps.clients=[]", "-S", "fedcmc.sweeps.local_epochs=[]",
+                  "-S", "fedcmc.sweeps.vectors=[major,none]", "-S", "fedcmc.sweeps.subset_modes=[]"], project)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = json.loads((project / "reports" / "fedcmc" / "metrics.json").read_text())
+    assert set(metrics["f1"]) == {"fedavg", "fedcmc"}
+    cell = project / "data" / "fedcmc" / "tables" / "fedcmc" / "synthetic-re-a0.5-k10-e1-fedcmc-s0" / "metrics.json"
     assert len(json.loads(cell.read_text())["history"]) == 2
 
 

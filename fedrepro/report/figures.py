@@ -81,3 +81,67 @@ def partition_heatmap(counts: pd.DataFrame, title: str, path: Path) -> None:
     ax.set(title=title, xlabel="class", ylabel="client")
     fig.colorbar(image, ax=ax, label="samples")
     _save(fig, path, dpi=120)
+
+
+def _annotated_heatmap(ax, table: pd.DataFrame, cmap: str, fmt: str, title: str, mark: str | None, label: str, fig) -> None:
+    """One clients x classes panel with its values written in the cells; ``mark`` = "min" / "max" boxes each
+    column's smallest / largest cell (FedCMC's pick of a class's vector, and the class's largest holder)."""
+    values = table.to_numpy(dtype=float)
+    image = ax.imshow(values, cmap=cmap, aspect="auto")
+    for (i, j), value in np.ndenumerate(values):
+        red, green, blue, _ = image.cmap(image.norm(value))
+        dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
+        ax.text(j, i, format(value, fmt), ha="center", va="center", fontsize=6, color="white" if dark else "black")
+    if mark is not None and values.size:
+        for j in range(values.shape[1]):
+            column = values[:, j]
+            if mark == "max" and not column.max() > 0:
+                continue
+            i = int(np.argmin(column) if mark == "min" else np.argmax(column))
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns], rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(table.shape[0]), [str(c) for c in table.index], fontsize=7)
+    ax.set(title=title, xlabel="class", ylabel="client")
+    fig.colorbar(image, ax=ax, label=label, shrink=0.8)
+
+
+def similarity_figure(first: pd.DataFrame, last: pd.DataFrame, counts: pd.DataFrame, titles: tuple[str, str, str], path: Path) -> None:
+    """FedCMC Fig 1: each client's local average similarity d_{k,c} (clients x classes) after its local training
+    at two rounds, beside the clients' training counts. Red boxes: each class's smallest d (the client FedCMC's
+    major rule picks) and each class's largest holder; Observation 3 says they coincide."""
+    width = 1.6 + 0.55 * first.shape[1]
+    fig, axes = plt.subplots(1, 3, figsize=(3 * width + 1.5, 1.6 + 0.36 * first.shape[0]))
+    _annotated_heatmap(axes[0], first, "viridis", ".2f", titles[0], "min", "d_{k,c}", fig)
+    _annotated_heatmap(axes[1], last, "viridis", ".2f", titles[1], "min", "d_{k,c}", fig)
+    _annotated_heatmap(axes[2], counts, "Blues", ".0f", titles[2], "max", "training samples", fig)
+    _save(fig, path, dpi=110)
+
+
+def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float | None = None,
+                     styles: dict[str, dict] | None = None) -> None:
+    """FedCMC Fig 3: test micro-F1 (%) of the global model per round, one line per column (index = round),
+    the target F1 dotted."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for column in curves.columns:
+        series = curves[column].dropna()
+        ax.plot(series.index, 100 * series.to_numpy(), marker="o", markersize=3, label=str(column),
+                **(styles or {}).get(column, {}))
+    if target is not None:
+        ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
+    if len(curves.index):
+        ax.set_xticks(list(curves.index))
+    ax.set(title=title, xlabel="communication round", ylabel="test micro-F1 (%)")
+    ax.legend(fontsize=7, ncols=2)
+    _save(fig, path)
+
+
+def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path) -> None:
+    """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %), ±1 std whiskers where seeds > 1."""
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    positions = np.arange(len(table))
+    ax.bar(positions, table["mean"], yerr=table["std"], capsize=4, color="steelblue")
+    for x, value in zip(positions, table["mean"]):
+        ax.text(x, value, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(positions, [str(i) for i in table.index])
+    ax.set(title=title, ylabel=ylabel)
+    _save(fig, path)

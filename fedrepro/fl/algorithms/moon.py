@@ -48,7 +48,7 @@ class Moon(Algorithm):
                 param.copy_(context.received[name])
             for name, param in self._previous.named_parameters():
                 param.copy_(context.client_state.get(PREVIOUS + name, context.received[name]))
-        self._global.train(), self._previous.train()
+        self._global.eval(), self._previous.eval()  # fixed targets: no dropout noise on z_glob and z_prev
         self._loaded_for = (context.round, context.client_id)
 
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:

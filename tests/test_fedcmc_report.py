@@ -1,0 +1,272 @@
+"""FedCMC's report: the paired bootstrap, rounds to a target, Observation 3's share, and the whole report on a
+small fake grid of cell folders (no training)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from sklearn.metrics import f1_score
+
+from fedrepro.config import parse_params
+from fedrepro.errors import DataError
+from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
+from fedrepro.report.fedcmc import (bootstrap_contrast, bootstrap_difference, chance_scores, claims_table, interval_verdict,
+                                    largest_holder_share, load_fedcmc, main_table, micro_f1, render_report, rounds_to_target,
+                                    summary_metrics, write_figures)
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES = ["false", "rel0", "rel1", "rel2"]
+POSITIVE = ["rel0", "rel1", "rel2"]
+N_TEST = 120
+
+
+def predictions(accuracy: float, shift: int = 0, n: int = N_TEST) -> pd.DataFrame:
+    """A test set (gold cycles over the classes) predicted right on the first ``accuracy`` share of a fixed
+    sentence order (rotated by ``shift``), wrong (the next class) elsewhere."""
+    gold = [CLASSES[i % len(CLASSES)] for i in range(n)]
+    order = np.random.default_rng(7).permutation(n)
+    right = set(np.roll(order, shift)[: int(round(accuracy * n))].tolist())
+    predicted = [g if i in right else CLASSES[(CLASSES.index(g) + 1) % len(CLASSES)] for i, g in enumerate(gold)]
+    return pd.DataFrame({"sentence_id": [f"s{i:04d}" for i in range(n)], "label": gold,
+                         "client": [f"client_{i % 3:02d}" for i in range(n)], "predicted": predicted})
+
+
+# ----- the bootstrap --------------------------------------------------------------------------------------
+def test_micro_f1_and_the_bootstrap_point_difference_match_sklearn():
+    rng = np.random.default_rng(0)
+    gold = rng.choice(CLASSES, 300)
+    a = np.where(rng.random(300) < 0.6, gold, rng.choice(CLASSES, 300))
+    b = np.where(rng.random(300) < 0.4, gold, rng.choice(CLASSES, 300))
+    sk = lambda p: f1_score(gold, p, labels=POSITIVE, average="micro", zero_division=0)  # noqa: E731
+    assert micro_f1(gold, a, POSITIVE) == pytest.approx(sk(a), abs=1e-12)
+    frame = lambda p: pd.DataFrame({"sentence_id": [f"s{i}" for i in range(300)], "label": gold, "predicted": p})  # noqa: E731
+    result = bootstrap_difference([frame(a)], [frame(b)], POSITIVE)
+    assert result.difference == pytest.approx(sk(a) - sk(b), abs=1e-12)
+    assert result.low < result.difference < result.high and result.sentences == 300
+    # nothing positive to score (every gold and prediction negative) is 0, as sklearn's zero_division=0
+    assert micro_f1(["false"] * 3, ["false"] * 3, POSITIVE) == 0.0
+    # the bootstrap is seeded: the same call gives the same interval
+    assert bootstrap_difference([frame(a)], [frame(b)], POSITIVE) == result
+
+
+def test_identical_predictions_are_not_significant():
+    same = predictions(0.6)
+    result = bootstrap_difference([same], [same.copy()], POSITIVE)
+    assert (result.difference, result.low, result.high) == (0.0, 0.0, 0.0)
+    assert interval_verdict(result).startswith("not significant")
+
+
+def test_a_clearly_better_method_holds_and_the_reverse_is_reversed():
+    good, bad = predictions(0.9), predictions(0.3)
+    assert interval_verdict(bootstrap_difference([good], [bad], POSITIVE)) == "holds"
+    assert interval_verdict(bootstrap_difference([bad], [good], POSITIVE)) == "does not hold (significantly reversed)"
+    close = bootstrap_difference([predictions(0.51, shift=5)], [predictions(0.5)], POSITIVE)
+    assert interval_verdict(close).startswith("not significant")
+
+
+def test_seeds_are_averaged_and_sentences_paired_across_terms():
+    a, b = [predictions(0.8), predictions(0.6, shift=3)], [predictions(0.5), predictions(0.5, shift=9)]
+    result = bootstrap_difference(a, b, POSITIVE)
+    per_seed = [micro_f1(x.label, x.predicted, POSITIVE) - micro_f1(y.label, y.predicted, POSITIVE) for x, y in zip(a, b)]
+    assert result.difference == pytest.approx(np.mean(per_seed)) and result.seeds == 2
+    # a difference of differences on one test set, and the same contrast over two test sets resampled apart
+    did = bootstrap_contrast([(1.0, "d", [a[0]]), (-1.0, "d", [b[0]]), (-1.0, "d", [a[1]]), (1.0, "d", [b[1]])], {"d": POSITIVE})
+    assert did.difference == pytest.approx(per_seed[0] - per_seed[1])
+    two = bootstrap_contrast([(0.5, "x", [a[0]]), (-0.5, "x", [b[0]]), (0.5, "y", [a[1]]), (-0.5, "y", [b[1]])],
+                             {"x": POSITIVE, "y": POSITIVE})
+    assert two.difference == pytest.approx(np.mean(per_seed)) and two.sentences == 2 * N_TEST
+
+
+# ----- rounds and Observation 3 ---------------------------------------------------------------------------
+def test_rounds_to_target_is_the_first_evaluated_round_at_or_above_it():
+    curve = pd.Series([0.30, 0.44, np.nan, 0.45, 0.40, 0.60], index=[1, 2, 3, 4, 5, 6])
+    assert rounds_to_target(curve, 0.45) == 4
+    assert rounds_to_target(curve, 0.30) == 1
+    assert rounds_to_target(curve, 0.61) is None
+    assert rounds_to_target(pd.Series(dtype=float), 0.1) is None
+
+
+def test_largest_holder_share_against_a_uniform_pick_among_holders():
+    counts = pd.DataFrame({"a": [10, 1, 0], "b": [0, 3, 3], "c": [2, 2, 9], "d": [0, 0, 0]},
+                          index=pd.Index(["k0", "k1", "k2"], name="client"))
+    # a: k0 holds most -> hit; b: k1 and k2 tie -> k2 is a hit; c: k2 holds most, k1 picked -> miss; d: nobody holds it
+    share, chance, counted = largest_holder_share(["k0", "k2", "k1", "k0"], counts)
+    assert counted == 3
+    assert share == pytest.approx(2 / 3)
+    assert chance == pytest.approx((1 / 2 + 2 / 2 + 1 / 3) / 3)
+
+
+# ----- a small fake grid ------------------------------------------------------------------------------------
+def small_params():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["scale"] = "embedded"
+    raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1])
+    raw["fedcmc"]["sweeps"].update(seeds=[0], dataset="synthetic-re", alpha=0.05, methods=["fedavg", "fedcmc"], clients=[4, 6],
+                                   local_epochs=[1, 2], vectors=["major", "minor", "none"], subset_dataset="synthetic-re",
+                                   subset_size=40, subset_modes=["balanced", "natural"], subset_methods=["fedrs", "fedcmc"])
+    raw["fedcmc"]["settings"].update(clients=4, rounds=3)
+    return parse_params(raw)
+
+
+QUALITY = {"fedavg": 0.45, "fedrs": 0.55, "fedcmc": 0.75}
+
+
+def _counts(clients: int) -> pd.DataFrame:
+    """Each class mostly on one client; the last client empty (it sits out)."""
+    table = pd.DataFrame(0, index=[f"client_{k:02d}" for k in range(clients)], columns=CLASSES)
+    for j, c in enumerate(CLASSES):
+        table.loc[f"client_{j % (clients - 1):02d}", c] = 30 + 5 * j
+        table.loc[f"client_{(j + 1) % (clients - 1):02d}", c] += 4
+    table.index.name = "client"
+    return table
+
+
+def write_fake_grid(root: Path, params) -> None:
+    settings = params.fedcmc.settings
+    cells = [("tables/" + c.method, c) for c in table_cells(params)]
+    cells += [("sweeps/" + s, c) for s in SWEEPS for c in sweep_cells(params, s)]
+    for group, cell in cells:
+        counts = _counts(cell.clients)
+        part = root / "partitions" / cell.partition
+        if not part.exists():
+            part.mkdir(parents=True)
+            table = counts.copy()
+            table["total"] = table.sum(axis=1)
+            table.to_csv(part / "counts.csv")
+            (part / "partition.json").write_text(json.dumps({
+                "dataset": cell.dataset, "alpha": cell.alpha, "clients": cell.clients, "subset": cell.subset,
+                "scheme": "dirichlet", "balance": False, "seed": 0, "classes": CLASSES,
+                "sentences": {"train": int(counts.values.sum()), "valid": 40, "test": N_TEST}, "skew": 0.5}))
+            (part / "heatmap.png").write_bytes(b"\x89PNG fake " + cell.partition.encode())
+        quality = QUALITY[cell.method] - (0.2 if cell.vectors == "minor" else 0.1 if cell.vectors == "none" else 0)
+        quality -= 0.05 * (cell.alpha < 0.1) * (cell.method == "fedavg")
+        frame = predictions(quality, shift=cell.seed)
+        clients = [c for c in counts.index if counts.loc[c].sum() > 0]
+        holders = counts.loc[clients].to_numpy(dtype=float)
+        history = []
+        for r in range(1, settings.rounds + 1):
+            similarity = 0.5 - holders / holders.max() * 0.4 + 0.01 * r  # the largest holder has the smallest d
+            record = {"round": r, "clients": clients, "train_loss": 1.5 / r, "bytes_up": 1000 * len(clients),
+                      "bytes_down": 1000 * len(clients) + (64 * len(clients) if cell.method == "fedcmc" and r > 1 else 0),
+                      "diagnostics": {"clients": clients, "local_similarity": similarity.round(6).tolist()},
+                      "test": {"global": {"micro_f1": quality * r / settings.rounds, "macro_f1": 0.5 * quality * r / settings.rounds,
+                                          "accuracy": quality}}}
+            if cell.method == "fedcmc" and cell.vectors != "none":
+                record["vector_clients"] = [clients[i] for i in np.argmin(similarity, axis=0)]
+            history.append(record)
+        folder = root / group / cell.name
+        folder.mkdir(parents=True)
+        frame.to_csv(folder / "predictions.csv", index=False)
+        scores = {"micro_f1": micro_f1(frame.label, frame.predicted, POSITIVE),
+                  "macro_f1": float(f1_score(frame.label, frame.predicted, labels=POSITIVE, average="macro", zero_division=0)),
+                  "accuracy": float((frame.label == frame.predicted).mean())}
+        (folder / "metrics.json").write_text(json.dumps({
+            "cell": {**cell.__dict__, "name": cell.name, "partition": cell.partition}, "test": scores, "valid": scores,
+            "history": history, "channel": {}, "parameters": {"total": 1000, "uploaded": 1000},
+            "memory_bytes": {"model": 4000, "server_shared": 4000, "private_per_client_max": 0, "private_all_clients": 0},
+            "truncated_train_sentences": 0}))
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fedcmc")
+    params = small_params()
+    write_fake_grid(root, params)
+    return params, load_fedcmc(root, params)
+
+
+def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid):
+    params, data = grid
+    text = render_report(params, data)
+    assert text == render_report(params, data)
+    for heading in ("## Setup", "## Table 2", "## The clients table", "## Table 3", "## Fig 1", "## Fig 3a", "## Fig 3b",
+                    "## Fig 4", "## Partitions", "## Communication and memory", "## Claims checked at this scale",
+                    "## What this run can and cannot say"):
+        assert heading in text
+    assert "| FedCMC " in text and "majority class (chance)" in text
+    assert "mu = 1, temperature = 0.5" in text and "round 1 is FedAvg" in text
+    claims = claims_table(data, params)
+    table2 = claims[claims["finding (paper)"].str.startswith("Table 2: FedCMC beats FedAvg")]
+    assert table2["verdict"].tolist() == ["holds", "holds"]  # α 0.05 and 0.5, one dataset
+    rs = claims[claims["finding (paper)"] == "Table 2: FedRS is significantly better than MOON"]
+    assert rs["verdict"].tolist() == ["not run at this scale"]
+    minor = claims[claims["finding (paper)"].str.startswith("Fig 4: minor vectors are worse than none")]
+    assert minor["verdict"].tolist() == ["holds"]
+    obs = claims[claims["finding (paper)"].str.startswith("Observation 3")]
+    assert obs["verdict"].iloc[0].startswith("holds") and "100% of 4 classes" in obs["measured"].iloc[0]
+    assert "FedCMC 2, FedAvg not reached in 3 rounds" in text  # rounds to 45%: FedCMC 0.25, 0.5, 0.75
+    assert "64 bytes more than FedAvg per client" in text
+    assert "| client_" not in text  # the counts are drawn, not printed
+
+
+def test_table2_is_mean_std_in_percent_and_chance_is_the_majority_class(grid):
+    params, data = grid
+    table = main_table(data, params, "micro_f1")
+    mean = np.mean([micro_f1(p.label, p.predicted, POSITIVE) for p in (predictions(0.75, 0), predictions(0.75, 1))])
+    assert table.loc["FedCMC", "synthetic-re α=0.05"].startswith(f"{100 * mean:.2f} ± ")
+    chance = chance_scores(data, "synthetic-re", "synthetic-re-a0.05-k4")
+    gold = predictions(0.5).label
+    # the majority training class is rel2 (45 + 4 sentences)
+    assert chance["class"] == "rel2"
+    assert chance["micro_f1"] == pytest.approx(f1_score(gold, ["rel2"] * len(gold), labels=POSITIVE, average="micro"))
+    assert table.loc["majority class (chance)", "synthetic-re α=0.5"] == f"{100 * chance['micro_f1']:.2f}"
+    assert summary_metrics(data, params)["f1"]["fedcmc"] == round(mean, 4)
+
+
+def test_figures_are_written_and_identical_twice(grid, tmp_path):
+    params, data = grid
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        write_figures(data, params, tmp_path / name)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert {"fig1_similarity.png", "fig3a_convergence.csv", "fig3b_local_epochs.png", "fig4_vectors.csv"} <= {str(f) for f in files}
+    assert Path("partitions/synthetic-re-a0.05-k4.png") in files
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    curves = pd.read_csv(tmp_path / "a" / "fig3a_convergence.csv")
+    assert list(curves.columns) == ["round", "fedavg", "fedrs", "fedcmc"] and len(curves) == 3
+
+
+def test_a_missing_cell_names_its_folder_and_stage(tmp_path):
+    params = small_params()
+    write_fake_grid(tmp_path, params)
+    victim = tmp_path / "sweeps" / "vectors" / sweep_cells(params, "vectors")[1].name
+    (victim / "metrics.json").unlink()
+    with pytest.raises(DataError, match=r"vectors/.*-minor-s0 is missing.*run `dvc repro fedcmc_sweep@vectors`"):
+        load_fedcmc(tmp_path, params)
+
+
+def test_the_stage_fails_in_one_line_without_cells(tmp_path):
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    done = subprocess.run([sys.executable, str(ROOT / "stages" / "fedcmc_report.py")], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is missing" in lines[0] and "dvc repro fedcmc_table@fedavg" in lines[0]
+
+
+def test_claims_whose_cells_the_grid_lacks_say_not_run(grid):
+    params, data = grid
+    fewer = params.model_copy(update={"fedcmc": params.fedcmc.model_copy(update={"alphas": [0.05]})})
+    claims = claims_table(data, fewer).set_index("finding (paper)")
+    assert claims.loc["Table 2: FedCMC beats FedAvg on synthetic-re at α=0.5 (the paper reports no number for this dataset)", "verdict"] == "not run at this scale"
+    assert claims.loc["FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on synthetic-re", "verdict"] == "not run at this scale"
+
+
+def test_a_stale_cell_is_refused(tmp_path):
+    params = small_params()
+    write_fake_grid(tmp_path, params)
+    cell = next(c for c in table_cells(params) if c.method == "fedrs")
+    metrics = tmp_path / "tables" / "fedrs" / cell.name / "metrics.json"
+    record = json.loads(metrics.read_text())
+    json.dump({**record, "history": record["history"][:-1]}, metrics.open("w"))
+    with pytest.raises(DataError, match=r"has 2 rounds, params fedcmc.settings.rounds = 3: rerun `dvc repro fedcmc_table@fedrs`"):
+        load_fedcmc(tmp_path, params)
+    json.dump({**record, "history": [{**r, "clients": r["clients"][:-1]} for r in record["history"]]}, metrics.open("w"))
+    with pytest.raises(DataError, match="changed since the cell ran"):
+        load_fedcmc(tmp_path, params)
