@@ -33,9 +33,9 @@ PAPERS = {
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",
-        # Table 2 (PGR and ChemProt x alpha 0.05 / 0.5 x 7 methods) at 1 seed; the sweeps as far as they fit
+        # Table 2 (PGR and ChemProt x alpha 0.05 / 0.5 x 7 methods) at 1 seed fits the hour; the sweeps do not
         "grid": {"fedcmc.seeds": [0], "fedcmc.sweeps.clients": [], "fedcmc.sweeps.local_epochs": [],
-                 "fedcmc.sweeps.subset_modes": []},
+                 "fedcmc.sweeps.vectors": [], "fedcmc.sweeps.subset_modes": []},
         "targets": ["fedcmc_table", "fedcmc_sweep", "fedcmc_report"],
     },
 }

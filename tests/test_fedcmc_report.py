@@ -105,7 +105,7 @@ def test_largest_holder_share_against_a_uniform_pick_among_holders():
 def small_params():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["scale"] = "embedded"
-    raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1])
+    raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1], target_f1=0.45)
     raw["fedcmc"]["sweeps"].update(seeds=[0], dataset="synthetic-re", alpha=0.05, methods=["fedavg", "fedcmc"], clients=[4, 6],
                                    local_epochs=[1, 2], vectors=["major", "minor", "none"], subset_dataset="synthetic-re",
                                    subset_size=40, subset_modes=["balanced", "natural"], subset_methods=["fedrs", "fedcmc"])

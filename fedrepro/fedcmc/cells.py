@@ -45,7 +45,8 @@ def table_cells(params: Params) -> list[Cell]:
             for method in fedcmc.methods for dataset in fedcmc.datasets for alpha in fedcmc.alphas for seed in fedcmc.seeds]
 
 
-def sweep_cells(params: Params, sweep: str) -> list[Cell]:
+def sweep_points(params: Params, sweep: str) -> list[Cell]:
+    """Every point of a sweep, as the report shows it (some may be main-table cells)."""
     sweeps, settings = params.fedcmc.sweeps, params.fedcmc.settings
     base = dict(dataset=sweeps.dataset, alpha=sweeps.alpha, clients=settings.clients, local_epochs=settings.local_epochs)
     cells = []
@@ -62,6 +63,13 @@ def sweep_cells(params: Params, sweep: str) -> list[Cell]:
         else:
             raise ValueError(f"FedCMC sweep {sweep!r}: allowed {sorted(SWEEPS)}")
     return cells
+
+
+def sweep_cells(params: Params, sweep: str) -> list[Cell]:
+    """The points of a sweep that need training: a point identical to a main-table cell (e.g. 10 clients, 1 local
+    epoch) is that cell, trained once by its table stage and read from there by the report."""
+    table = set(table_cells(params))
+    return [c for c in sweep_points(params, sweep) if c not in table]
 
 
 def all_cells(params: Params) -> list[Cell]:

@@ -40,8 +40,6 @@ class LocalContext:
     """Tensors the client keeps between its rounds (e.g. SCAFFOLD's variate, MOON's previous model)."""
     steps: int = 0
     """Local optimizer steps taken this round."""
-    lr_sum: float = 0.0
-    """Sum of the learning rates of those steps (SCAFFOLD's K * eta under a schedule)."""
 
 
 @dataclass
@@ -123,6 +121,9 @@ class Algorithm:
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
         """The loss a client minimises; algorithms add terms to (or reshape) the task loss here."""
         return output.loss
+
+    def after_backward(self, model: nn.Module, context: LocalContext) -> None:
+        """Called after each local backward pass, before clipping and the optimizer step (SCAFFOLD reads gradients here)."""
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:
         """What a client sends after local training; by default its shared parameters.

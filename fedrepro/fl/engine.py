@@ -212,11 +212,11 @@ class Engine:
                     objective = self.algorithm.local_objective(model, output, context)
                 optimizer.zero_grad(set_to_none=True)
                 objective.backward()
+                self.algorithm.after_backward(model, context)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
                 optimizer.step()
                 losses.append(output.loss.item())
                 context.steps += 1
-                context.lr_sum += optimizer.param_groups[0]["lr"]
                 step += 1
         self.state.client_steps[client_id] = step
         return float(np.mean(losses)) if losses else float("nan")

@@ -19,7 +19,7 @@ from sklearn.metrics import f1_score
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
-from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_cells, table_cells
+from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_points, table_cells
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
@@ -75,7 +75,7 @@ class FedCMCResults:
 
 def grid(params: Params) -> list[tuple[str, Cell]]:
     """Every (group, cell) of the report: the main table's, then each sweep's, in the params' order."""
-    return [(TABLE, c) for c in table_cells(params)] + [(s, c) for s in SWEEPS for c in sweep_cells(params, s)]
+    return [(TABLE, c) for c in table_cells(params)] + [(s, c) for s in SWEEPS for c in sweep_points(params, s)]
 
 
 def cell_folder(root: Path, group: str, cell: Cell) -> Path:
@@ -99,11 +99,18 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
     """Read every cell and partition the params ask for; a missing one is a DataError naming it and its stage."""
     root = Path(root)
     cells = grid(params)
-    missing = [(g, c) for g, c in cells if not all((cell_folder(root, g, c) / f).exists() for f in ("metrics.json", "predictions.csv"))]
+    in_table = set(table_cells(params))
+
+    def owner(group: str, cell: Cell) -> str:
+        """The group whose stage trained the cell: a sweep point equal to a main-table cell is that cell."""
+        return TABLE if cell in in_table else group
+
+    missing = [(g, c) for g, c in cells
+               if not all((cell_folder(root, owner(g, c), c) / f).exists() for f in ("metrics.json", "predictions.csv"))]
     if missing:
         group, cell = missing[0]
-        raise DataError(f"{cell_folder(root, group, cell)} is missing ({len(missing)} of {len(cells)} FedCMC cells are): "
-                        f"run `dvc repro {_stage(group, cell)}`")
+        raise DataError(f"{cell_folder(root, owner(group, cell), cell)} is missing ({len(missing)} of {len(cells)} FedCMC "
+                        f"cells are): run `dvc repro {_stage(owner(group, cell), cell)}`")
     partitions = {}
     for name in sorted({c.partition for _, c in cells}):
         folder = root / "partitions" / name
@@ -120,25 +127,25 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
     positive = {d: positive_labels(c, negative) for d, c in classes.items()}
     rows, rounds, predictions, diagnostics, info = [], [], {}, {}, {}
     for group, cell in cells:
-        folder, key = cell_folder(root, group, cell), cell_key(group, cell)
+        folder, key, stage = cell_folder(root, owner(group, cell), cell), cell_key(group, cell), _stage(owner(group, cell), cell)
         metrics = read_json(folder / "metrics.json")
         if metrics.get("cell", {}).get("name") != cell.name:
             raise DataError(f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
-                            f"rerun `dvc repro {_stage(group, cell)}`")
+                            f"rerun `dvc repro {stage}`")
         frame = pd.read_csv(folder / "predictions.csv", dtype=str, keep_default_na=False)
         frame = frame.sort_values("sentence_id", kind="stable").reset_index(drop=True)
         recomputed = micro_f1(frame["label"], frame["predicted"], positive[cell.dataset])
         if abs(recomputed - metrics["test"]["micro_f1"]) > 1e-6:
             raise DataError(f"{folder}: predictions.csv gives micro-F1 {recomputed:.6f}, metrics.json {metrics['test']['micro_f1']:.6f}; "
-                            f"rerun `dvc repro {_stage(group, cell)}`")
+                            f"rerun `dvc repro {stage}`")
         if len(metrics["history"]) != params.fedcmc.settings.rounds:
             raise DataError(f"{folder}/metrics.json has {len(metrics['history'])} rounds, params fedcmc.settings.rounds = "
-                            f"{params.fedcmc.settings.rounds}: rerun `dvc repro {_stage(group, cell)}`")
+                            f"{params.fedcmc.settings.rounds}: rerun `dvc repro {stage}`")
         counts = partitions[cell.partition].counts
         holders = sorted(str(c) for c in counts.index[counts.sum(axis=1) > 0])
         if metrics["history"] and sorted(metrics["history"][0].get("clients", holders)) != holders:
             raise DataError(f"{folder}: its clients are not the partition's non-empty clients ({cell.partition} changed since "
-                            f"the cell ran): rerun `dvc repro {_stage(group, cell)}`")
+                            f"the cell ran): rerun `dvc repro {stage}`")
         predictions[key] = frame
         rows.append({"key": key, "group": group, **{f: getattr(cell, f) for f in CELL_FIELDS},
                      **{m: metrics["test"][m] for m in ("micro_f1", "macro_f1", "accuracy")}})
