@@ -1034,8 +1034,9 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         f"  - FedCMC's mu and temperature are not given in the paper: mu = {settings.fedcmc_mu:g}, temperature = "
         f"{settings.fedcmc_temperature:g} here.",
         "  - FedCMC's round 1 is FedAvg: no classifier vectors exist before the first aggregation.",
-        "  - SCAFFOLD runs under Adam like every method here, so its variate estimates the mean update direction rather "
-        "than the mean gradient (SCAFFOLD's analysis assumes plain SGD; `fedrepro/fl/algorithms/scaffold.py`).",
+        "  - SCAFFOLD runs under Adam like every method here; its variates are the clients' mean raw local gradients "
+        "(under plain SGD the same quantity as its option II), and the correction is added before Adam rescales the "
+        "gradient; SCAFFOLD's analysis assumes SGD (`fedrepro/fl/algorithms/scaffold.py`).",
         f"  - MOON (mu {settings.moon_mu:g}, temperature {settings.moon_temperature:g}, projection {settings.moon_projection_dim}): "
         "its classifier stays on the relation features as in every other method, not on top of the projection "
         "(`moon.py`), so only the contrastive term differs.",
