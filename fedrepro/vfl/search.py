@@ -248,6 +248,30 @@ class MiLeNASSearch(Search):
         return self._finish({"loss_train": loss_train.detach(), "loss_val": loss_val.detach()})
 
 
+class SplitTraining(Search):
+    """Plain split learning of fixed networks (no alphas), e.g. retraining derived architectures from scratch:
+    one train pass and a weight update per step, 2(K-1) messages in 2 exchanges. A ``Search`` so that the same
+    ``save_state`` / ``load_state`` resume it exactly; ``val_batch`` is ignored."""
+
+    rule = "train"
+
+    def messages_per_step(self) -> int:
+        return 2 * self.senders
+
+    def exchanges_per_step(self) -> int:
+        return 0 if self.senders == 0 else 2
+
+    def step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None) -> dict[str, Any]:
+        P = self.protocol
+        p = P.forward({"train": train_batch})
+        self._update_weights(P.backward(p)["train"])
+        labels = P.parties[P.label].labels[p.batches["train"]]
+        record = {"loss_train": p.losses["train"].detach()}
+        if not torch.is_floating_point(labels):
+            record["accuracy_train"] = (p.logits["train"].detach().argmax(dim=1) == labels).float().mean()
+        return self._finish(record)
+
+
 # ---- checkpoint ----------------------------------------------------------------------------------------------
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
