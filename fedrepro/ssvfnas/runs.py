@@ -14,7 +14,7 @@ A search cell (``Cell.method`` in vfnas1 / vfnas2 / ss_vfnas1 / ss_vfnas2):
    search-valid, under the same DP mechanisms, with the same checkpointing; test accuracy and predictions.
 
 A baseline cell (``hand_designed``) runs step 4 only, on a plain stack per party whose width makes its parameter
-count closest to that of a reference derived network of the same skeleton (``reference_genotype``).
+count closest to the expected size of a derived network of the same skeleton (``reference_parameters``).
 
 Epsilon: the search's ledger gives each party's epsilon over the search (max over the disjoint train and
 search-valid halves); the retraining samples train + search-valid again, so the total composes, for each half,
@@ -48,10 +48,8 @@ from fedrepro.vfl.moco import MoCo, pretrain
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon
 from fedrepro.vfl.protocol import Party, VerticalProtocol, party_name
 from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, load_state, make_optimizers, save_state
-from fedrepro.vfl.spaces import build_derived, count_parameters, draw_genotype, hand_designed, supernet
+from fedrepro.vfl.spaces import CONV_OPS, MLP_OPS, build_derived, count_parameters, draw_genotype, hand_designed, supernet
 
-REFERENCE_OP = {"conv": "sep_conv_3x3", "mlp": "linear_relu"}
-"""The op of every edge of the reference derived cell the baseline's size is matched to."""
 EVAL_BATCH = 512
 
 
@@ -134,22 +132,30 @@ def retrain_overrides(params: Params) -> dict[str, int]:
     return {k: v for k, v in (("width", r.width), ("cells", r.cells)) if v is not None}
 
 
-def reference_genotype(kind: str, nodes: int, skeleton: dict[str, int]) -> dict[str, Any]:
-    """A typical derived cell: intermediate node i takes the two most recent states (i and i + 1 in DARTS's
-    numbering) through the space's main parametric op. The baseline is sized to this cell's network."""
-    gene = [[{"input": i, "op": REFERENCE_OP[kind], "weight": 1.0}, {"input": i + 1, "op": REFERENCE_OP[kind], "weight": 1.0}]
-            for i in range(nodes)]
+def uniform_genotype(kind: str, nodes: int, op: str, skeleton: dict[str, Any]) -> dict[str, Any]:
+    """A derived cell whose every kept edge is ``op``: intermediate node i fed by states i and i + 1 (DARTS's
+    numbering, 0 and 1 = the cell inputs)."""
+    gene = [[{"input": i, "op": op, "weight": 1.0}, {"input": i + 1, "op": op, "weight": 1.0}] for i in range(nodes)]
     return {"kind": kind, "ops": [], "nodes": gene, "concat": list(range(2, 2 + nodes)), "skeleton": dict(skeleton)}
 
 
+def reference_parameters(kind: str, skeleton: dict[str, Any], overrides: dict[str, int]) -> int:
+    """The expected parameter count of a derived network of this skeleton when every kept edge draws its op uniformly
+    from the non-none candidates (the count is linear in the edges' op sizes, so it is the mean over ops of the
+    all-one-op networks). Known before any search, so the baseline can be sized once per dataset-K."""
+    ops = [o for o in (CONV_OPS if kind == "conv" else MLP_OPS) if o != "none"]
+    counts = [count_parameters(build_derived(uniform_genotype(kind, skeleton["nodes"], o, skeleton), **overrides)) for o in ops]
+    return int(round(sum(counts) / len(counts)))
+
+
 def baseline_networks(params: Params, data: PartitionData, seed: int) -> tuple[list[nn.Module], list[int]]:
-    """Each party's hand-designed bottom network and the parameter count it was sized to."""
+    """Each party's hand-designed bottom network and the parameter count it was sized to (``reference_parameters``)."""
     s, overrides = params.ssvfnas.search, retrain_overrides(params)
     targets = []
     for k in range(data.parties):
         skeleton = {"in_features": data.in_features(k), "out_dim": s.out_dim, "width": s.width, "cells": s.cells,
                     "nodes": s.nodes, "stem_multiplier": 1}
-        targets.append(count_parameters(build_derived(reference_genotype(data.kind(k), s.nodes, skeleton), **overrides)))
+        targets.append(reference_parameters(data.kind(k), skeleton, overrides))
     torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
     nets = [hand_designed(data.kind(k), data.in_features(k), s.out_dim, depth=params.ssvfnas.retrain.baseline_depth,
                           target_params=targets[k]) for k in range(data.parties)]
