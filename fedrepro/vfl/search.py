@@ -24,6 +24,9 @@ Messages per search step, K parties (each pass = K-1 activations up + K-1 gradie
 
 So MiLeNAS needs 6x fewer sequential exchanges than second-order DARTS and 2x fewer than first order.
 
+``SplitTraining`` trains fixed networks (derived architectures, the hand-designed baseline) over the same protocol:
+one pass a step, 2(K-1) messages, and the same exact-resume checkpoint.
+
 Optimisers as in the released code: per party SGD (lr 0.025, momentum 0.9, wd 3e-4) for w and Adam (lr 3e-4,
 betas (0.5, 0.999), wd 1e-3) for alpha, each party's weight gradient clipped to norm 5 locally. A learning
 rate schedule is the caller's (rebuild it from ``protocol.step`` after a resume).
