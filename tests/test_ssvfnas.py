@@ -183,6 +183,7 @@ def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["cell"]["name"] == cell.name and saved["search"]["steps"] == 3 and saved["retrain"]["steps"] == 4
     assert saved["search"]["messages"] == 3 * 4 and saved["search"]["messages_per_step"] == 4  # DARTS: 4(K-1)
+    assert saved["search"]["exchanges"] == 3 * 4 and saved["retrain"]["exchanges"] == 4 * 2
     assert [p["step"] for p in saved["search"]["curve"]] == [1, 2, 3]
     assert saved["search"]["curve"][-1]["bytes"] == saved["search"]["bytes"]
     eps = saved["search"]["curve"]

@@ -46,7 +46,7 @@ from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
 from fedrepro.vfl.moco import MoCo, pretrain
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon
-from fedrepro.vfl.protocol import Party, VerticalProtocol, party_name
+from fedrepro.vfl.protocol import Party, VerticalProtocol, exchange_count, party_name
 from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, load_state, make_optimizers, save_state
 from fedrepro.vfl.spaces import CONV_OPS, MLP_OPS, build_derived, count_parameters, draw_genotype, hand_designed, supernet
 
@@ -338,10 +338,14 @@ def _curve_point(protocol: VerticalProtocol, test: torch.Tensor, delta: float) -
 
 
 def _channel(protocol: VerticalProtocol, search: Search) -> dict[str, Any]:
+    """What the channel logged: totals, the first step's bytes, sequential exchanges summed over the steps."""
     messages = protocol.channel.messages
     first = protocol.step_cost(0) if protocol.step else {"messages": 0, "bytes": 0, "exchanges": 0}
+    by_step: dict[int, list] = {}
+    for message in messages:
+        by_step.setdefault(message.round, []).append(message)
     return {"steps": protocol.step, "messages": len(messages), "bytes": sum(m.nbytes for m in messages),
-            "exchanges": sum(protocol.step_cost(s)["exchanges"] for s in range(protocol.step)),
+            "exchanges": sum(exchange_count(group, protocol.hub) for group in by_step.values()),
             "messages_per_step": search.messages_per_step(), "exchanges_per_step": search.exchanges_per_step(),
             "bytes_per_step": first["bytes"], "links": protocol.channel.summary(),
             "evaluation_messages": len(protocol.eval_channel.messages),
