@@ -228,8 +228,11 @@ def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, mon
     assert json.loads((tmp_path / "ckpt" / "search" / "state.json").read_text())["step"] == 2
     assert not (tmp_path / "killed").exists()
     _run(params, cell, toy_partition, tmp_path / "resumed", tmp_path / "ckpt")
+    # a finished cell rerun from its final checkpoints (a stage rerun after an unrelated params change) trains nothing
+    _run(params, cell, toy_partition, tmp_path / "again", tmp_path / "ckpt")
     for name in ("metrics.json", "predictions.csv", "curve.csv", "genotypes.json"):
         assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
     # a checkpoint of other settings is not resumed: the folder starts afresh
     other = tiny_params()
     other = other.model_copy(update={"ssvfnas": other.ssvfnas.model_copy(update={"threads": 2})})
