@@ -203,6 +203,106 @@ class FedCMCParams(_Strict):
         return self
 
 
+SSVFNAS_METHODS = ("vfnas1", "vfnas2", "ss_vfnas1", "ss_vfnas2")
+
+
+class SSVFNASSplit(_Strict):
+    """How ssvfnas_partition splits each aligned dataset (once, seeded by data.seed, stratified by label)."""
+
+    test_fraction: float = Field(gt=0, lt=1)
+    valid_fraction: float = Field(gt=0, lt=1, description="share of the training rows held out for alpha (the paper: 0.5)")
+    max_samples: int = Field(ge=0, description="seeded stratified cap on a dataset's aligned rows; 0 = all")
+
+
+class SSVFNASSearch(_Strict):
+    """The collaborative search (both rules) and each party's supernet."""
+
+    steps: int = Field(ge=1, description="collaborative search steps (each: one train and one search-valid batch)")
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0, description="SGD on the weights, cosine-annealed to lr_min (the released code: 0.025 -> 0.001)")
+    lr_min: float = Field(ge=0)
+    momentum: float = Field(ge=0, lt=1)
+    weight_decay: float = Field(ge=0)
+    grad_clip: float = Field(gt=0, description="each party clips its own weight gradient to this norm")
+    arch_lr: float = Field(gt=0, description="Adam on the alphas (the released code: 3e-4)")
+    arch_weight_decay: float = Field(ge=0)
+    second_order: bool = Field(description="VFNAS-1 with DARTS's second-order (finite-difference) alpha gradient")
+    milenas_lambda: float = Field(ge=0, description="MiLeNAS: alpha gradient = train gradient + lambda x valid gradient")
+    cells: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    width: int = Field(ge=1, description="channels (conv) or units (MLP) of every cell edge")
+    out_dim: int = Field(ge=1, description="size of the embedding N_j each party sends")
+    eval_every: int = Field(ge=1, description="steps between the test-accuracy points of the accuracy-vs-bytes curve")
+    checkpoint_every: int = Field(ge=1, description="steps between checkpoints; a killed cell resumes from the last")
+
+
+class SSVFNASMoCo(_Strict):
+    """The self-supervised pre-search (MoCo v2) every party runs on its own features before an ss_ method's search."""
+
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=2)
+    lr: float = Field(gt=0, description="SGD on the supernet weights and the head (alphas: search.arch_lr with Adam)")
+    projection_dim: int = Field(ge=1)
+    queue_size: int = Field(ge=1)
+    momentum: float = Field(ge=0, le=1)
+    temperature: float = Field(gt=0)
+
+
+class SSVFNASRetrain(_Strict):
+    """Training the derived networks (and the hand-designed baseline) from scratch, through the same protocol."""
+
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    lr_min: float = Field(ge=0)
+    width: int | None = Field(ge=1, description="the derived networks' width; null = the search's")
+    cells: int | None = Field(ge=1, description="the derived networks' cells; null = the search's")
+    baseline_depth: int = Field(ge=1, description="layers of the hand-designed baseline (its width is sized to match)")
+
+
+class SSVFNASDP(_Strict):
+    """The Gaussian mechanism's clipping bounds and the delta epsilon is reported at (levels: ssvfnas.dp_levels)."""
+
+    clip_forward: float = Field(gt=0, description="C1, per-sample L2 bound of each sent embedding")
+    clip_backward: float = Field(gt=0, description="C2, per-sample L2 bound of each returned gradient")
+    delta: float = Field(gt=0, lt=1)
+
+
+class SSVFNASParams(_Strict):
+    methods: list[Literal[SSVFNAS_METHODS]] = Field(min_length=1)  # type: ignore[valid-type]
+    datasets: list[str] = Field(min_length=1, description="digits and/or FATE classification sets of data.vertical_sets")
+    parties: list[int] = Field(min_length=1, description="K values; each dataset runs at every K it allows")
+    dp_levels: list[list[float]] = Field(min_length=1, description="(sigma1, sigma2) noise multipliers; [0, 0] = no DP")
+    seeds: list[int] = Field(min_length=1)
+    target_accuracy: float = Field(gt=0, le=1)
+    fidelity: Literal["paper", "released_code"]
+    threads: int = Field(ge=1, description="torch threads of every cell (tiny networks: one is faster than two)")
+    split: SSVFNASSplit
+    search: SSVFNASSearch
+    moco: SSVFNASMoCo
+    retrain: SSVFNASRetrain
+    dp: SSVFNASDP
+
+    @model_validator(mode="after")
+    def _levels_and_parties(self) -> "SSVFNASParams":
+        for index, level in enumerate(self.dp_levels):
+            if len(level) != 2 or any(not 0 <= s < float("inf") for s in level):
+                raise ValueError(f"ssvfnas.dp_levels.{index} = {level}: a pair [sigma1, sigma2] of finite noise multipliers >= 0")
+        seen = [tuple(level) for level in self.dp_levels]
+        if len(set(seen)) != len(seen):
+            raise ValueError(f"ssvfnas.dp_levels = {self.dp_levels}: a level is listed twice")
+        for key in ("datasets", "parties", "seeds", "methods"):
+            values = getattr(self, key)
+            if len(set(values)) != len(values):
+                raise ValueError(f"ssvfnas.{key} = {values}: a value is listed twice")
+        for index, k in enumerate(self.parties):
+            if k < 2:
+                raise ValueError(f"ssvfnas.parties.{index} = {k}: a vertical federation has at least 2 parties")
+        if self.search.lr_min > self.search.lr or self.retrain.lr_min > self.retrain.lr:
+            raise ValueError("ssvfnas: search.lr_min and retrain.lr_min must not exceed their lr")
+        return self
+
+
 class ReportParams(_Strict):
     title: str
 
@@ -216,6 +316,7 @@ class Params(_Strict):
     train: TrainParams
     fedmatch: FedMatchParams
     fedcmc: FedCMCParams
+    ssvfnas: SSVFNASParams
     report: ReportParams
 
     @model_validator(mode="after")
@@ -225,6 +326,26 @@ class Params(_Strict):
                            ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled)):
             if value > n_clients:
                 raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed 0 (all) .. {n_clients}")
+        return self
+
+    @model_validator(mode="after")
+    def _ssvfnas_datasets_exist(self) -> "Params":
+        from fedrepro.data.vertical import DIGITS, REGRESSION_SETS, vertical_views
+
+        sets = self.data.vertical_sets  # prepared by the mirror/official sources (the embedded one: digits only)
+        for index, name in enumerate(self.ssvfnas.datasets):
+            where = f"ssvfnas.datasets.{index} = {name!r}"
+            if name in REGRESSION_SETS:
+                raise ValueError(f"{where}: a regression set (continuous target); SS-VFNAS's grid reports accuracy, so "
+                                 "only classification sets run")
+            if name != DIGITS and name not in sets:
+                allowed = [DIGITS] + sorted(n for n in sets if n not in REGRESSION_SETS)
+                raise ValueError(f"{where}: neither the digits nor a set of data.vertical_sets; allowed {allowed}")
+            views = vertical_views(name, sets.get(name))
+            if not views:
+                raise ValueError(f"{where}: its number of host files is not known here; list its hosts in data.vertical_sets")
+            if not set(views) & set(self.ssvfnas.parties):
+                raise ValueError(f"{where}: runs at K in {sorted(views)}, none of ssvfnas.parties {self.ssvfnas.parties}")
         return self
 
 

@@ -55,6 +55,23 @@ def test_repro_writes_fedcmc_tables_figures_and_claims(project):
     assert all(p.stat().st_size > 10_000 for p in figures.glob("*.png"))
 
 
+def test_repro_writes_ssvfnas_tables_figures_and_claims(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())["ssvfnas"]
+    metrics = json.loads((project / "reports" / "ssvfnas" / "metrics.json").read_text())
+    assert set(metrics["accuracy"]) == set(params["methods"]) | {"hand_designed"}
+    assert all(0.0 < value <= 1.0 for value in metrics["accuracy"].values())
+    report = (project / "reports" / "ssvfnas" / "report.md").read_text()
+    for heading in ("## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes", "## Accuracy vs ε",
+                    "## Messages per step: DARTS vs MiLeNAS", "## The searched cells", "## The hand-designed baseline",
+                    "## Claims checked at this scale"):
+        assert heading in report
+    figures = project / "reports" / "ssvfnas" / "figures"
+    for name in ("accuracy_vs_bytes_digits-k2.png", "accuracy_vs_bytes_digits-k4.png", "accuracy_vs_epsilon_digits-k2.png",
+                 "messages_per_step.png"):
+        assert (figures / name).stat().st_size > 10_000, name
+    assert len(list((figures / "cells").glob("*/party_*.png"))) == 4 * (2 + 4)  # each method at K = 2 and K = 4
+
+
 def test_second_repro_reruns_nothing(project):
     started = time.perf_counter()
     result = run(["dvc", "repro"], project)

@@ -97,3 +97,10 @@ def test_ledger_pools_one_batch_composes_steps_and_takes_the_max_over_disjoint_s
     restored = PrivacyLedger()
     restored.load(json.loads(json.dumps(ledger.state())))
     assert restored.state() == ledger.state() and restored.epsilon("a", DELTA) == ledger.epsilon("a", DELTA)
+
+
+@pytest.mark.parametrize("history", [[(1.0, 0.01, 1000)], [(0.7, 0.05, 40), (1.3, 0.02, 7), (0.7, 0.05, 3)], [(2.0, 1.0, 5)]])
+def test_cached_composition_is_opacus_rdp_accountant_exactly(history):
+    accountant = RDPAccountant()
+    accountant.history = list(history)
+    assert compose_epsilon(history, DELTA) == float(accountant.get_epsilon(DELTA))

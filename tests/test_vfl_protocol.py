@@ -325,3 +325,44 @@ def test_epsilon_is_reported_and_grows_with_steps():
     plain = build(2, 1)
     plain.train_step(TRAIN[:BATCH])
     assert all(math.isinf(e) for e in plain.epsilon(1e-5).values())  # no noise: no guarantee
+
+
+def test_evaluate_can_leave_test_rows_out_of_the_ledger_and_return_predictions():
+    protocol = build(2, 1, forward=GaussianMechanism(5.0, 1.0), backward=GaussianMechanism(0.2, 1.0))
+    measured = protocol.evaluate(VAL, batch_size=20, split="test", account=False, predictions=True)
+    assert protocol.ledger.history == {} and protocol.evaluations == 1
+    assert measured["predicted"].shape == (len(VAL),)
+    labels = protocol.parties[1].labels[VAL]
+    assert (measured["predicted"] == labels).float().mean().item() == pytest.approx(measured["accuracy"])
+    protocol.evaluate(VAL, batch_size=20, split="test")
+    assert protocol.ledger.history["party_0"]["test"] == [[1.0, 1.0, 1]]
+
+
+def test_split_training_of_fixed_networks_costs_one_pass_a_step_and_resumes(tmp_path):
+    from fedrepro.vfl.search import SplitTraining, batch_at
+
+    def fixed(k=2, init_seed=0):
+        protocol = build(k, 1, init_seed=init_seed)
+        for party in protocol.parties:  # freeze the alphas: a derived network has none
+            party.bottom.alpha.requires_grad_(False)
+            party.bottom.arch_parameters = lambda: []
+        weights, _ = make_optimizers(protocol)
+        return SplitTraining(protocol, weights, [None] * k)
+
+    straight = fixed()
+    for step in range(4):
+        straight.step(batch_at(TRAIN, BATCH, step, 0, "train"))
+    assert straight.messages_per_step() == 2 and straight.protocol.step_cost(0)["messages"] == 2
+    first = fixed()
+    for step in range(2):
+        first.step(batch_at(TRAIN, BATCH, step, 0, "train"))
+    save_state(tmp_path / "ckpt", first)
+    resumed = fixed(init_seed=7)
+    load_state(tmp_path / "ckpt", resumed)
+    for step in range(2, 4):
+        resumed.step(batch_at(TRAIN, BATCH, step, 0, "train"))
+    for a, b in zip(straight.protocol.parties, resumed.protocol.parties):
+        for x, y in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(x, y)
+    assert [r["loss_train"] for r in straight.history] == [r["loss_train"] for r in resumed.history]
+    assert all(math.isfinite(r["loss_train"]) for r in straight.history)

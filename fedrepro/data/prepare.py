@@ -4,7 +4,8 @@ Layout under the output folder::
 
     qa/<collection>/{pairs,answers[,pools]}.parquet     FedMatch (schema.QA_PAIR_COLUMNS, ...)
     re/<corpus>/table.parquet                          FedCMC (schema.RE_COLUMNS)
-    vertical/<set>/party_<k>.parquet, labels.parquet   SS-VFNAS (rows aligned on sample_id)
+    vertical/<set>/party_<k>.parquet, labels.parquet   SS-VFNAS (rows aligned on sample_id; meta.json: label party,
+                                                       task, image shapes, ids each party lost to the alignment)
     statistics.json                                    per collection and split, plus each loader's notes
 """
 
@@ -18,7 +19,7 @@ import pandas as pd
 from fedrepro.data.embedded import COLLECTION as EMBEDDED_QA, load_insuranceqa_package
 from fedrepro.data.qa_collections import QACollection, collection_statistics, load_collection
 from fedrepro.data.relation import RECorpus, load_chemprot, load_i2b2, load_pgr, re_statistics, synthetic_relations
-from fedrepro.data.vertical import VerticalDataset, digits_halves, load_fate, vertical_statistics
+from fedrepro.data.vertical import VerticalDataset, digits_halves, digits_quarters, load_fate, vertical_statistics
 from fedrepro.errors import DataError
 from fedrepro.io import write_json, write_table
 
@@ -57,7 +58,11 @@ def write_vertical(out: Path, dataset: VerticalDataset, stats: dict) -> None:
     for index, party in enumerate(dataset.parties):
         write_table(folder / f"party_{index}.parquet", party)
     write_table(folder / "labels.parquet", pd.DataFrame({"sample_id": dataset.parties[0]["sample_id"], "label": dataset.labels}))
-    write_json(folder / "meta.json", {"label_party": dataset.label_party, "task": dataset.task})
+    write_json(folder / "meta.json", {
+        "label_party": dataset.label_party, "task": dataset.task,
+        "shapes": [None if dataset.shape(k) is None else list(dataset.shape(k)) for k in range(len(dataset.parties))],
+        "alignment": {"method": "plain inner join on the id column (not a private set intersection)",
+                      "rows": len(dataset.labels), "dropped_per_party": list(dataset.dropped)}})
     stats["vertical"][dataset.name] = _records(vertical_statistics(dataset))
     stats["notes"][dataset.name] = list(dataset.notes)
 
@@ -67,13 +72,19 @@ def empty_statistics() -> dict[str, Any]:
 
 
 def prepare_embedded(raw: Path, out: Path, seed: int) -> dict[str, Any]:
-    """The offline default: packaged InsuranceQA, a synthetic RE corpus and the digits split in halves."""
+    """The offline default: packaged InsuranceQA, a synthetic RE corpus and the digits in halves and quarters."""
     stats = empty_statistics()
     pairs, answers, pools = load_insuranceqa_package(raw / "insuranceqa_pkg")
     write_qa(out, QACollection(EMBEDDED_QA, pairs, answers, pools, list(EMBEDDED_NOTES)), stats)
     write_re(out, synthetic_relations(seed=seed), stats)
-    write_vertical(out, digits_halves(), stats)
+    write_digits(out, stats)
     return stats
+
+
+def write_digits(out: Path, stats: dict) -> None:
+    """The digits views SS-VFNAS runs on at every source (bundled with scikit-learn, so always available)."""
+    for dataset in (digits_halves(), digits_quarters()):
+        write_vertical(out, dataset, stats)
 
 
 RE_LOADERS = {
@@ -105,4 +116,5 @@ def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list
         write_re(out, corpus, stats)
     for name, hosts in vertical.items():
         write_vertical(out, load_fate(raw / "fate_vfl", name, hosts=hosts), stats)
+    write_digits(out, stats)
     return stats

@@ -1,7 +1,9 @@
 """Vertically partitioned data for SS-VFNAS: parties hold different features of the same, aligned samples.
 
 SS-VFNAS's own data (ModelNet40 views, CheXpert) is not available offline; the FATE hetero CSVs are the real
-substitute and scikit-learn's digits (split into image halves) the embedded default.
+substitute and scikit-learn's digits (each 8x8 image split into halves, K = 2, or quarters, K = 4) the embedded
+default. Image parties carry their view's shape (channels, height, width) in ``shapes`` so that a consumer can
+fold the flat pixel columns back into images; tabular parties have ``None`` there.
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ LABEL_COLUMNS = ("y", "label", "motor_speed", "doctorco")
 ID_COLUMNS = ("id", "sid", "idx")
 # FATE runs these as regression (continuous targets / counts, see MANIFEST); everything else is classification.
 REGRESSION_SETS = {"motor", "motor_mini", "student", "dvisits"}
+# host files of each mirrored FATE set (MANIFEST): the parties K = guest + hosts when every host file is taken
+FATE_HOSTS = {"breast": 1, "breast_mini": 1, "default_credit": 1, "dvisits": 1, "ionosphere_scale": 1, "motor": 3,
+              "motor_mini": 1, "student": 1}
+# SS-VFNAS's digits: the prepared set for each number of parties
+DIGITS = "digits"
+DIGITS_VIEWS = {2: "digits-halves", 4: "digits-quarters"}
+
+
+def vertical_views(dataset: str, hosts: Sequence[str] | None = None) -> dict[int, str]:
+    """K -> the prepared vertical set that runs ``dataset`` with K parties: the digits in halves (2) or quarters
+    (4); a FATE set at guest + its hosts (``hosts`` as in ``data.vertical_sets``; None = every host file). Empty
+    when the number of hosts is unknown."""
+    if dataset == DIGITS:
+        return dict(DIGITS_VIEWS)
+    count = len(hosts) if hosts is not None else FATE_HOSTS.get(dataset)
+    return {1 + count: dataset} if count else {}
 
 
 @dataclass
@@ -29,6 +47,13 @@ class VerticalDataset:
     label_party: int
     task: str
     notes: list[str] = field(default_factory=list)
+    shapes: list[tuple[int, ...] | None] = field(default_factory=list)
+    """per party: the (C, H, W) of an image view whose pixels are its feature columns in row-major order, or None"""
+    dropped: list[int] = field(default_factory=list)
+    """per party: ids it held that are not in every other party (dropped by the alignment); empty = not recorded"""
+
+    def shape(self, party: int) -> tuple[int, ...] | None:
+        return self.shapes[party] if party < len(self.shapes) else None
 
 
 def _prefix(name: str) -> str:
@@ -78,8 +103,10 @@ def load_fate(raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None
         common &= set(frame["sample_id"])
     notes = [f"FATE {prefix}: guest {guest_path.name} (id column {key!r}, label {label_col!r}) + hosts "
              f"{[p.name for p in host_paths]}; inner join on id keeps {len(common)} rows"]
+    dropped = []
     for path, frame in zip([guest_path, *host_paths], frames):
         only = len(set(frame["sample_id"]) - common)
+        dropped.append(only)
         notes.append(f"{path.name}: {len(frame)} rows, {only} id(s) not in every other party (dropped)")
     order = guest.loc[guest["sample_id"].isin(common), "sample_id"]
     parties = [f.set_index("sample_id").loc[order].reset_index() for f in frames]
@@ -103,23 +130,40 @@ def load_fate(raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None
         notes.append(f"regression target {label_col!r}: {len(np.unique(y))} distinct values")
     else:
         raise DataError(f"load_fate: task={task!r}; allowed 'classification', 'regression'")
-    return VerticalDataset(name, parties, y, 0, task, notes)
+    return VerticalDataset(name, parties, y, 0, task, notes, [None] * len(parties), dropped)
 
 
-def digits_halves() -> VerticalDataset:
-    """scikit-learn's bundled 8x8 digits: party 0 sees columns 0-3, party 1 columns 4-7 and holds the labels."""
+def _digits_views(name: str, views: list[tuple[range, range]], description: str) -> VerticalDataset:
+    """scikit-learn's bundled 8x8 digits cut into rectangular views (rows, columns), one per party; the last
+    party holds the labels. Pixel columns are ``px_<row>_<col>`` in row-major order within each view."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = digits.images  # (n, 8, 8)
     ids = pd.Series(np.arange(len(images)), name="sample_id")
     parties = []
-    for cols in (range(0, 4), range(4, 8)):
-        feats = {f"px_{r}_{c}": images[:, r, c] for r in range(8) for c in cols}
+    for rows, cols in views:
+        feats = {f"px_{r}_{c}": images[:, r, c] for r in rows for c in cols}
         parties.append(pd.concat([ids, pd.DataFrame(feats)], axis=1))
-    notes = [f"scikit-learn load_digits: {len(images)} 8x8 images, 10 classes; party 0 = left half (columns 0-3), "
-             "party 1 = right half (columns 4-7) + labels; pixel values 0-16, unscaled"]
-    return VerticalDataset("digits-halves", parties, digits.target.astype(np.int64), 1, "classification", notes)
+    notes = [f"scikit-learn load_digits: {len(images)} 8x8 images, 10 classes; {description}; the last party also holds "
+             "the labels; pixel values 0-16, unscaled"]
+    shapes: list[tuple[int, ...] | None] = [(1, len(rows), len(cols)) for rows, cols in views]
+    return VerticalDataset(name, parties, digits.target.astype(np.int64), len(views) - 1, "classification", notes,
+                           shapes, [0] * len(views))
+
+
+def digits_halves() -> VerticalDataset:
+    """scikit-learn's bundled 8x8 digits: party 0 sees columns 0-3, party 1 columns 4-7 and holds the labels."""
+    return _digits_views("digits-halves", [(range(0, 8), range(0, 4)), (range(0, 8), range(4, 8))],
+                         "party 0 = left half (columns 0-3), party 1 = right half (columns 4-7)")
+
+
+def digits_quarters() -> VerticalDataset:
+    """The same digits in four 4x4 quadrants: party 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right
+    (and the labels)."""
+    low, high = range(0, 4), range(4, 8)
+    return _digits_views("digits-quarters", [(low, low), (low, high), (high, low), (high, high)],
+                         "party 0 = top-left, 1 = top-right, 2 = bottom-left, 3 = bottom-right 4x4 quadrant")
 
 
 def vertical_statistics(ds: VerticalDataset) -> pd.DataFrame:

@@ -145,3 +145,68 @@ def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path) -> None
     ax.set_xticks(positions, [str(i) for i in table.index])
     ax.set(title=title, ylabel=ylabel)
     _save(fig, path)
+
+
+def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str, path: Path, target: float | None = None) -> None:
+    """SS-VFNAS: test accuracy (%) of the searched supernets against the megabytes exchanged so far, one panel per
+    DP level, one line per method. ``panels``: panel title -> method label -> frame with columns bytes, accuracy."""
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1), 4), squeeze=False)
+    for ax, (name, curves) in zip(axes[0], panels.items()):
+        for label, frame in curves.items():
+            dashed = label.startswith("SS-")
+            ax.plot(frame["bytes"] / 1e6, 100 * frame["accuracy"], marker="o", markersize=3, label=label,
+                    linestyle="--" if dashed else "-")
+        if target is not None:
+            ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
+        ax.set(title=name, xlabel="MB exchanged in the search", ylabel="test accuracy (%)")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str, float], curves: dict[str, pd.DataFrame],
+                            title: str, path: Path) -> None:
+    """SS-VFNAS, two panels. Left: retrained test accuracy (%) against the total epsilon of each DP level with noise,
+    one line per method (``points``: label -> frame with columns epsilon, accuracy), each method's no-DP accuracy
+    dotted (``unbounded``). Right: the supernets' test accuracy against the epsilon spent so far during the search
+    (``curves``: label -> frame with columns epsilon, accuracy). Log x when epsilon spans more than a factor 10."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours: dict[str, str] = {}
+    for ax, series in ((axes[0], points), (axes[1], curves)):
+        values = []
+        for label, frame in series.items():
+            frame = frame.dropna()
+            if frame.empty:
+                continue
+            line = ax.plot(frame["epsilon"], 100 * frame["accuracy"], marker="o", markersize=3, label=label,
+                           linestyle="--" if label.startswith("SS-") else "-", color=colours.get(label))
+            colours.setdefault(label, line[0].get_color())
+            values += frame["epsilon"].tolist()
+        if values and min(values) > 0 and max(values) / min(values) > 10:
+            ax.set_xscale("log")
+    for label, accuracy in unbounded.items():
+        axes[0].axhline(100 * accuracy, linestyle=":", linewidth=1, color=colours.get(label, "grey"), label=f"{label}, no DP")
+    axes[0].set(title="retrained networks, by DP level", xlabel="epsilon (search + retraining, worst party)",
+                ylabel="test accuracy (%)")
+    axes[1].set(title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)")
+    for ax in axes:
+        ax.legend(fontsize=6, ncols=2)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+def messages_figure(table: pd.DataFrame, title: str, path: Path) -> None:
+    """SS-VFNAS: messages and sequential exchanges per collaborative step (``table``: index = method label,
+    columns = 'messages K=..' and 'exchanges K=..'), grouped bars."""
+    fig, ax = plt.subplots(figsize=(1.5 + 1.3 * len(table.index) * max(1, len(table.columns) / 2), 4))
+    width = 0.8 / max(len(table.columns), 1)
+    positions = np.arange(len(table.index))
+    for i, column in enumerate(table.columns):
+        bars = ax.bar(positions + i * width, table[column].to_numpy(dtype=float), width, label=str(column))
+        for bar in bars:
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{bar.get_height():.0f}", ha="center",
+                    va="bottom", fontsize=7)
+    ax.set_xticks(positions + width * (len(table.columns) - 1) / 2, [str(i) for i in table.index], fontsize=8)
+    ax.set(title=title, ylabel="per collaborative step")
+    ax.legend(fontsize=7)
+    _save(fig, path)

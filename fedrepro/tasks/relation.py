@@ -20,9 +20,8 @@ from torch import nn
 from fedrepro.data.schema import E1_CLOSE, E1_OPEN, E2_CLOSE, E2_OPEN
 from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import ClientUpdate, TaskOutput
+from fedrepro.fl.engine import GLOBAL
 from fedrepro.models.relation import CLASSIFIER, local_average_similarity
-
-GLOBAL = "global"
 
 
 @dataclass

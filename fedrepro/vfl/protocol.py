@@ -28,7 +28,7 @@ split)``, so a run resumed at a step boundary draws exactly the noise of an unin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -300,38 +300,46 @@ class VerticalProtocol:
         labels = self.parties[self.label].labels[p.batches[split]]
         return {"loss": float(p.losses[split].detach()), **_accuracy(p.logits[split], labels)}
 
-    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test") -> dict[str, float]:
+    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test", account: bool = True,
+                 predictions: bool = False) -> dict[str, Any]:
         """Forward only (eval mode, the forward mechanism still applies since N_j still crosses), logged on
         ``eval_channel`` at the current step: K-1 messages per batch. Each sample crosses once per call, so
-        the ledger records one release at rate 1 per party on ``split``."""
+        the ledger records one release at rate 1 per party on ``split`` (``account=False`` leaves it out: an
+        experimenter's measurement on held-out test rows, not a release of training data). ``predictions``
+        adds ``"predicted"``: the label party's argmax class per sample, in the order of ``indices``."""
         indices = torch.as_tensor(indices, dtype=torch.long)
         modules = [m for party in self.parties for m in party.modules().values()]
         modes = [m.training for m in modules]
         for m in modules:
             m.eval()
         total_loss, correct, count = 0.0, 0.0, 0
+        predicted: list[torch.Tensor] = []
         try:
             for start in range(0, len(indices), batch_size):
                 batch = indices[start:start + batch_size]
                 p = self.forward({split: batch}, grad=False, channel=self.eval_channel, account=False,
                                  noise_key=("eval", self.evaluations, start))
                 total_loss += float(p.losses[split]) * len(batch)
+                if predictions:
+                    predicted.append(p.logits[split].argmax(dim=1))
                 acc = _accuracy(p.logits[split], self.parties[self.label].labels[batch])
                 correct += acc.get("accuracy", 0.0) * len(batch)
                 count += len(batch)
         finally:
             for m, mode in zip(modules, modes):
                 m.train(mode)
-        for j in self.others:
+        for j in self.others if account else []:
             mechanism = self.forward_mechanisms[j]
             if mechanism is not None and not mechanism.accountable:
                 self.ledger.unaccounted.add(party_name(j))
             else:
                 self.ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
         self.evaluations += 1
-        result = {"loss": total_loss / max(count, 1)}
+        result: dict[str, Any] = {"loss": total_loss / max(count, 1)}
         if not torch.is_floating_point(self.parties[self.label].labels):
             result["accuracy"] = correct / max(count, 1)
+        if predictions:
+            result["predicted"] = torch.cat(predicted) if predicted else torch.zeros(0, dtype=torch.long)
         return result
 
     # ---- what it cost and what it revealed --------------------------------------------------------------------

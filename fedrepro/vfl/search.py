@@ -24,6 +24,9 @@ Messages per search step, K parties (each pass = K-1 activations up + K-1 gradie
 
 So MiLeNAS needs 6x fewer sequential exchanges than second-order DARTS and 2x fewer than first order.
 
+``SplitTraining`` trains fixed networks (derived architectures, the hand-designed baseline) over the same protocol:
+one pass a step, 2(K-1) messages, and the same exact-resume checkpoint.
+
 Optimisers as in the released code: per party SGD (lr 0.025, momentum 0.9, wd 3e-4) for w and Adam (lr 3e-4,
 betas (0.5, 0.999), wd 1e-3) for alpha, each party's weight gradient clipped to norm 5 locally. A learning
 rate schedule is the caller's (rebuild it from ``protocol.step`` after a resume).
@@ -246,6 +249,30 @@ class MiLeNASSearch(Search):
         self._update_arch([[t + self.lam * v for t, v in zip(gt.arch, gv.arch)] for gt, gv in zip(g_train, g_val)])
         self._update_weights(g_train)
         return self._finish({"loss_train": loss_train.detach(), "loss_val": loss_val.detach()})
+
+
+class SplitTraining(Search):
+    """Plain split learning of fixed networks (no alphas), e.g. retraining derived architectures from scratch:
+    one train pass and a weight update per step, 2(K-1) messages in 2 exchanges. A ``Search`` so that the same
+    ``save_state`` / ``load_state`` resume it exactly; ``val_batch`` is ignored."""
+
+    rule = "train"
+
+    def messages_per_step(self) -> int:
+        return 2 * self.senders
+
+    def exchanges_per_step(self) -> int:
+        return 0 if self.senders == 0 else 2
+
+    def step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None) -> dict[str, Any]:
+        P = self.protocol
+        p = P.forward({"train": train_batch})
+        self._update_weights(P.backward(p)["train"])
+        labels = P.parties[P.label].labels[p.batches["train"]]
+        record = {"loss_train": p.losses["train"].detach()}
+        if not torch.is_floating_point(labels):
+            record["accuracy_train"] = (p.logits["train"].detach().argmax(dim=1) == labels).float().mean()
+        return self._finish(record)
 
 
 # ---- checkpoint ----------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ def test_embedded_default_prepares_qa_re_and_vertical(tmp_path):
     assert (out / "qa" / "insuranceqa" / "pools.parquet").exists()
     assert "synthetic" in " ".join(stats["notes"]["synthetic-re"])
     assert len(list((out / "vertical" / "digits-halves").glob("party_*.parquet"))) == 2
+    assert len(list((out / "vertical" / "digits-quarters").glob("party_*.parquet"))) == 4
     assert stats["skipped"] == []
 
 
@@ -37,7 +38,7 @@ def test_mirror_prepares_every_available_collection(tmp_path):
     assert sorted(stats["qa"]) == sorted(qa)
     assert sorted(stats["re"]) == ["chemprot_cpr_groups", "chemprot_scibert", "pgr"]
     assert len(stats["skipped"]) == 1 and stats["skipped"][0].startswith("i2b2:")
-    assert sorted(stats["vertical"]) == sorted(FATE_SETS)
+    assert sorted(stats["vertical"]) == sorted([*FATE_SETS, "digits-halves", "digits-quarters"])
     assert len(stats["vertical"]["motor"]) == 3, "guest + host_1 + host_2"
     for name in qa:
         pairs = pd.read_parquet(tmp_path / "qa" / name / "pairs.parquet")

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrepro.data.vertical import digits_halves, load_fate, vertical_statistics
+from fedrepro.data.vertical import digits_halves, digits_quarters, load_fate, vertical_statistics
 from fedrepro.errors import DataError
 
 MIRROR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "raw"
@@ -26,6 +26,7 @@ def test_fate_fixture_join_and_hosts(tmp_path):
     assert ds.labels.tolist() == [2, 0, 1]  # label values 0,1,2 coded in sorted order
     assert any("toy_hetero_host.csv: 4 rows, 1 id" in n for n in ds.notes)
     assert any("toy_hetero_guest.csv: 4 rows, 1 id" in n for n in ds.notes)
+    assert ds.dropped == [1, 1, 1] and ds.shapes == [None] * 3  # 11 (guest, host_1), 13 (host)
     one = load_fate(tmp_path, "toy", hosts=["host_1"])
     assert len(one.parties) == 2 and one.parties[1].columns.tolist() == ["sample_id", "z"]
     stats = vertical_statistics(ds)
@@ -50,6 +51,20 @@ def test_digits_halves():
     assert [p.shape for p in ds.parties] == [(1797, 33), (1797, 33)] and ds.labels.shape == (1797,)
     assert ds.parties[0].columns[1] == "px_0_0" and ds.parties[1].columns[1] == "px_0_4"
     assert len(np.unique(ds.labels)) == 10
+    assert ds.shapes == [(1, 8, 4), (1, 8, 4)] and ds.dropped == [0, 0]
+
+
+def test_digits_quarters_are_the_four_quadrants_of_the_same_images():
+    halves, quarters = digits_halves(), digits_quarters()
+    assert quarters.name == "digits-quarters" and quarters.label_party == 3 and len(quarters.parties) == 4
+    assert quarters.shapes == [(1, 4, 4)] * 4 and np.array_equal(quarters.labels, halves.labels)
+    assert [p.shape for p in quarters.parties] == [(1797, 17)] * 4
+    assert quarters.parties[1].columns[1] == "px_0_4" and quarters.parties[2].columns[1] == "px_4_0"
+    # the quadrants tile each image: the left half is the top-left over the bottom-left quadrant, row-major
+    left = halves.parties[0].drop(columns="sample_id").to_numpy().reshape(-1, 8, 4)
+    top_left = quarters.parties[0].drop(columns="sample_id").to_numpy().reshape(-1, 4, 4)
+    bottom_left = quarters.parties[2].drop(columns="sample_id").to_numpy().reshape(-1, 4, 4)
+    assert np.array_equal(left, np.concatenate([top_left, bottom_left], axis=1))
 
 
 # published counts (MANIFEST): rows, guest features, features per host, classes (0 = regression)

@@ -1,0 +1,103 @@
+"""The cells of SS-VFNAS's grid. A search cell is one run of a method: (method, dataset, K, DP level, seed) ->
+pre-search (ss_ methods) -> collaborative search -> derived genotypes -> retrain -> test accuracy. A baseline cell
+trains the hand-designed network once per (dataset, K, DP level, seed) with the same retraining.
+
+A dataset runs at every K of ``ssvfnas.parties`` its data allows (``fedrepro.data.vertical.vertical_views``): the
+digits in halves at K = 2 and in quarters at K = 4, a FATE set at guest + its hosts. The (dataset, K) pairs it
+does not allow are listed by ``skipped_partitions`` for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedrepro.config import Params
+from fedrepro.data.vertical import vertical_views
+
+METHODS = {
+    "vfnas1": ("darts", False),
+    "vfnas2": ("milenas", False),
+    "ss_vfnas1": ("darts", True),
+    "ss_vfnas2": ("milenas", True),
+}
+"""method -> (search rule, MoCo v2 pre-search first)"""
+BASELINE = "hand_designed"
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    dataset: str
+    parties: int
+    sigma_forward: float
+    sigma_backward: float
+    seed: int
+
+    @property
+    def partition(self) -> str:
+        """Folder of the partition this cell runs on (shared by every method, DP level and seed)."""
+        return f"{self.dataset}-k{self.parties}"
+
+    @property
+    def dp(self) -> str:
+        if self.sigma_forward == 0 and self.sigma_backward == 0:
+            return "nodp"
+        return f"dp{self.sigma_forward:g}-{self.sigma_backward:g}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.partition}-{self.dp}-{self.method}-s{self.seed}"
+
+    @property
+    def baseline(self) -> bool:
+        return self.method == BASELINE
+
+    @property
+    def rule(self) -> str | None:
+        return None if self.baseline else METHODS[self.method][0]
+
+    @property
+    def presearch(self) -> bool:
+        return False if self.baseline else METHODS[self.method][1]
+
+
+def dp_name(level: list[float] | tuple[float, float]) -> str:
+    return Cell("", "", 0, float(level[0]), float(level[1]), 0).dp
+
+
+def partitions(params: Params) -> list[tuple[str, int, str]]:
+    """(dataset, K, prepared vertical set) of every partition the grid runs on, in the params' order."""
+    out = []
+    for dataset in params.ssvfnas.datasets:
+        views = vertical_views(dataset, params.data.vertical_sets.get(dataset))
+        out += [(dataset, k, views[k]) for k in params.ssvfnas.parties if k in views]
+    return out
+
+
+def skipped_partitions(params: Params) -> list[tuple[str, int, list[int]]]:
+    """(dataset, K, the K values it allows) for each asked K a dataset cannot run at."""
+    out = []
+    for dataset in params.ssvfnas.datasets:
+        views = vertical_views(dataset, params.data.vertical_sets.get(dataset))
+        out += [(dataset, k, sorted(views)) for k in params.ssvfnas.parties if k not in views]
+    return out
+
+
+def _cells(params: Params, methods: list[str]) -> list[Cell]:
+    ss = params.ssvfnas
+    return [Cell(method, dataset, k, float(level[0]), float(level[1]), seed)
+            for method in methods for dataset, k, _ in partitions(params) for level in ss.dp_levels for seed in ss.seeds]
+
+
+def table_cells(params: Params) -> list[Cell]:
+    """The main table: method x (dataset, K) x DP level x seed."""
+    return _cells(params, list(params.ssvfnas.methods))
+
+
+def baseline_cells(params: Params) -> list[Cell]:
+    """The hand-designed baseline: once per (dataset, K) x DP level x seed."""
+    return _cells(params, [BASELINE])
+
+
+def all_cells(params: Params) -> list[Cell]:
+    return table_cells(params) + baseline_cells(params)

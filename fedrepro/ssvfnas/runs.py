@@ -1,0 +1,444 @@
+"""Running one SS-VFNAS cell from validated params: shared by the cell stage, the tests and the benchmarks.
+
+A search cell (``Cell.method`` in vfnas1 / vfnas2 / ss_vfnas1 / ss_vfnas2):
+
+1. pre-search (ss_ methods only): MoCo v2 at every party on its own training rows (train + search-valid, no
+   labels, no message); the party's supernet keeps the pre-searched weights AND alphas;
+2. collaborative search over the ``VerticalProtocol``: DARTS first order (VFNAS-1; second order with
+   ``search.second_order``) or MiLeNAS (VFNAS-2), SGD with a cosine learning rate on the weights, Adam on the
+   alphas; every ``eval_every`` steps the supernets' test accuracy, the cumulative messages and bytes and each
+   party's epsilon so far are recorded (the accuracy-vs-bytes and accuracy-vs-epsilon curves); a checkpoint every
+   ``checkpoint_every`` steps (``save_state``), so a killed cell resumes to identical results;
+3. each party's genotype (DARTS's discretisation of its own alphas) and its drawing;
+4. retraining from scratch: the derived networks and a fresh top network trained by split learning on train +
+   search-valid, under the same DP mechanisms, with the same checkpointing; test accuracy and predictions.
+
+A baseline cell (``hand_designed``) runs step 4 only, on a plain stack per party whose width makes its parameter
+count closest to the expected size of a derived network of the same skeleton (``reference_parameters``).
+
+Epsilon: the search's ledger gives each party's epsilon over the search (max over the disjoint train and
+search-valid halves); the retraining samples train + search-valid again, so the total composes, for each half,
+the search's releases with the retraining's. Test-set evaluations are measurements, not releases of training
+data, and are left out (``evaluate(account=False)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from fedrepro.config import Params
+from fedrepro.errors import DataError
+from fedrepro.io import atomic_dir, read_json, read_table, write_json
+from fedrepro.runs import code_digest
+from fedrepro.seeding import derive_seed, seed_everything
+from fedrepro.ssvfnas.cells import Cell
+from fedrepro.vfl.moco import MoCo, pretrain
+from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon
+from fedrepro.vfl.protocol import Party, VerticalProtocol, exchange_count, party_name
+from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, load_state, make_optimizers, save_state
+from fedrepro.vfl.spaces import CONV_OPS, MLP_OPS, build_derived, count_parameters, draw_genotype, hand_designed, supernet
+
+EVAL_BATCH = 512
+
+
+# ----- the partition as tensors ---------------------------------------------------------------------------
+@dataclass
+class PartitionData:
+    name: str
+    summary: dict[str, Any]
+    features: list[torch.Tensor]
+    """per party: (n, C, H, W) image views or (n, d) table rows, aligned by row."""
+    labels: torch.Tensor
+    sample_ids: np.ndarray
+    splits: dict[str, torch.Tensor]
+    """train / valid / test -> row positions (sorted)."""
+
+    @property
+    def parties(self) -> int:
+        return len(self.features)
+
+    @property
+    def label_party(self) -> int:
+        return int(self.summary["label_party"])
+
+    @property
+    def classes(self) -> int:
+        return int(self.summary["classes"])
+
+    def kind(self, party: int) -> str:
+        return self.summary["kinds"][party]
+
+    def in_features(self, party: int) -> int:
+        shape = self.summary["shapes"][party]
+        return int(shape[0]) if shape is not None else int(self.summary["features"][party])
+
+    @property
+    def training_rows(self) -> torch.Tensor:
+        """train + search-valid: what MoCo pre-searches on and what the derived networks are retrained on."""
+        return torch.cat([self.splits["train"], self.splits["valid"]]).sort().values
+
+
+def load_partition(folder: Path) -> PartitionData:
+    folder = Path(folder)
+    if not (folder / "summary.json").exists():
+        raise DataError(f"{folder}/summary.json is missing: run `dvc repro ssvfnas_partition`")
+    summary = read_json(folder / "summary.json")
+    labels = read_table(folder / "labels.parquet")
+    splits = read_table(folder / "splits.parquet")
+    ids = labels["sample_id"].to_numpy()
+    if not np.array_equal(splits["sample_id"].to_numpy(), ids):
+        raise DataError(f"{folder}: splits.parquet and labels.parquet list different sample ids")
+    features = []
+    for k in range(int(summary["parties"])):
+        table = read_table(folder / f"party_{k}.parquet")
+        if not np.array_equal(table["sample_id"].to_numpy(), ids):
+            raise DataError(f"{folder}/party_{k}.parquet is not aligned with labels.parquet")
+        x = torch.tensor(table.drop(columns=["sample_id"]).to_numpy(dtype=np.float32))
+        shape = summary["shapes"][k]
+        features.append(x.reshape(len(ids), *shape) if shape is not None else x)
+    split = splits["split"].to_numpy()
+    return PartitionData(summary["name"], summary, features, torch.tensor(labels["label"].to_numpy(), dtype=torch.long), ids,
+                         {s: torch.tensor(np.flatnonzero(split == s), dtype=torch.long) for s in ("train", "valid", "test")})
+
+
+# ----- networks, mechanisms, protocol ------------------------------------------------------------------------
+def build_supernets(params: Params, data: PartitionData, seed: int) -> list[nn.Module]:
+    s = params.ssvfnas.search
+    torch.manual_seed(derive_seed(seed, "supernets", data.name))
+    return [supernet(data.kind(k), data.in_features(k), s.out_dim, width=s.width, cells=s.cells, nodes=s.nodes)
+            for k in range(data.parties)]
+
+
+def build_top(params: Params, data: PartitionData, seed: int, phase: str) -> nn.Module:
+    """Net_c, the label party's top network: one linear layer on the concatenated embeddings [N_0 .. N_{K-1}]."""
+    torch.manual_seed(derive_seed(seed, "top", phase, data.name))
+    return nn.Linear(data.parties * params.ssvfnas.search.out_dim, data.classes)
+
+
+def retrain_overrides(params: Params) -> dict[str, int]:
+    r = params.ssvfnas.retrain
+    return {k: v for k, v in (("width", r.width), ("cells", r.cells)) if v is not None}
+
+
+def uniform_genotype(kind: str, nodes: int, op: str, skeleton: dict[str, Any]) -> dict[str, Any]:
+    """A derived cell whose every kept edge is ``op``: intermediate node i fed by states i and i + 1 (DARTS's
+    numbering, 0 and 1 = the cell inputs)."""
+    gene = [[{"input": i, "op": op, "weight": 1.0}, {"input": i + 1, "op": op, "weight": 1.0}] for i in range(nodes)]
+    return {"kind": kind, "ops": [], "nodes": gene, "concat": list(range(2, 2 + nodes)), "skeleton": dict(skeleton)}
+
+
+def reference_parameters(kind: str, skeleton: dict[str, Any], overrides: dict[str, int]) -> int:
+    """The expected parameter count of a derived network of this skeleton when every kept edge draws its op uniformly
+    from the non-none candidates (the count is linear in the edges' op sizes, so it is the mean over ops of the
+    all-one-op networks). Known before any search, so the baseline can be sized once per dataset-K."""
+    ops = [o for o in (CONV_OPS if kind == "conv" else MLP_OPS) if o != "none"]
+    counts = [count_parameters(build_derived(uniform_genotype(kind, skeleton["nodes"], o, skeleton), **overrides)) for o in ops]
+    return int(round(sum(counts) / len(counts)))
+
+
+def baseline_networks(params: Params, data: PartitionData, seed: int) -> tuple[list[nn.Module], list[int]]:
+    """Each party's hand-designed bottom network and the parameter count it was sized to (``reference_parameters``)."""
+    s, overrides = params.ssvfnas.search, retrain_overrides(params)
+    targets = []
+    for k in range(data.parties):
+        skeleton = {"in_features": data.in_features(k), "out_dim": s.out_dim, "width": s.width, "cells": s.cells,
+                    "nodes": s.nodes, "stem_multiplier": 1}
+        targets.append(reference_parameters(data.kind(k), skeleton, overrides))
+    torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
+    nets = [hand_designed(data.kind(k), data.in_features(k), s.out_dim, depth=params.ssvfnas.retrain.baseline_depth,
+                          target_params=targets[k]) for k in range(data.parties)]
+    return nets, targets
+
+
+def derived_networks(params: Params, data: PartitionData, seed: int, genotypes: list[dict[str, Any]]) -> list[nn.Module]:
+    torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
+    return [build_derived(g, **retrain_overrides(params)) for g in genotypes]
+
+
+def mechanisms(params: Params, cell: Cell) -> tuple[GaussianMechanism | None, GaussianMechanism | None]:
+    """(forward, backward) mechanisms of a cell's DP level; a zero sigma means no mechanism on that side (no
+    clipping, no noise). ``fidelity: released_code``: batch-level clipping and sigma used as the noise std."""
+    dp, released = params.ssvfnas.dp, params.ssvfnas.fidelity == "released_code"
+
+    def make(clip: float, sigma: float) -> GaussianMechanism | None:
+        if sigma == 0:
+            return None
+        return GaussianMechanism(clip, sigma, per_sample=not released, released_code=released)
+
+    return make(dp.clip_forward, cell.sigma_forward), make(dp.clip_backward, cell.sigma_backward)
+
+
+def make_protocol(params: Params, cell: Cell, data: PartitionData, bottoms: list[nn.Module], top: nn.Module, seed: int,
+                  split_sizes: dict[str, int]) -> VerticalProtocol:
+    label = data.label_party
+    parties = [Party(k, data.features[k], bottoms[k], data.labels if k == label else None, top if k == label else None)
+               for k in range(data.parties)]
+    forward, backward = mechanisms(params, cell)
+    return VerticalProtocol(parties, forward_mechanisms=forward, backward_mechanism=backward, seed=seed, split_sizes=split_sizes)
+
+
+def make_search(params: Params, rule: str | None, protocol: VerticalProtocol, lr: float) -> Search:
+    """The search rule of a method (``darts``: VFNAS-1, ``milenas``: VFNAS-2) or, for ``None``, plain split
+    training of fixed networks; per-party SGD on weights (Adam on alphas) with the search's settings."""
+    s = params.ssvfnas.search
+    weights, arch = make_optimizers(protocol, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay, arch_lr=s.arch_lr,
+                                    arch_weight_decay=s.arch_weight_decay)
+    if rule is None:
+        return SplitTraining(protocol, weights, arch, grad_clip=s.grad_clip)
+    if rule == "darts":
+        return DartsSearch(protocol, weights, arch, grad_clip=s.grad_clip, second_order=s.second_order, xi=s.lr)
+    if rule == "milenas":  # the released code runs MiLeNAS's train and valid passes one after the other
+        return MiLeNASSearch(protocol, weights, arch, grad_clip=s.grad_clip, lam=s.milenas_lambda,
+                             bundle=params.ssvfnas.fidelity == "paper")
+    raise ValueError(f"search rule {rule!r}: allowed 'darts', 'milenas' or None")
+
+
+def cosine_lr(base: float, floor: float, step: int, total: int) -> float:
+    return floor + 0.5 * (base - floor) * (1.0 + math.cos(math.pi * step / max(total, 1)))
+
+
+# ----- epsilon ---------------------------------------------------------------------------------------------
+def worst(values: dict[str, float]) -> float:
+    """The largest epsilon over parties; NaN if any party's is not accountable."""
+    values = list(values.values())
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=0.0)
+
+
+def finite(value: float) -> float | None:
+    """JSON-safe: None for inf (a release without noise) and NaN (a released-code mechanism, no accountant)."""
+    return float(value) if math.isfinite(value) else None
+
+
+def epsilon_status(values: dict[str, float]) -> str:
+    v = worst(values)
+    if math.isnan(v):
+        return "not accountable (released-code mechanism)"
+    if math.isinf(v):
+        return "unbounded (a release without noise)"
+    return "accounted (RDP)"
+
+
+def total_epsilon(search: PrivacyLedger | None, retrain: PrivacyLedger, party: str, delta: float) -> float:
+    """Epsilon of the search and the retraining together: each of the search's disjoint halves composed with the
+    retraining's releases (which sample both halves), the max over the halves."""
+    if party in retrain.unaccounted or (search is not None and party in search.unaccounted):
+        return math.nan
+    again = [tuple(e) for e in retrain.history.get(party, {}).get("train", [])]
+    halves = search.history.get(party, {}) if search is not None else {}
+    if not halves:
+        return compose_epsilon(again, delta)
+    return max(compose_epsilon([tuple(e) for e in entries] + again, delta) for entries in halves.values())
+
+
+# ----- the phases ------------------------------------------------------------------------------------------
+def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
+    """Changes whenever anything that shapes the cell changes (not the grid's lists); a checkpoint of another run
+    is never resumed."""
+    ss = params.ssvfnas
+    payload = {"cell": asdict(cell), "fidelity": ss.fidelity, "split": ss.split.model_dump(), "search": ss.search.model_dump(),
+               "moco": ss.moco.model_dump(), "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(),
+               "threads": ss.threads, "inputs": inputs_digest, "code": code_digest()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def prepare_checkpoints(folder: Path, fingerprint: str) -> None:
+    """Keep ``folder`` only if it holds this very run; otherwise start it afresh."""
+    folder = Path(folder)
+    marker = folder / "fingerprint.json"
+    if marker.exists() and read_json(marker).get("fingerprint") == fingerprint:
+        return
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    write_json(marker, {"fingerprint": fingerprint})
+
+
+def run_presearch(params: Params, cell: Cell, data: PartitionData, bottoms: list[nn.Module], folder: Path,
+                  cache: dict | None = None) -> dict[str, list[float]]:
+    """MoCo v2 at every party on its own training rows; the supernets end with the pre-searched weights and alphas.
+    Saved to ``folder`` once done (a killed pre-search reruns from the start, to the same result). It depends only
+    on the partition, the seed and the MoCo settings, so ``cache`` may share it between the cells of one process."""
+    key = (data.name, cell.seed)
+    if (folder / "presearch.json").exists():
+        states = [load_file(str(folder / f"{party_name(k)}.safetensors")) for k in range(len(bottoms))]
+        losses = read_json(folder / "presearch.json")["losses"]
+    elif cache is not None and key in cache:
+        states, losses = cache[key]
+    else:
+        m, s = params.ssvfnas.moco, params.ssvfnas.search
+        released = params.ssvfnas.fidelity == "released_code"
+        rows = data.training_rows
+        losses = {}
+        for k, bottom in enumerate(bottoms):
+            generator = torch.Generator().manual_seed(derive_seed(cell.seed, "moco", data.name, k))
+            torch.manual_seed(derive_seed(cell.seed, "moco-head", data.name, k))
+            moco = MoCo(bottom, s.out_dim, m.projection_dim, m.queue_size, m.momentum, m.temperature, released_code=released,
+                        generator=generator)
+            weights = torch.optim.SGD(list(bottom.weight_parameters()) + list(moco.head_q.parameters()), lr=m.lr,
+                                      momentum=s.momentum, weight_decay=s.weight_decay)
+            arch = torch.optim.Adam(bottom.arch_parameters(), lr=s.arch_lr, betas=(0.5, 0.999), weight_decay=s.arch_weight_decay)
+            losses[party_name(k)] = pretrain(moco, data.features[k][rows], m.steps, m.batch_size, [weights, arch], generator)
+        states = [{n: t.detach().clone() for n, t in b.state_dict().items()} for b in bottoms]
+    for bottom, state in zip(bottoms, states):
+        bottom.load_state_dict(state)
+    if not (folder / "presearch.json").exists():
+        with atomic_dir(folder) as tmp:
+            for k, state in enumerate(states):
+                save_file({n: t.contiguous() for n, t in state.items()}, str(tmp / f"{party_name(k)}.safetensors"))
+            write_json(tmp / "presearch.json", {"losses": losses})
+    if cache is not None:
+        cache[key] = (states, losses)
+    return losses
+
+
+def run_steps(search: Search, train: torch.Tensor, valid: torch.Tensor | None, batch_size: int, steps: int, lr: float,
+              lr_min: float, eval_every: int, checkpoint_every: int, folder: Path,
+              evaluate: Callable[[], dict[str, Any]] | None = None) -> None:
+    """Step ``search`` until ``steps`` from wherever its checkpoint in ``folder`` left off: cosine learning rate
+    on the weights from the step number, an evaluation recorded into the step's history record every
+    ``eval_every`` steps and at the end, a checkpoint every ``checkpoint_every`` steps and at the end."""
+    P = search.protocol
+    if (folder / "state.json").exists():
+        load_state(folder, search)
+    batch = min(batch_size, len(train), len(valid) if valid is not None else len(train))
+    while P.step < steps:
+        s = P.step
+        for optimizer in search.weight_optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_lr(lr, lr_min, s, steps)
+        search.step(batch_at(train, batch, s, P.seed, "train"), batch_at(valid, batch, s, P.seed, "val") if valid is not None else None)
+        done = P.step
+        if evaluate is not None and (done % eval_every == 0 or done == steps):
+            search.history[-1].update(evaluate())
+        if done % checkpoint_every == 0 or done == steps:
+            save_state(folder, search)
+
+
+def _curve_point(protocol: VerticalProtocol, test: torch.Tensor, delta: float) -> Callable[[], dict[str, Any]]:
+    def point() -> dict[str, Any]:
+        result = protocol.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False)
+        messages = protocol.channel.messages
+        return {"test_accuracy": result["accuracy"], "test_loss": result["loss"], "messages": len(messages),
+                "bytes": sum(m.nbytes for m in messages), "epsilon": finite(worst(protocol.epsilon(delta)))}
+    return point
+
+
+def _channel(protocol: VerticalProtocol, search: Search) -> dict[str, Any]:
+    """What the channel logged: totals, the first step's bytes, sequential exchanges summed over the steps."""
+    messages = protocol.channel.messages
+    first = protocol.step_cost(0) if protocol.step else {"messages": 0, "bytes": 0, "exchanges": 0}
+    by_step: dict[int, list] = {}
+    for message in messages:
+        by_step.setdefault(message.round, []).append(message)
+    return {"steps": protocol.step, "messages": len(messages), "bytes": sum(m.nbytes for m in messages),
+            "exchanges": sum(exchange_count(group, protocol.hub) for group in by_step.values()),
+            "messages_per_step": search.messages_per_step(), "exchanges_per_step": search.exchanges_per_step(),
+            "bytes_per_step": first["bytes"], "links": protocol.channel.summary(),
+            "evaluation_messages": len(protocol.eval_channel.messages),
+            "evaluation_bytes": sum(m.nbytes for m in protocol.eval_channel.messages)}
+
+
+def _losses(history: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    values = [r[key] for r in history if key in r]
+    return {"first": values[0] if values else None, "last": values[-1] if values else None}
+
+
+def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints: Path, inputs_digest: str,
+             presearch_cache: dict | None = None) -> dict[str, Any]:
+    """Run (or resume) one cell and write its outputs into ``out`` (created): metrics.json, predictions.csv,
+    curve.csv (search cells), genotypes.json and cells/party_<j>.png (search cells). Returns the metrics."""
+    ss = params.ssvfnas
+    seed_everything(cell.seed, ss.threads)
+    data = load_partition(partition)
+    if data.parties != cell.parties:
+        raise DataError(f"{partition} has {data.parties} parties, cell {cell.name} wants {cell.parties}: rerun ssvfnas_partition")
+    checkpoints = Path(checkpoints)
+    prepare_checkpoints(checkpoints, run_fingerprint(params, cell, inputs_digest))
+    delta, train, valid, test = ss.dp.delta, data.splits["train"], data.splits["valid"], data.splits["test"]
+    metrics: dict[str, Any] = {"cell": {**asdict(cell), "name": cell.name, "partition": cell.partition, "dp": cell.dp}}
+    search_ledger = None
+    parameters: dict[str, Any] = {}
+    if not cell.baseline:
+        bottoms = build_supernets(params, data, cell.seed)
+        top = build_top(params, data, cell.seed, "search")
+        protocol = make_protocol(params, cell, data, bottoms, top, cell.seed, {"train": len(train), "val": len(valid)})
+        search = make_search(params, cell.rule, protocol, ss.search.lr)
+        losses = None
+        if cell.presearch and not (checkpoints / "search" / "state.json").exists():
+            losses = run_presearch(params, cell, data, bottoms, checkpoints / "presearch", presearch_cache)
+        elif cell.presearch:
+            losses = read_json(checkpoints / "presearch" / "presearch.json")["losses"]
+        run_steps(search, train, valid, ss.search.batch_size, ss.search.steps, ss.search.lr, ss.search.lr_min,
+                  ss.search.eval_every, ss.search.checkpoint_every, checkpoints / "search", _curve_point(protocol, test, delta))
+        genotypes = [b.genotype() for b in bottoms]
+        search_ledger = protocol.ledger
+        epsilon = protocol.epsilon(delta)
+        curve = [{"step": r["step"] + 1, **{k: r[k] for k in ("test_accuracy", "test_loss", "messages", "bytes", "epsilon")}}
+                 for r in search.history if "test_accuracy" in r]
+        metrics["presearch"] = None if losses is None else {
+            "steps": ss.moco.steps, "loss": {p: {"first": v[0], "last": v[-1]} for p, v in losses.items()}, "losses": losses}
+        metrics["search"] = {"rule": cell.rule, **_channel(protocol, search), "curve": curve,
+                             "test_accuracy": curve[-1]["test_accuracy"], "loss_train": _losses(search.history, "loss_train"),
+                             "loss_val": _losses(search.history, "loss_val"),
+                             "epsilon": {p: finite(v) for p, v in epsilon.items()}, "epsilon_max": finite(worst(epsilon)),
+                             "epsilon_status": epsilon_status(epsilon)}
+        metrics["genotypes"] = genotypes
+        parameters["supernet"] = [count_parameters(b) for b in bottoms]
+        nets = derived_networks(params, data, cell.seed, genotypes)
+    else:
+        nets, targets = baseline_networks(params, data, cell.seed)
+        parameters["baseline_target"] = targets
+    # retraining: derived networks or the baseline, from scratch, on train + search-valid
+    rows = data.training_rows
+    top = build_top(params, data, cell.seed, "retrain")
+    retrain = make_protocol(params, cell, data, nets, top, derive_seed(cell.seed, "retrain"), {"train": len(rows)})
+    training = make_search(params, None, retrain, ss.retrain.lr)
+    run_steps(training, rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr, ss.retrain.lr_min,
+              ss.retrain.steps, ss.search.checkpoint_every, checkpoints / "retrain")
+    result = retrain.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
+    parameters["bottom"] = [count_parameters(n) for n in nets]
+    parameters["top"] = count_parameters(top)
+    retrain_eps = {p.name: total_epsilon(None, retrain.ledger, p.name, delta) for p in retrain.parties}
+    total = {p.name: total_epsilon(search_ledger, retrain.ledger, p.name, delta) for p in retrain.parties}
+    metrics["retrain"] = {**_channel(retrain, training), "loss_train": _losses(training.history, "loss_train"),
+                          "accuracy_train": _losses(training.history, "accuracy_train"),
+                          "epsilon": {p: finite(v) for p, v in retrain_eps.items()}}
+    metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test)}
+    metrics["epsilon_total"] = {p: finite(v) for p, v in total.items()}
+    metrics["epsilon_total_max"] = finite(worst(total))
+    metrics["epsilon_status"] = epsilon_status(total)
+    metrics["delta"] = delta
+    metrics["parameters"] = parameters
+    metrics["label_party"] = data.label_party
+    write_outputs(Path(out), cell, data, metrics, result["predicted"])
+    return metrics
+
+
+def write_outputs(out: Path, cell: Cell, data: PartitionData, metrics: dict[str, Any], predicted: torch.Tensor) -> None:
+    out.mkdir(parents=True)
+    test = data.splits["test"]
+    pd.DataFrame({"sample_id": data.sample_ids[test.numpy()], "label": data.labels[test].numpy(),
+                  "predicted": predicted.numpy()}).to_csv(out / "predictions.csv", index=False)
+    write_json(out / "metrics.json", metrics)
+    if cell.baseline:
+        return
+    pd.DataFrame(metrics["search"]["curve"]).to_csv(out / "curve.csv", index=False, float_format="%.6g")
+    write_json(out / "genotypes.json", {party_name(k): g for k, g in enumerate(metrics["genotypes"])})
+    for k, genotype in enumerate(metrics["genotypes"]):
+        role = " (labels)" if k == data.label_party else ""
+        draw_genotype(genotype, f"{cell.method} {party_name(k)}{role}: {cell.partition}, {cell.dp}, seed {cell.seed}",
+                      out / "cells" / f"{party_name(k)}.png")

@@ -1,0 +1,353 @@
+"""SS-VFNAS's track: the vertical partition, the grid from params, one tiny cell end to end with exact resume after a
+kill, the report on fake cell folders, and params errors that name the key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+import fedrepro.ssvfnas.runs as runs
+from fedrepro.config import parse_params
+from fedrepro.data.prepare import write_vertical
+from fedrepro.data.vertical import VerticalDataset
+from fedrepro.errors import ConfigError, DataError
+from fedrepro.io import write_json
+from fedrepro.ssvfnas.cells import BASELINE, Cell, all_cells, baseline_cells, partitions, skipped_partitions, table_cells
+from fedrepro.ssvfnas.partition import align, build_partition, stratified_splits, write_partition
+from fedrepro.vfl.spaces import supernet
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def raw_params(**ssvfnas) -> dict:
+    raw = copy.deepcopy(RAW)
+    raw["scale"] = "embedded"
+    raw["ssvfnas"].update(ssvfnas)
+    return raw
+
+
+def tiny_params(fidelity: str = "paper"):
+    """The embedded preset shrunk to a few steps: 3 search steps (a curve point and a checkpoint after each), 3 MoCo
+    steps, 4 retraining steps."""
+    raw = raw_params(fidelity=fidelity)
+    preset = raw["scales"]["embedded"]["ssvfnas"]
+    preset["search"] = {**preset["search"], "steps": 3, "batch_size": 16, "width": 4, "out_dim": 4, "eval_every": 1,
+                        "checkpoint_every": 1}
+    preset["moco"] = {**preset["moco"], "steps": 3, "batch_size": 16, "queue_size": 32}
+    preset["retrain"] = {**preset["retrain"], "steps": 4, "batch_size": 16}
+    return parse_params(raw)
+
+
+# ----- the partition ----------------------------------------------------------------------------------------
+def toy_vertical(folder: Path, n: int = 120, seed: int = 0) -> Path:
+    """A prepared two-party table set: party 0 (guest, labels) 3 columns, party 1 4 columns; the host misses 5 of the
+    guest's ids and holds 3 of its own."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(1000, 1000 + n)
+    y = rng.integers(0, 3, n)
+    x0 = rng.normal(size=(n, 3)) + y[:, None]
+    x1 = rng.normal(size=(n, 4)) * 5 + 2 * y[:, None]
+    host_ids = np.concatenate([ids[5:], [1, 2, 3]])
+    host = np.concatenate([x1[5:], rng.normal(size=(3, 4))])
+    guest = pd.concat([pd.Series(ids, name="sample_id"), pd.DataFrame(x0, columns=["a", "b", "c"])], axis=1)
+    other = pd.concat([pd.Series(host_ids, name="sample_id"), pd.DataFrame(host, columns=["d", "e", "f", "g"])], axis=1)
+    aligned, labels, dropped = align([guest, other], pd.DataFrame({"sample_id": ids, "label": y}))
+    ds = VerticalDataset("toy", aligned, labels["label"].to_numpy(), 0, "classification", ["toy"], [None, None], dropped)
+    write_vertical(folder, ds, {"vertical": {}, "notes": {}})
+    return folder / "vertical" / "toy"
+
+
+def test_alignment_is_a_plain_intersection_and_counts_what_each_side_drops():
+    a = pd.DataFrame({"sample_id": [5, 1, 3, 9], "x": [0.5, 0.1, 0.3, 0.9]})
+    b = pd.DataFrame({"sample_id": [3, 7, 5, 1], "y": [3.0, 7.0, 5.0, 1.0]})
+    labels = pd.DataFrame({"sample_id": [1, 3, 5, 9, 7], "label": [1, 3, 5, 9, 7]})
+    frames, aligned, dropped = align([a, b], labels)
+    assert [f["sample_id"].tolist() for f in frames] == [[5, 1, 3]] * 2  # the first party's order
+    assert frames[1]["y"].tolist() == [5.0, 1.0, 3.0] and aligned["label"].tolist() == [5, 1, 3]
+    assert dropped == [1, 1]  # 9 only in party 0, 7 only in party 1
+    with pytest.raises(DataError, match="duplicate"):
+        align([pd.DataFrame({"sample_id": [1, 1], "x": [0, 1]}), b], labels)
+
+
+def test_splits_are_stratified_disjoint_and_seeded():
+    labels = np.repeat(np.arange(4), 50)
+    first = stratified_splits(labels, 0.2, 0.5, 0, "toy")
+    assert {s: int((first == s).sum()) for s in ("train", "valid", "test")} == {"train": 80, "valid": 80, "test": 40}
+    for c in range(4):
+        assert int(((first == "test") & (labels == c)).sum()) == 10  # every class keeps its share
+    assert np.array_equal(first, stratified_splits(labels, 0.2, 0.5, 0, "toy"))
+    assert not np.array_equal(first, stratified_splits(labels, 0.2, 0.5, 1, "toy"))
+
+
+def test_build_partition_aligns_splits_and_scales_each_party_alone(tmp_path):
+    prepared = toy_vertical(tmp_path / "prepared")
+    tables, labels, splits, summary = build_partition(prepared, "toy", 2, 0.25, 0.5, 0, seed=3)
+    assert summary["alignment"]["prepare"]["dropped_per_party"] == [5, 3]
+    assert summary["alignment"]["partition"]["dropped_per_party"] == [0, 0]  # prepare already aligned them
+    assert summary["kinds"] == ["mlp", "mlp"] and summary["features"] == [3, 4] and summary["classes"] == 3
+    assert sum(summary["splits"].values()) == 115 and set(splits["split"]) == {"train", "valid", "test"}
+    ids = [set(splits.loc[splits.split == s, "sample_id"]) for s in ("train", "valid", "test")]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    assert all(t["sample_id"].tolist() == labels["sample_id"].tolist() for t in tables)
+    training = splits["split"].to_numpy() != "test"
+    fitted = tables[1].drop(columns="sample_id").to_numpy()[training]
+    assert np.allclose(fitted.mean(axis=0), 0, atol=1e-5) and np.allclose(fitted.std(axis=0), 1, atol=1e-4)
+    again = build_partition(prepared, "toy", 2, 0.25, 0.5, 0, seed=3)
+    assert again[2].equals(splits) and again[0][0].equals(tables[0])
+    capped = build_partition(prepared, "toy", 2, 0.25, 0.5, 60, seed=3)[3]
+    assert capped["cap"]["rows_kept"] == 60
+    with pytest.raises(DataError, match="not the K = 4"):
+        build_partition(prepared, "toy", 4, 0.25, 0.5, 0, seed=3)
+
+
+def test_digits_halves_and_quarters_split_the_same_images_the_same_way(tmp_path):
+    from fedrepro.data.prepare import write_digits
+
+    write_digits(tmp_path, {"vertical": {}, "notes": {}})
+    _, _, halves, summary2 = build_partition(tmp_path / "vertical" / "digits-halves", "digits", 2, 0.2, 0.5, 300, seed=0)
+    _, _, quarters, summary4 = build_partition(tmp_path / "vertical" / "digits-quarters", "digits", 4, 0.2, 0.5, 300, seed=0)
+    assert halves.equals(quarters)
+    assert summary2["shapes"] == [[1, 8, 4]] * 2 and summary4["shapes"] == [[1, 4, 4]] * 4
+    assert summary2["label_party"] == 1 and summary4["label_party"] == 3 and summary4["kinds"] == ["conv"] * 4
+
+
+# ----- the grid -------------------------------------------------------------------------------------------
+def test_cells_of_the_grid_from_params():
+    params = parse_params(raw_params(datasets=["digits", "breast"], parties=[2, 4], dp_levels=[[0, 0], [1, 0.5]], seeds=[0, 1]))
+    assert partitions(params) == [("digits", 2, "digits-halves"), ("digits", 4, "digits-quarters"), ("breast", 2, "breast")]
+    assert skipped_partitions(params) == [("breast", 4, [2])]
+    cells = table_cells(params)
+    assert len(cells) == 4 * 3 * 2 * 2 and len(baseline_cells(params)) == 3 * 2 * 2
+    assert len(set(c.name for c in all_cells(params))) == len(all_cells(params))
+    cell = Cell("ss_vfnas2", "digits", 4, 1.0, 0.5, 1)
+    assert cell in cells and cell.name == "digits-k4-dp1-0.5-ss_vfnas2-s1" and cell.partition == "digits-k4"
+    assert (cell.rule, cell.presearch) == ("milenas", True)
+    assert Cell(BASELINE, "breast", 2, 0.0, 0.0, 0).name == "breast-k2-nodp-hand_designed-s0"
+    assert Cell("vfnas1", "digits", 2, 0, 0, 0).rule == "darts" and not Cell("vfnas1", "digits", 2, 0, 0, 0).presearch
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"dp_levels": [[0, 0], [1.0]]}, "ssvfnas.dp_levels.1 = [1.0]"),
+    ({"dp_levels": [[0, -1]]}, "ssvfnas.dp_levels.0 = [0.0, -1.0]"),
+    ({"datasets": ["motor"]}, "ssvfnas.datasets.0 = 'motor': a regression set"),
+    ({"datasets": ["digits", "mnist"]}, "ssvfnas.datasets.1 = 'mnist'"),
+    ({"datasets": ["breast"], "parties": [4]}, "ssvfnas.datasets.0 = 'breast': runs at K in [2]"),
+    ({"parties": [1, 2]}, "ssvfnas.parties.0 = 1"),
+    ({"methods": ["vfnas1", "vfnas3"]}, "ssvfnas.methods.1 = 'vfnas3'"),
+    ({"fidelity": "authors"}, "ssvfnas.fidelity = 'authors'"),
+    ({"seeds": [0, 0]}, "ssvfnas.seeds = [0, 0]"),
+    ({"steps_total": 3}, "ssvfnas.steps_total is not a known key"),
+])
+def test_bad_ssvfnas_params_name_the_key(change, expected):
+    with pytest.raises(ConfigError) as error:
+        parse_params(raw_params(**change))
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_bad_nested_value_names_its_key():
+    raw = raw_params()
+    raw["ssvfnas"]["search"]["momentum"] = 1.5
+    with pytest.raises(ConfigError, match=r"ssvfnas\.search\.momentum = 1\.5"):
+        parse_params(raw)
+
+
+# ----- one cell end to end ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def toy_partition(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ssvfnas")
+    tables, labels, splits, summary = build_partition(toy_vertical(root / "prepared"), "toy", 2, 0.25, 0.5, 0, seed=0)
+    write_partition(root / "toy-k2", tables, labels, splits, summary)
+    return root / "toy-k2"
+
+
+def _run(params, cell, partition, out, checkpoints):
+    return runs.run_cell(params, cell, partition, out, checkpoints, "inputs")
+
+
+def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
+    params = tiny_params()
+    cell = Cell("ss_vfnas1", "toy", 2, 1.0, 1.0, 0)
+    metrics = _run(params, cell, toy_partition, tmp_path / "out", tmp_path / "ckpt")
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == {"metrics.json", "predictions.csv", "curve.csv", "genotypes.json", "cells"}
+    assert sorted(p.name for p in (out / "cells").iterdir()) == ["party_0.png", "party_1.png"]
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["cell"]["name"] == cell.name and saved["search"]["steps"] == 3 and saved["retrain"]["steps"] == 4
+    assert saved["search"]["messages"] == 3 * 4 and saved["search"]["messages_per_step"] == 4  # DARTS: 4(K-1)
+    assert saved["search"]["exchanges"] == 3 * 4 and saved["retrain"]["exchanges"] == 4 * 2
+    assert [p["step"] for p in saved["search"]["curve"]] == [1, 2, 3]
+    assert saved["search"]["curve"][-1]["bytes"] == saved["search"]["bytes"]
+    eps = saved["search"]["curve"]
+    assert 0 < eps[0]["epsilon"] < eps[-1]["epsilon"] <= saved["epsilon_total_max"] < math.inf
+    assert saved["epsilon_status"] == "accounted (RDP)" and saved["presearch"]["steps"] == 3
+    predictions = pd.read_csv(out / "predictions.csv")
+    assert len(predictions) == saved["test"]["samples"] and (predictions.label == predictions.predicted).mean() == pytest.approx(
+        saved["test"]["accuracy"])
+    assert {g["kind"] for g in saved["genotypes"]} == {"mlp"}
+    assert metrics["parameters"]["bottom"] == [runs.count_parameters(runs.build_derived(g)) for g in saved["genotypes"]]
+    # the baseline: retraining only, sized before any search, epsilon of the retraining alone
+    base = _run(params, Cell(BASELINE, "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "base", tmp_path / "base_ckpt")
+    assert "search" not in base and base["retrain"]["steps"] == 4 and 0 < base["epsilon_total_max"] < metrics["epsilon_total_max"]
+    assert {p.name for p in (tmp_path / "base").iterdir()} == {"metrics.json", "predictions.csv"}
+    # no noise: epsilon unbounded; released-code fidelity: not accountable
+    plain = _run(params, Cell("vfnas2", "toy", 2, 0.0, 0.0, 0), toy_partition, tmp_path / "plain", tmp_path / "plain_ckpt")
+    assert plain["epsilon_total_max"] is None and plain["epsilon_status"].startswith("unbounded")
+    assert plain["search"]["messages_per_step"] == 2  # MiLeNAS: 2(K-1), bundled
+    released = _run(tiny_params("released_code"), Cell("vfnas2", "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "rel",
+                    tmp_path / "rel_ckpt")
+    assert released["epsilon_status"].startswith("not accountable") and released["search"]["messages_per_step"] == 4
+
+
+@pytest.mark.parametrize("method", ["ss_vfnas2", "vfnas1"])
+def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, monkeypatch, method):
+    params = tiny_params()
+    cell = Cell(method, "toy", 2, 1.0, 0.5, 0)
+    _run(params, cell, toy_partition, tmp_path / "straight", tmp_path / "straight_ckpt")
+
+    save_state, calls = runs.save_state, []
+
+    def dies_after_the_second_checkpoint(folder, search):
+        save_state(folder, search)
+        calls.append(folder)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(runs, "save_state", dies_after_the_second_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        _run(params, cell, toy_partition, tmp_path / "killed", tmp_path / "ckpt")
+    monkeypatch.setattr(runs, "save_state", save_state)
+    assert json.loads((tmp_path / "ckpt" / "search" / "state.json").read_text())["step"] == 2
+    assert not (tmp_path / "killed").exists()
+    _run(params, cell, toy_partition, tmp_path / "resumed", tmp_path / "ckpt")
+    # a finished cell rerun from its final checkpoints (a stage rerun after an unrelated params change) trains nothing
+    _run(params, cell, toy_partition, tmp_path / "again", tmp_path / "ckpt")
+    for name in ("metrics.json", "predictions.csv", "curve.csv", "genotypes.json"):
+        assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+    # a checkpoint of other settings is not resumed: the folder starts afresh
+    other = tiny_params()
+    other = other.model_copy(update={"ssvfnas": other.ssvfnas.model_copy(update={"threads": 2})})
+    runs.prepare_checkpoints(tmp_path / "ckpt", runs.run_fingerprint(other, cell, "inputs"))
+    assert not (tmp_path / "ckpt" / "search").exists()
+
+
+def test_presearch_moves_weights_and_alphas_and_is_shared_between_dp_levels(toy_partition, tmp_path):
+    params = tiny_params()
+    data = runs.load_partition(toy_partition)
+    fresh = runs.build_supernets(params, data, 0)
+    searched = runs.build_supernets(params, data, 0)
+    cache: dict = {}
+    runs.run_presearch(params, Cell("ss_vfnas1", "toy", 2, 0.0, 0.0, 0), data, searched, tmp_path / "p1", cache)
+    assert not torch.equal(fresh[0].alphas, searched[0].alphas)
+    assert not torch.equal(fresh[1].stem[0].weight, searched[1].stem[0].weight)
+    again = runs.build_supernets(params, data, 0)
+    runs.run_presearch(params, Cell("ss_vfnas2", "toy", 2, 1.0, 1.0, 0), data, again, tmp_path / "p2", cache)
+    assert all(torch.equal(a, b) for net_a, net_b in zip(searched, again) for a, b in zip(net_a.state_dict().values(),
+                                                                                             net_b.state_dict().values()))
+    assert (tmp_path / "p2" / "presearch.json").exists()  # written even when it came from the cache
+
+
+# ----- the report on fake cells -----------------------------------------------------------------------------
+def _genotype() -> dict:
+    torch.manual_seed(0)
+    return supernet("conv", 1, 4, width=2, cells=1, nodes=2).genotype()
+
+
+def fake_grid(root: Path, params) -> None:
+    """Cell folders for every cell of ``params``: SS methods reach the 40% target 2 steps earlier; without DP every
+    search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points."""
+    ss, target = params.ssvfnas, params.ssvfnas.target_accuracy
+    n_test = 200
+    labels = np.arange(n_test) % 10
+    summaries = {}
+    for dataset, k, prepared in partitions(params):
+        summaries[f"{dataset}-k{k}"] = {
+            "name": f"{dataset}-k{k}", "dataset": dataset, "parties": k, "label_party": k - 1, "classes": 10,
+            "shapes": [[1, 8, 8 // k]] * k, "kinds": ["conv"] * k, "features": [64 // k] * k,
+            "alignment": {"prepare": {"dropped_per_party": [0] * k}, "partition": {"dropped_per_party": [0] * k}},
+            "cap": {"rows_kept": 1000}, "splits": {"train": 400, "valid": 400, "test": n_test}}
+    write_json(root / "partitions" / "summary.json", {"partitions": summaries, "skipped": []})
+    for cell in all_cells(params):
+        noisy = cell.sigma_forward > 0
+        base = 0.6 if cell.baseline else 0.8
+        accuracy = base - (0.2 if noisy else 0.0)
+        right = (np.arange(n_test) + 7 * cell.seed) % n_test < int(accuracy * n_test)
+        predicted = np.where(right, labels, (labels + 1) % 10)
+        folder = root / "tables" / cell.method / cell.name
+        folder.mkdir(parents=True)
+        pd.DataFrame({"sample_id": np.arange(n_test), "label": labels, "predicted": predicted}).to_csv(folder / "predictions.csv", index=False)
+        eps = 2.0 if noisy else None
+        metrics = {"cell": {"name": cell.name}, "test": {"accuracy": float(right.mean()), "samples": n_test},
+                   "retrain": {"steps": ss.retrain.steps, "messages": 2 * (cell.parties - 1) * ss.retrain.steps,
+                               "bytes": 1000 * ss.retrain.steps, "loss_train": {"first": 2.3, "last": 1.0}},
+                   "epsilon_total_max": None if eps is None else eps + 0.5,
+                   "epsilon_status": "accounted (RDP)" if noisy else "unbounded (a release without noise)",
+                   "parameters": {"bottom": [500] * cell.parties, "top": 50}}
+        if cell.baseline:
+            metrics["parameters"]["baseline_target"] = [520] * cell.parties
+        else:
+            darts = cell.rule == "darts"
+            per_step = (4 if darts else 2) * (cell.parties - 1)
+            reach = (2 if cell.presearch else 4) + cell.seed
+            curve = [{"step": s, "messages": per_step * s, "bytes": 4000 * s, "test_accuracy": target + (0.05 if s >= reach else -0.1),
+                      "test_loss": 1.0, "epsilon": None if eps is None else 0.1 * s} for s in range(1, ss.search.steps + 1)]
+            metrics["search"] = {"steps": ss.search.steps, "messages": per_step * ss.search.steps, "bytes": 4000 * ss.search.steps,
+                                 "exchanges": (4 if darts else 2) * ss.search.steps, "messages_per_step": per_step,
+                                 "exchanges_per_step": 4 if darts else 2, "bytes_per_step": 4000, "test_accuracy": target + 0.05,
+                                 "epsilon_max": eps, "curve": curve}
+            metrics["parameters"]["supernet"] = [2000] * cell.parties
+            metrics["genotypes"] = [_genotype()] * cell.parties
+            metrics["presearch"] = {"loss": {f"party_{j}": {"first": 5.0, "last": 4.0} for j in range(cell.parties)}} if cell.presearch else None
+        write_json(folder / "metrics.json", metrics)
+
+
+def test_the_report_renders_on_fake_cell_folders(tmp_path):
+    from fedrepro.report.ssvfnas import claims_table, load_ssvfnas, render_report, results_frame, summary_metrics, write_figures
+
+    raw = raw_params()
+    preset = raw["scales"]["embedded"]["ssvfnas"]
+    preset["seeds"] = [0, 1]
+    preset["search"] = {**preset["search"], "steps": 8}
+    params = parse_params(raw)
+    fake_grid(tmp_path / "data", params)
+    data = load_ssvfnas(tmp_path / "data", params)
+    assert len(data.cells) == len(all_cells(params)) and set(data.curves.key) == {c.name for c in table_cells(params)}
+    report = render_report(params, data)
+    for heading in ("## Setup", "## Partitions", "## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes",
+                    "## Accuracy vs ε", "## Messages per step: DARTS vs MiLeNAS", "## The searched cells",
+                    "## The hand-designed baseline", "## Claims checked at this scale", "## What this run can and cannot say"):
+        assert heading in report
+    assert "hand-designed" in report and "Poisson" in report and "BatchNorm" in report and "released_code" in report
+    claims = claims_table(data, params).set_index("finding (paper)")
+    verdicts = claims["verdict"]
+    assert verdicts[verdicts.index.str.startswith("VFNAS-2 (MiLeNAS) needs fewer messages")].tolist() == ["holds"]
+    steps = verdicts[verdicts.index.str.startswith("SS-VFNAS needs fewer collaborative steps")]
+    assert steps.tolist() == ["holds", "holds"]  # 8 matched pairs each, all earlier: sign test p = 0.0078
+    searched = verdicts[verdicts.index.str.contains("beats the hand-designed")]
+    assert len(searched) == 4 and set(searched) == {"holds"}  # 80% vs 60% on 200 samples
+    same = verdicts[verdicts.index.str.startswith("Without DP")]
+    assert all(v.startswith("not significant (no difference)") for v in same)  # identical predictions
+    assert verdicts[verdicts.index.str.contains("generalise")].tolist() == ["not run at this scale"]
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    write_figures(data, params, figures)
+    for name in ("accuracy_vs_bytes_digits-k2.png", "accuracy_vs_epsilon_digits-k4.png", "messages_per_step.png",
+                 "accuracy_vs_bytes_ss_vfnas1.csv", "accuracy_vs_epsilon_vfnas2.csv", "messages_per_step.csv"):
+        assert (figures / name).stat().st_size > 0, name
+    assert set(summary_metrics(data, params)["accuracy"]) == {"vfnas1", "vfnas2", "ss_vfnas1", "ss_vfnas2", BASELINE}
+    assert len(results_frame(data, params)) == len(all_cells(params))
+    # a missing cell names its folder and the stage that writes it
+    gone = [c for c in table_cells(params) if c.method == "vfnas2"][-1]
+    missing = tmp_path / "data" / "tables" / "vfnas2" / gone.name / "metrics.json"
+    missing.unlink()
+    with pytest.raises(DataError, match=r"ssvfnas_table@vfnas2"):
+        load_ssvfnas(tmp_path / "data", params)
