@@ -34,6 +34,9 @@ class DataParams(_Strict):
     re_corpora: list[Literal[RE_CORPORA]]  # type: ignore[valid-type]
     vertical_sets: dict[str, list[str] | None] = Field(description="FATE set -> host files to join (null: all)")
     i2b2_dir: str | None = None
+    modelnet40_dir: str | None = None
+    modelnet40_image_size: int = Field(32, ge=4)
+    modelnet40_max_objects: int = Field(0, ge=0, description="objects per class and split; 0 = all")
 
     @property
     def raw_collections(self) -> list[str]:
@@ -330,7 +333,7 @@ class Params(_Strict):
 
     @model_validator(mode="after")
     def _ssvfnas_datasets_exist(self) -> "Params":
-        from fedrepro.data.vertical import DIGITS, REGRESSION_SETS, vertical_views
+        from fedrepro.data.vertical import DIGITS, MODELNET40, REGRESSION_SETS, vertical_views
 
         sets = self.data.vertical_sets  # prepared by the mirror/official sources (the embedded one: digits only)
         for index, name in enumerate(self.ssvfnas.datasets):
@@ -338,9 +341,11 @@ class Params(_Strict):
             if name in REGRESSION_SETS:
                 raise ValueError(f"{where}: a regression set (continuous target); SS-VFNAS's grid reports accuracy, so "
                                  "only classification sets run")
-            if name != DIGITS and name not in sets:
-                allowed = [DIGITS] + sorted(n for n in sets if n not in REGRESSION_SETS)
-                raise ValueError(f"{where}: neither the digits nor a set of data.vertical_sets; allowed {allowed}")
+            if name == MODELNET40 and self.data.modelnet40_dir is None:
+                raise ValueError(f"{where}: data.modelnet40_dir is not set (a local copy of ModelNet40v1png)")
+            if name not in (DIGITS, MODELNET40) and name not in sets:
+                allowed = [DIGITS, MODELNET40] + sorted(n for n in sets if n not in REGRESSION_SETS)
+                raise ValueError(f"{where}: neither the digits, ModelNet40 nor a set of data.vertical_sets; allowed {allowed}")
             views = vertical_views(name, sets.get(name))
             if not views:
                 raise ValueError(f"{where}: its number of host files is not known here; list its hosts in data.vertical_sets")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.data.prepare import prepare_embedded, prepare_raw
+from fedrepro.data.prepare import prepare_embedded, prepare_raw, write_modelnet40
 from fedrepro.io import atomic_dir, write_json
 
 RAW, OUT = Path("data/raw"), Path("data/prepared")
@@ -19,6 +19,8 @@ def main() -> None:
             stats = prepare_embedded(RAW, tmp, data.seed)
         else:
             stats = prepare_raw(RAW, tmp, data.seed, params.partition.collections, data.re_corpora, data.vertical_sets, data.i2b2_dir)
+        if data.modelnet40_dir is not None:  # SS-VFNAS's own images, from the user's copy at any source
+            write_modelnet40(tmp, data.modelnet40_dir, data.modelnet40_image_size, data.modelnet40_max_objects, stats)
         for line in stats["skipped"]:
             print(line)
         write_json(tmp / "statistics.json", stats)

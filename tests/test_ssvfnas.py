@@ -140,6 +140,7 @@ def test_cells_of_the_grid_from_params():
     ({"dp_levels": [[0, -1]]}, "ssvfnas.dp_levels.0 = [0.0, -1.0]"),
     ({"datasets": ["motor"]}, "ssvfnas.datasets.0 = 'motor': a regression set"),
     ({"datasets": ["digits", "mnist"]}, "ssvfnas.datasets.1 = 'mnist'"),
+    ({"datasets": ["modelnet40"]}, "ssvfnas.datasets.0 = 'modelnet40': data.modelnet40_dir is not set"),
     ({"datasets": ["breast"], "parties": [4]}, "ssvfnas.datasets.0 = 'breast': runs at K in [2]"),
     ({"parties": [1, 2]}, "ssvfnas.parties.0 = 1"),
     ({"methods": ["vfnas1", "vfnas3"]}, "ssvfnas.methods.1 = 'vfnas3'"),

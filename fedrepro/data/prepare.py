@@ -19,7 +19,9 @@ import pandas as pd
 from fedrepro.data.embedded import COLLECTION as EMBEDDED_QA, load_insuranceqa_package
 from fedrepro.data.qa_collections import QACollection, collection_statistics, load_collection
 from fedrepro.data.relation import RECorpus, load_chemprot, load_i2b2, load_pgr, re_statistics, synthetic_relations
-from fedrepro.data.vertical import VerticalDataset, digits_halves, digits_quarters, load_fate, vertical_statistics
+from fedrepro.data.multiview import load_modelnet40
+from fedrepro.data.vertical import (MODELNET40_VIEWS, VerticalDataset, digits_halves, digits_quarters, load_fate,
+                                   vertical_statistics)
 from fedrepro.errors import DataError
 from fedrepro.io import write_json, write_table
 
@@ -57,7 +59,12 @@ def write_vertical(out: Path, dataset: VerticalDataset, stats: dict) -> None:
     folder.mkdir(parents=True)
     for index, party in enumerate(dataset.parties):
         write_table(folder / f"party_{index}.parquet", party)
-    write_table(folder / "labels.parquet", pd.DataFrame({"sample_id": dataset.parties[0]["sample_id"], "label": dataset.labels}))
+    labels = pd.DataFrame({"sample_id": dataset.parties[0]["sample_id"], "label": dataset.labels})
+    if dataset.groups is not None:
+        labels["group"] = dataset.groups
+    if dataset.release_split is not None:
+        labels["release_split"] = dataset.release_split
+    write_table(folder / "labels.parquet", labels)
     write_json(folder / "meta.json", {
         "label_party": dataset.label_party, "task": dataset.task,
         "shapes": [None if dataset.shape(k) is None else list(dataset.shape(k)) for k in range(len(dataset.parties))],
@@ -85,6 +92,12 @@ def write_digits(out: Path, stats: dict) -> None:
     """The digits views SS-VFNAS runs on at every source (bundled with scikit-learn, so always available)."""
     for dataset in (digits_halves(), digits_quarters()):
         write_vertical(out, dataset, stats)
+
+
+def write_modelnet40(out: Path, root: str | Path, image_size: int, max_objects: int, stats: dict) -> None:
+    """ModelNet40's views at each K of ``MODELNET40_VIEWS`` from a user's local copy (read at every source)."""
+    for parties in MODELNET40_VIEWS:
+        write_vertical(out, load_modelnet40(root, parties, image_size, max_objects), stats)
 
 
 RE_LOADERS = {

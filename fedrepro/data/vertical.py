@@ -27,14 +27,19 @@ FATE_HOSTS = {"breast": 1, "breast_mini": 1, "default_credit": 1, "dvisits": 1, 
 # SS-VFNAS's digits: the prepared set for each number of parties
 DIGITS = "digits"
 DIGITS_VIEWS = {2: "digits-halves", 4: "digits-quarters"}
+# ModelNet40's rendered views (fedrepro.data.multiview), prepared at these K when data.modelnet40_dir is set
+MODELNET40 = "modelnet40"
+MODELNET40_VIEWS = {2: "modelnet40-k2", 4: "modelnet40-k4"}
 
 
 def vertical_views(dataset: str, hosts: Sequence[str] | None = None) -> dict[int, str]:
     """K -> the prepared vertical set that runs ``dataset`` with K parties: the digits in halves (2) or quarters
-    (4); a FATE set at guest + its hosts (``hosts`` as in ``data.vertical_sets``; None = every host file). Empty
-    when the number of hosts is unknown."""
+    (4); ModelNet40 at 2 or 4 views; a FATE set at guest + its hosts (``hosts`` as in ``data.vertical_sets``;
+    None = every host file). Empty when the number of hosts is unknown."""
     if dataset == DIGITS:
         return dict(DIGITS_VIEWS)
+    if dataset == MODELNET40:
+        return dict(MODELNET40_VIEWS)
     count = len(hosts) if hosts is not None else FATE_HOSTS.get(dataset)
     return {1 + count: dataset} if count else {}
 
@@ -51,6 +56,10 @@ class VerticalDataset:
     """per party: the (C, H, W) of an image view whose pixels are its feature columns in row-major order, or None"""
     dropped: list[int] = field(default_factory=list)
     """per party: ids it held that are not in every other party (dropped by the alignment); empty = not recorded"""
+    groups: np.ndarray | None = None
+    """per row: the group it belongs to (e.g. the 3-D object whose views it shows); splits keep a group together"""
+    release_split: np.ndarray | None = None
+    """per row: the publisher's split ("train" / "test"), kept as the test split; None = split by the pipeline"""
 
     def shape(self, party: int) -> tuple[int, ...] | None:
         return self.shapes[party] if party < len(self.shapes) else None

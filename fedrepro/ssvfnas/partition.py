@@ -7,6 +7,9 @@
   the digits' halves and quarters split the same images the same way): ``test`` (held out,
   only reported), and the training rows cut into ``train`` (the weights) and ``valid`` (the search-valid half the
   alphas are fitted on, as DARTS and the paper do). Retraining uses train + valid.
+* A set with a publisher's split (ModelNet40's train/test folders: ``release_split`` in labels.parquet) keeps its
+  test rows as ``test``; a set whose rows come in groups (ModelNet40's views of one object: ``group``) is capped
+  and split by whole groups, so no object is seen in two splits.
 * Each party scales only its own columns, from its own training rows (train + valid): images are divided by their
   largest training pixel value, table columns are z-scored (a constant column is centred only). Nothing crosses.
 
@@ -64,9 +67,10 @@ def stratified_cap(labels: np.ndarray, max_samples: int, seed: int, name: str) -
     return np.sort(np.concatenate(keep))
 
 
-def stratified_splits(labels: np.ndarray, test_fraction: float, valid_fraction: float, seed: int, name: str) -> np.ndarray:
+def stratified_splits(labels: np.ndarray, test_fraction: float, valid_fraction: float, seed: int, name: str,
+                      check: tuple[str, ...] = SPLITS) -> np.ndarray:
     """The split of each row: per class, round(test_fraction x n_c) rows to test, then round(valid_fraction x the
-    rest) to valid, the remainder to train; seeded by (seed, name)."""
+    rest) to valid, the remainder to train; seeded by (seed, name). The splits in ``check`` must not be empty."""
     rng = np.random.default_rng(derive_seed(seed, "ssvfnas-split", name))
     split = np.empty(len(labels), dtype=object)
     for rows in _per_class(labels, rng):
@@ -75,10 +79,42 @@ def stratified_splits(labels: np.ndarray, test_fraction: float, valid_fraction: 
         split[rows[:n_test]] = "test"
         split[rows[n_test:n_test + n_valid]] = "valid"
         split[rows[n_test + n_valid:]] = "train"
-    for name_ in SPLITS:
+    for name_ in check:
         if not (split == name_).any():
             raise DataError(f"{name}: the {name_} split is empty ({len(labels)} rows); change ssvfnas.split")
     return split
+
+
+def grouped_cap_and_splits(labels: np.ndarray, groups: np.ndarray | None, release: np.ndarray | None, max_samples: int,
+                           test_fraction: float, valid_fraction: float, seed: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(kept row positions, split of each kept row). Without groups or a release split this is ``stratified_cap``
+    then ``stratified_splits`` on rows. With ``groups`` both act on whole groups (a group's label is its first
+    row's); with ``release`` the publisher's test rows are the test split and train/valid are drawn from the rest."""
+    if groups is None and release is None:
+        keep = stratified_cap(labels, max_samples, seed, name)
+        return keep, stratified_splits(labels[keep], test_fraction, valid_fraction, seed, name)
+    groups = np.arange(len(labels)) if groups is None else groups
+    units, first, of_row = np.unique(groups, return_index=True, return_inverse=True)
+    unit_labels = labels[first]
+    unit_cap = 0 if max_samples == 0 else max(1, int(np.ceil(max_samples * len(units) / len(labels))))
+    kept_units = stratified_cap(unit_labels, unit_cap, seed, name)
+    if release is None:
+        unit_split = np.empty(len(units), dtype=object)
+        unit_split[kept_units] = stratified_splits(unit_labels[kept_units], test_fraction, valid_fraction, seed, name)
+    else:
+        unit_release = release[first]
+        if (release != unit_release[of_row]).any():
+            raise DataError(f"{name}: a group has rows in both the publisher's train and test splits")
+        unit_split = np.empty(len(units), dtype=object)
+        kept_test = kept_units[unit_release[kept_units] == "test"]
+        kept_train = kept_units[unit_release[kept_units] != "test"]
+        unit_split[kept_test] = "test"
+        unit_split[kept_train] = stratified_splits(unit_labels[kept_train], 0.0, valid_fraction, seed, name,
+                                                   check=("train", "valid"))
+        if not len(kept_test):
+            raise DataError(f"{name}: the publisher's test split is empty after the cap; raise ssvfnas.split.max_samples")
+    keep = np.flatnonzero(np.isin(of_row, kept_units))
+    return keep, unit_split[of_row[keep]]
 
 
 def scale(features: np.ndarray, training: np.ndarray, image: bool) -> tuple[np.ndarray, str]:
@@ -107,10 +143,12 @@ def build_partition(prepared: Path, dataset: str, parties: int, test_fraction: f
     name = f"{dataset}-k{parties}"
     frames, labels, dropped = align([read_table(p) for p in paths], read_table(prepared / "labels.parquet"))
     codes, coded = np.unique(labels["label"].to_numpy(), return_inverse=True)
-    keep = stratified_cap(coded, max_samples, seed, dataset)  # seeded by the dataset: every K of it gets the same rows
+    groups = labels["group"].to_numpy() if "group" in labels else None
+    release = labels["release_split"].to_numpy() if "release_split" in labels else None
+    # seeded by the dataset: every K of it gets the same rows and the same splits
+    keep, split = grouped_cap_and_splits(coded, groups, release, max_samples, test_fraction, valid_fraction, seed, dataset)
     frames = [f.iloc[keep].reset_index(drop=True) for f in frames]
     ids, coded = frames[0]["sample_id"].to_numpy(), coded[keep]
-    split = stratified_splits(coded, test_fraction, valid_fraction, seed, dataset)  # and the same splits
     training = split != "test"
     shapes = meta.get("shapes") or [None] * parties
     tables, scaling, features = [], [], []
@@ -137,7 +175,9 @@ def build_partition(prepared: Path, dataset: str, parties: int, test_fraction: f
         "cap": {"max_samples": max_samples, "rows_kept": len(ids)},
         "splits": {s: int((split == s).sum()) for s in SPLITS},
         "label_counts": {s: np.bincount(coded[split == s], minlength=len(codes)).tolist() for s in SPLITS},
-        "fractions": {"test": test_fraction, "valid_of_training": valid_fraction},
+        "fractions": {"test": "the publisher's test split" if release is not None else test_fraction,
+                      "valid_of_training": valid_fraction},
+        **({"grouped_by": "group (no group is in two splits)"} if groups is not None else {}),
     }
     return tables, label_table, split_table, summary
 
