@@ -18,7 +18,8 @@ from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import Cell
 from fedrepro.metrics.ranking import ranking_metrics
 from fedrepro.metrics.summary import overall
-from fedrepro.runs import build_cell, tree_digest
+from fedrepro.io import tree_digest
+from fedrepro.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
 
 

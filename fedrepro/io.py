@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -66,3 +67,18 @@ def write_table(path: str | os.PathLike, frame: pd.DataFrame) -> None:
 
 def read_table(path: str | os.PathLike) -> pd.DataFrame:
     return pd.read_parquet(path)
+
+
+def tree_digest(*folders: Path, pattern: str = "*") -> str:
+    """sha256 over the relative names and bytes of every file matching ``pattern`` under the folders."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in Path(folder).rglob(pattern) if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def code_digest() -> str:
+    """sha256 over fedrepro's Python sources: a checkpoint written by other code is never resumed."""
+    return tree_digest(Path(__file__).resolve().parent, pattern="*.py")

@@ -16,25 +16,11 @@ from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.engine import Engine, EngineSettings
+from fedrepro.io import code_digest
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.seeding import seed_everything
 from fedrepro.tasks.qa import QAMatchingTask, load_client_data
-
-
-def tree_digest(*folders: Path, pattern: str = "*") -> str:
-    """sha256 over the relative names and bytes of every file matching ``pattern`` under the folders."""
-    digest = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(p for p in Path(folder).rglob(pattern) if p.is_file()):
-            digest.update(str(path.relative_to(folder)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def code_digest() -> str:
-    """sha256 over fedrepro's Python sources: a checkpoint written by other code is never resumed."""
-    return tree_digest(Path(__file__).resolve().parent, pattern="*.py")
 
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:

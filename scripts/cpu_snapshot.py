@@ -43,7 +43,7 @@ PAPERS = {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",
         # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP and sigma 1; 2 seeds)
         "grid": {},
-        "targets": ["ssvfnas_partition", "ssvfnas_table", "ssvfnas_baseline", "ssvfnas_report"],
+        "targets": ["ssvfnas_partition", "ssvfnas_table", "ssvfnas_report"],
     },
 }
 

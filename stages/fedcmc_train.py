@@ -1,8 +1,9 @@
-"""Stage fedcmc_table@<method> / fedcmc_sweep@<sweep>: train and evaluate cells of FedCMC's grid.
+"""Stage fedcmc_table / fedcmc_sweep@<sweep>: train and evaluate cells of FedCMC's grid.
 
-One process runs every (dataset, alpha, seed) of a method, or every point of a sweep, because importing
-torch and transformers costs seconds a process; each cell keeps its own checkpoint and output folder, so a
-killed run resumes and a new grid point trains only the new cells.
+One process runs the whole of Table 2 (``--tables``: every method x dataset x alpha x seed) or every point of a
+sweep, because importing torch and transformers costs about 5 s a process; each cell keeps its own checkpoint and
+output folder (``tables/<method>/<cell>``), so a killed run resumes and a new grid point trains only the new
+cells. ``--method M`` (re)runs one method's row in place.
 """
 
 import argparse
@@ -12,8 +13,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import Params, load_params
 from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_cells, table_cells
 from fedrepro.fedcmc.runs import build_cell
-from fedrepro.io import atomic_dir, write_json
-from fedrepro.runs import tree_digest
+from fedrepro.io import atomic_dir, tree_digest, write_json
 
 PREPARED, PARTITIONS, TOKENIZER = Path("data/prepared/re"), Path("data/fedcmc/partitions"), Path("data/fedcmc/tokenizer")
 CHECKPOINTS, OUT = Path("data/checkpoints/fedcmc"), Path("data/fedcmc")
@@ -49,18 +49,25 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--method", help="a method's row of the main table: every dataset x alpha x seed")
+    which.add_argument("--tables", action="store_true", help="the main table: every method x dataset x alpha x seed")
+    which.add_argument("--method", help="one method's row of the main table, in place")
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="every point x method x seed of one sweep")
     args = parser.parse_args()
     params = load_params()
-    if args.method:
-        cells, folder = [c for c in table_cells(params) if c.method == args.method], Path("tables") / args.method
+    if args.sweep:
+        folder = Path("sweeps") / args.sweep
+        cells = {folder: sweep_cells(params, args.sweep)}
     else:
-        cells, folder = sweep_cells(params, args.sweep), Path("sweeps") / args.sweep
+        if args.method and args.method not in params.fedcmc.methods:
+            raise SystemExit(f"error: --method {args.method!r} is not in fedcmc.methods {params.fedcmc.methods}")
+        folder = Path("tables") if args.tables else Path("tables") / args.method
+        cells = {Path("tables") / m: [c for c in table_cells(params) if c.method == m]
+                 for m in (params.fedcmc.methods if args.tables else [args.method])}
     (CHECKPOINTS / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(OUT / folder) as tmp:
-        for cell in cells:
-            run_cell(params, cell, tmp / cell.name, CHECKPOINTS / folder / cell.name)
+        for group, group_cells in cells.items():
+            for cell in group_cells:
+                run_cell(params, cell, tmp / group.relative_to(folder) / cell.name, CHECKPOINTS / group / cell.name)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Stage fedmatch_table@<method> / fedmatch_fig<N>: train and evaluate cells of FedMatch's grid.
+"""Stage fedmatch_table / fedmatch_fig<N>: train and evaluate cells of FedMatch's grid.
 
-One process runs every seed of a table row (or every point of a figure): importing torch and transformers
-costs about 4 s a process, more than a small cell's training. Each cell still has its own checkpoint and
-output folder, so a killed run resumes, and adding a seed or a sweep point trains only the new cells (the
-others resume from their finished checkpoints and are only re-evaluated).
+One process runs every row of Tables 2-3 (``--tables``: every method of fedmatch.methods x seed) or every point
+of a figure (``--sweep``): importing torch and transformers costs about 5 s a process, more than a small cell's
+training, so a process per row would spend most of the embedded run starting up. Each cell still has its own
+checkpoint and output folder, so a killed run resumes, and adding a method, a seed or a sweep point trains only
+the new cells (the others resume from their finished checkpoints and are only re-evaluated). ``--method M``
+(re)runs one row in place, for a quick look at one method.
 """
 
 import argparse
@@ -14,10 +16,10 @@ import torch
 from fedrepro.cli import run_stage
 from fedrepro.config import Params, load_params
 from fedrepro.fedmatch.cells import SWEEPS, Cell, sweep_cells
-from fedrepro.io import atomic_dir, write_json
+from fedrepro.io import atomic_dir, tree_digest, write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
-from fedrepro.runs import build_cell, tree_digest
+from fedrepro.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
 
 MINED, TOKENIZER = Path("data/mined"), Path("data/tokenizer")
@@ -58,19 +60,27 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path, digest: s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--method", help="a table row: every seed of fedmatch.seeds")
+    which.add_argument("--tables", action="store_true", help="every row of Tables 2-3: fedmatch.methods x fedmatch.seeds")
+    which.add_argument("--method", help="one row, in place: every seed of fedmatch.seeds")
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="a figure: every point x method x seed of fedmatch.sweeps")
     args = parser.parse_args()
     params = load_params()
-    if args.method:
-        cells, folder = [Cell(args.method, seed) for seed in params.fedmatch.seeds], Path("tables") / args.method
+    if args.sweep:
+        folder = Path("sweeps") / args.sweep
+        cells = {folder: [c for c in sweep_cells(params) if c.sweep == args.sweep]}
     else:
-        cells, folder = [c for c in sweep_cells(params) if c.sweep == args.sweep], Path("sweeps") / args.sweep
+        methods = params.fedmatch.methods if args.tables else [args.method]
+        if args.method and args.method not in params.fedmatch.methods:
+            raise SystemExit(f"error: --method {args.method!r} is not in fedmatch.methods {params.fedmatch.methods}")
+        folder = Path("tables") if args.tables else Path("tables") / args.method
+        cells = {Path("tables") / m: [Cell(m, seed) for seed in params.fedmatch.seeds] for m in methods}
     digest = tree_digest(MINED, TOKENIZER)
     (Path("data/checkpoints/fedmatch") / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(Path("data/fedmatch") / folder) as tmp:
-        for cell in cells:
-            run_cell(params, cell, tmp / cell.name, Path("data/checkpoints/fedmatch") / folder / cell.name, digest)
+        for group, group_cells in cells.items():
+            for cell in group_cells:
+                out = tmp / group.relative_to(folder) / cell.name
+                run_cell(params, cell, out, Path("data/checkpoints/fedmatch") / group / cell.name, digest)
 
 
 if __name__ == "__main__":

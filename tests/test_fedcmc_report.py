@@ -247,7 +247,7 @@ def test_the_stage_fails_in_one_line_without_cells(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "is missing" in lines[0] and "dvc repro fedcmc_table@fedavg" in lines[0]
+    assert len(lines) == 1 and "is missing" in lines[0] and "dvc repro fedcmc_table" in lines[0]
 
 
 def test_claims_whose_cells_the_grid_lacks_say_not_run(grid):
@@ -265,7 +265,7 @@ def test_a_stale_cell_is_refused(tmp_path):
     metrics = tmp_path / "tables" / "fedrs" / cell.name / "metrics.json"
     record = json.loads(metrics.read_text())
     json.dump({**record, "history": record["history"][:-1]}, metrics.open("w"))
-    with pytest.raises(DataError, match=r"has 2 rounds, params fedcmc.settings.rounds = 3: rerun `dvc repro fedcmc_table@fedrs`"):
+    with pytest.raises(DataError, match=r"has 2 rounds, params fedcmc.settings.rounds = 3: rerun `dvc repro fedcmc_table`"):
         load_fedcmc(tmp_path, params)
     json.dump({**record, "history": [{**r, "clients": r["clients"][:-1]} for r in record["history"]]}, metrics.open("w"))
     with pytest.raises(DataError, match="changed since the cell ran"):

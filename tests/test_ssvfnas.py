@@ -350,5 +350,5 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     gone = [c for c in table_cells(params) if c.method == "vfnas2"][-1]
     missing = tmp_path / "data" / "tables" / "vfnas2" / gone.name / "metrics.json"
     missing.unlink()
-    with pytest.raises(DataError, match=r"ssvfnas_table@vfnas2"):
+    with pytest.raises(DataError, match=r"ssvfnas_table"):
         load_ssvfnas(tmp_path / "data", params)

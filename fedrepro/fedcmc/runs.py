@@ -16,10 +16,9 @@ from fedrepro.fedcmc.cells import Cell
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.io import read_json, read_table
+from fedrepro.io import code_digest, read_json, read_table
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.relation import RelationClassifier, add_entity_markers
-from fedrepro.runs import code_digest
 from fedrepro.seeding import seed_everything
 from fedrepro.tasks.relation import RelationTask
 

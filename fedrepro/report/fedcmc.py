@@ -87,7 +87,7 @@ def cell_key(group: str, cell: Cell) -> str:
 
 
 def _stage(group: str, cell: Cell) -> str:
-    return f"fedcmc_table@{cell.method}" if group == TABLE else f"fedcmc_sweep@{group}"
+    return "fedcmc_table" if group == TABLE else f"fedcmc_sweep@{group}"
 
 
 def positive_labels(classes: list[str], negative: list[str]) -> list[str]:

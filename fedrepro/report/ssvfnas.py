@@ -62,10 +62,6 @@ def cell_folder(root: Path, cell: Cell) -> Path:
     return Path(root) / "tables" / cell.method / cell.name
 
 
-def _stage(cell: Cell) -> str:
-    return "ssvfnas_baseline" if cell.baseline else f"ssvfnas_table@{cell.method}"
-
-
 def _num(value) -> float:
     return float("nan") if value is None else float(value)
 
@@ -77,7 +73,7 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
     missing = [c for c in cells if not all((cell_folder(root, c) / f).exists() for f in ("metrics.json", "predictions.csv"))]
     if missing:
         raise DataError(f"{cell_folder(root, missing[0])} is missing ({len(missing)} of {len(cells)} SS-VFNAS cells are): "
-                        f"run `dvc repro {_stage(missing[0])}`")
+                        "run `dvc repro ssvfnas_table`")
     summary_path = root / "partitions" / "summary.json"
     if not summary_path.exists():
         raise DataError(f"{summary_path} is missing: run `dvc repro ssvfnas_partition`")
@@ -93,16 +89,16 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
         metrics = read_json(folder / "metrics.json")
         if metrics.get("cell", {}).get("name") != cell.name:
             raise DataError(f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
-                            f"rerun `dvc repro {_stage(cell)}`")
+                            "rerun `dvc repro ssvfnas_table`")
         frame = pd.read_csv(folder / "predictions.csv").sort_values("sample_id", kind="stable").reset_index(drop=True)
         accuracy = float((frame["label"] == frame["predicted"]).mean())
         if abs(accuracy - metrics["test"]["accuracy"]) > 1e-6:
             raise DataError(f"{folder}: predictions.csv gives accuracy {accuracy:.6f}, metrics.json {metrics['test']['accuracy']:.6f}; "
-                            f"rerun `dvc repro {_stage(cell)}`")
+                            "rerun `dvc repro ssvfnas_table`")
         search, retrain = metrics.get("search") or {}, metrics["retrain"]
         if not cell.baseline and search.get("steps") != params.ssvfnas.search.steps:
             raise DataError(f"{folder}/metrics.json has {search.get('steps')} search steps, params ssvfnas.search.steps = "
-                            f"{params.ssvfnas.search.steps}: rerun `dvc repro {_stage(cell)}`")
+                            f"{params.ssvfnas.search.steps}: rerun `dvc repro ssvfnas_table`")
         key = cell.name
         predictions[key], folders[key] = frame, folder
         genotypes[key] = metrics.get("genotypes") or []

@@ -40,8 +40,7 @@ from torch import nn
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
-from fedrepro.io import atomic_dir, read_json, read_table, write_json
-from fedrepro.runs import code_digest
+from fedrepro.io import atomic_dir, code_digest, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
 from fedrepro.vfl.moco import MoCo, pretrain
