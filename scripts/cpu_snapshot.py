@@ -2,7 +2,7 @@
 
     python scripts/cpu_snapshot.py run fedmatch --mirror ../shared/data/raw    # clone, set params, dvc repro (about 1 h)
     python scripts/cpu_snapshot.py run fedcmc --mirror ../shared/data/raw
-    python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # the main table within 30 min (not yet measured)
+    python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # the main table, about 23 min
     python scripts/cpu_snapshot.py collect fedcmc WORKDIR                      # copy WORKDIR's report into reports/cpu/fedcmc
 
 The clone keeps this checkout's data untouched; its report is written by the paper's own report stage and
@@ -41,7 +41,7 @@ PAPERS = {
     },
     "ssvfnas": {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",
-        # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP and sigma 1; 2 seeds)
+        # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP, sigma 1 and 2; 3 seeds)
         "grid": {},
         "targets": ["ssvfnas_partition", "ssvfnas_table", "ssvfnas_report"],
     },
