@@ -28,8 +28,8 @@ from fedrepro.fl.flower.server import FlowerServer
 from fedrepro.fl.runtime import CellRecipe
 
 CPUS = 2
-OBJECT_STORE_BYTES = 512 * 2**20
-"""Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB)."""
+OBJECT_STORE_BYTES = 1024 * 2**20
+"""Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD sends two)."""
 NODES = "nodes"
 """The folder, beside the server's checkpoint, that holds one directory per simulated node."""
 
