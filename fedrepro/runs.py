@@ -93,6 +93,10 @@ def cell_task(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path) 
 
 def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str) -> CellRecipe:
     """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
+    mined_dir, tokenizer_dir = Path(mined_dir).resolve(), Path(tokenizer_dir).resolve()
+    spec = {"factory": "fedrepro.runs:spec_recipe", "kwargs": {
+        "params": params.model_dump(mode="json"), "cell": asdict(cell), "mined_dir": str(mined_dir),
+        "tokenizer_dir": str(tokenizer_dir), "inputs_digest": inputs_digest}}
     params = cell_params(params, cell)
     recipe, train = METHODS[cell.method], params.train
     settings = EngineSettings(
@@ -103,10 +107,15 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
         max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
     )
     return CellRecipe(
-        build_task=functools.partial(cell_task, params, cell, Path(mined_dir).resolve(), Path(tokenizer_dir).resolve()),
+        build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
         algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method), settings=settings,
-        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads,
+        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
     )
+
+
+def spec_recipe(params: dict, cell: dict, mined_dir: str, tokenizer_dir: str, inputs_digest: str) -> CellRecipe:
+    """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
+    return cell_recipe(Params.model_validate(params), Cell(**cell), Path(mined_dir), Path(tokenizer_dir), inputs_digest)
 
 
 def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,

@@ -34,6 +34,11 @@ QA_ALGORITHMS = ("fedavg", "fedper", "fedmatch")
 patch inside its BERT (FedMatch), and each client scoring its own model, which on Flower happens on its node."""
 CRASH_AFTER_ROUND = 1
 RESUME_CASE = "resume/scaffold"
+DEPLOY_CASES = ("deploy-relation/scaffold", "deploy-qa/fedper")
+KILL_CASE = "kill-relation/scaffold"
+KILL_ROUNDS, REPLY_TIMEOUT = 6, 20.0
+"""On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
+(SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
 
 
 def federated_algorithms() -> list[str]:
@@ -42,12 +47,13 @@ def federated_algorithms() -> list[str]:
 
 
 def all_cases() -> list[str]:
-    return [f"relation/{name}" for name in federated_algorithms()] + [f"qa/{name}" for name in QA_ALGORITHMS] + [RESUME_CASE]
+    return ([f"relation/{name}" for name in federated_algorithms()] + [f"qa/{name}" for name in QA_ALGORITHMS]
+            + [RESUME_CASE, *DEPLOY_CASES, KILL_CASE])
 
 
 def recipe(case: str, rounds: int = 2) -> CellRecipe:
     """Every knob of every algorithm switched on, so each hook does real work; 2 of 3 clients per round."""
-    family, algorithm = case.split("/")
+    family, algorithm = case.removeprefix("deploy-").removeprefix("kill-").split("/")
     knobs = AlgorithmSettings(weighting="size", fedprox_mu=0.1, patch=PatchSpec("horizontal", "lr", size=8), moon_mu=1.0,
                               moon_projection_dim=8, fedcmc_mu=1.0, fedcmc_temperature=0.5, seed=0)
     relation = family in ("relation", "resume")
@@ -56,7 +62,8 @@ def recipe(case: str, rounds: int = 2) -> CellRecipe:
                               eval_split="test" if relation else "valid")
     build = relation_task if relation else functools.partial(ToyQATask, QA_SIZES)
     return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs, settings=settings,
-                      fingerprint=f"{case}-{rounds}", threads=1)
+                      fingerprint=f"{case}-{rounds}", threads=1,
+                      spec={"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}})
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -91,6 +98,10 @@ def crash_after_round(record: dict) -> None:
 def run_case(case: str, work: Path) -> dict:
     if case == RESUME_CASE:
         return run_resume(work)
+    if case in DEPLOY_CASES:
+        return run_deployment(case, work)
+    if case == KILL_CASE:
+        return run_node_kill(work)
     result = {}
     for runtime in ("engine", "flower-simulation"):
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
@@ -119,6 +130,94 @@ def run_resume(work: Path) -> dict:
     resumed.run()
     result["resumed"] = outcome(resumed)
     return result
+
+
+def outsiders(folder: Path, drill: dict):
+    """While the deployment runs: a SuperNode whose key was never registered, one without TLS, and a Flower CLI
+    connection without TLS. Each claims to serve a real client, with a state directory of its own."""
+
+    def start(federation) -> None:
+        from fedrepro.fl.flower.deployment import CONNECTION, make_node_key
+
+        key, _ = make_node_key(federation.folder / "outsider-keys", "unregistered")
+        federation.start_supernode("unregistered", key, {"client-id": "client_00", "state-dir": str(folder / "unregistered")},
+                                   max_wait=20)
+        federation.start_supernode("plaintext", None, {"client-id": "client_01", "state-dir": str(folder / "plaintext")},
+                                   tls=False, max_wait=20)
+        config = federation.home / "config.toml"
+        config.write_text(config.read_text() + f'\n[superlink.plaintext]\naddress = "{federation.address}"\ninsecure = true\n')
+        drill["cli_without_tls"] = federation.flwr("ls", "plaintext", check=False).returncode
+        drill["nodes"] = federation.flwr("supernode", "ls", CONNECTION, "--format", "json").stdout
+        drill["federation"] = federation
+
+    return start
+
+
+def run_deployment(case: str, work: Path) -> dict:
+    """The same cell in the engine and on a local deployment, with outsiders trying to join during the run."""
+    result, drill = {}, {}
+    engine = build_runtime(recipe(case), "engine", work / case / "engine", progress=False)
+    engine.run()
+    result["engine"] = outcome(engine)
+    deployment = build_runtime(recipe(case), "flower-deployment", work / case / "deployment", progress=False)
+    deployment.on_federation_up = outsiders(work / case / "outsiders", drill)
+    deployment.run()
+    result["flower-deployment"] = outcome(deployment)
+    federation = drill.pop("federation")
+    for name in ("unregistered", "plaintext"):
+        drill[name] = {"exit": federation.exit_codes[f"supernode-{name}"],
+                       "received_anything": (work / case / "outsiders" / name).exists(),
+                       "errors": [line for line in (federation.logs / f"supernode-{name}.log").read_text().splitlines()
+                                  if "Exit Code" in line or "Failed" in line]}
+    drill["wire"] = deployment.wire
+    result["drill"] = drill
+    return result
+
+
+def run_node_kill(work: Path) -> dict:
+    """SCAFFOLD for 6 rounds on a deployment. Right after round 1 is checkpointed, a client that trained in round 1
+    and is sampled in round 2 has its SuperNode (and the ClientApp working on round 2) killed with SIGKILL; once
+    round 2 is over without it, the node is started again with the same key and directory and must rejoin with
+    its state as it was."""
+    import signal
+    import threading
+
+    from fedrepro.fl.flower.deployment import wait_until
+
+    folder = work / KILL_CASE
+    deployment = build_runtime(recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False)
+    deployment.reply_timeout = REPLY_TIMEOUT
+    sampled = [deployment.sample_clients(r) for r in range(KILL_ROUNDS)]
+    victim = max(sorted(set(sampled[0]) & set(sampled[1])), key=lambda c: sum(c in later for later in sampled[2:]))
+    state_dir = deployment.nodes_root / victim
+    drill: dict = {"victim": victim, "sampled": sampled}
+
+    def checkpointed() -> int:
+        state = folder.resolve() / "latest" / "state.json"
+        return json.loads(state.read_text())["next_round"] if state.exists() else 0
+
+    def state_files() -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(state_dir.glob("*.safetensors"))}
+
+    def kill_and_restart(federation) -> None:
+        wait_until(lambda: checkpointed() >= 1, 600, "round 1")
+        federation.stop(f"supernode-{victim}", signal.SIGKILL, grace=0)
+        drill["files_at_kill"] = state_files()
+        wait_until(lambda: checkpointed() >= 2, 600, "round 2 without the killed node")
+        drill["files_before_restart"] = state_files()
+        deployment.restart_node(federation, victim)
+        drill["rejoined_after_round"] = checkpointed()
+
+    def start(federation) -> None:
+        drill["thread"] = threading.Thread(target=kill_and_restart, args=(federation,), daemon=True)
+        drill["thread"].start()
+
+    deployment.on_federation_up = start
+    deployment.run()
+    drill.pop("thread").join(timeout=5)
+    drill["files_at_end"] = state_files()
+    drill["history"] = deployment.state.history
+    return {"drill": drill}
 
 
 def main() -> None:

@@ -77,11 +77,19 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
         seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_split="test",
     )
     folders = (Path(prepared_dir).resolve(), Path(partitions_dir).resolve(), Path(tokenizer_dir).resolve())
+    spec = {"factory": "fedrepro.fedcmc.runs:spec_recipe", "kwargs": {
+        "params": params.model_dump(mode="json"), "cell": asdict(cell), "folders": [str(f) for f in folders],
+        "inputs_digest": inputs_digest}}
     return CellRecipe(
         build_task=functools.partial(build_relation_task, params, cell, *folders), algorithm=cell.method,
         algorithm_settings=algorithm_settings(params, cell), settings=engine_settings,
-        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads,
+        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
     )
+
+
+def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str) -> CellRecipe:
+    """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
+    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest)
 
 
 def build_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path,

@@ -37,6 +37,9 @@ class CellRecipe:
     """Changes whenever anything that shapes the run changes; checkpoints and node states carry it."""
     threads: int
     """torch threads in every process that trains or aggregates (reduction order, and so the bits, depend on it)."""
+    spec: dict | None = None
+    """How a process that shares nothing with this one rebuilds the recipe: ``{"factory": "module:function",
+    "kwargs": {...}}`` in JSON, ``factory(**kwargs)`` returning an equal recipe (a deployment's apps need it)."""
 
     def build(self) -> tuple[FederatedTask, Algorithm]:
         """Seed this process as the engine's cells always have, then build the task and the algorithm."""
@@ -60,5 +63,6 @@ def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, 
         from fedrepro.fl.flower.simulation import FlowerSimulation
 
         return FlowerSimulation(recipe, task, algorithm, checkpoint_dir, progress, on_round_end)
-    raise ConfigError("train.runtime = 'flower-deployment': not available yet; use engine or flower-simulation "
-                      "(FLOWER_STATUS.md says what is missing)")
+    from fedrepro.fl.flower.deployment import FlowerDeployment
+
+    return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress)

@@ -94,3 +94,14 @@ class NodeStateStore:
             if stored_round not in keep:
                 self._path(stored_round).unlink()
         return blob
+
+
+def collect_node_states(engine, nodes_root: Path) -> None:
+    """Each client's final private state and step counter, read into ``engine.state`` from its node's directory:
+    what the harness does after a Flower run so a stage can score each client's own model on this machine, as
+    each silo would. The Flower server never calls it."""
+    for client_id in engine.train_ids:
+        state = NodeStateStore(nodes_root / client_id, engine.fingerprint).latest_before(engine.settings.rounds)
+        if state is not None:
+            engine.state.client_states[client_id] = state.tensors
+            engine.state.client_steps[client_id] = state.steps

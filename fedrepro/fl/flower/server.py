@@ -73,9 +73,11 @@ class FlowerServer(Engine):
 
     # ----- messages --------------------------------------------------------------------------------------
     def _exchange(self, message_type: str, contents: dict[str, RecordDict], round_index: int) -> dict[str, Message | None]:
-        """Send one message per client and wait for the replies; a client without a reply maps to None."""
+        """Send one message per client and wait for the replies; a client without a reply maps to None. With a reply
+        timeout the messages expire with it, so a node that comes back later never works on a finished round."""
         outgoing = [Message(content=content, dst_node_id=self.node_of[client_id], message_type=message_type,
-                            group_id=str(round_index)) for client_id, content in contents.items()]
+                            group_id=str(round_index), ttl=self.reply_timeout)
+                    for client_id, content in contents.items()]
         replies = self.grid.send_and_receive(outgoing, timeout=self.reply_timeout)
         by_node = {reply.metadata.src_node_id: reply for reply in replies}
         return {client_id: by_node.get(self.node_of[client_id]) for client_id in contents}

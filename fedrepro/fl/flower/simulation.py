@@ -23,7 +23,7 @@ from fedrepro.fl.algorithm import Algorithm
 from fedrepro.fl.checkpoint import TrainingState
 from fedrepro.fl.engine import FederatedTask
 from fedrepro.fl.flower.client import NodeHandlers, client_app
-from fedrepro.fl.flower.node_state import NodeStateStore
+from fedrepro.fl.flower.node_state import collect_node_states
 from fedrepro.fl.flower.server import FlowerServer
 from fedrepro.fl.runtime import CellRecipe
 
@@ -70,13 +70,5 @@ class FlowerSimulation(FlowerServer):
                     raise
             if self.failure is not None:  # Flower only logs what stopped the ServerApp: raise it here
                 raise self.failure
-        self.collect_node_states()
+        collect_node_states(self, self.nodes_root)
         return self.state
-
-    def collect_node_states(self) -> None:
-        """Each client's final private state and step counter, read from its node's directory (see the module doc)."""
-        for client_id in self.train_ids:
-            state = NodeStateStore(self.nodes_root / client_id, self.fingerprint).latest_before(self.settings.rounds)
-            if state is not None:
-                self.state.client_states[client_id] = state.tensors
-                self.state.client_steps[client_id] = state.steps
