@@ -5,10 +5,13 @@ Trains one FedCMC cell in each runtime from the same recipe. A round's cost is t
 building the runtime to the start of round 1 (for Flower also: Ray, its worker, building the model on the
 node, asking each node which client it serves), printed on its own. Issue 9's budget: Flower's round
 <= 1.3x the engine's. Also printed: the histories are identical (the equivalence the tests assert).
+With ``--deployment`` the cell also runs on a local SuperLink and SuperNodes (TLS, node authentication) and
+the bench prints the bytes Flower counted on the wire (``flwr ls``: message payloads as serialised, both
+directions) against the channel's count of the tensors and scalars: the protocol's overhead ratio.
 
 Reads DIR/params.yaml and DIR/data/{prepared/re,fedcmc/partitions,fedcmc/tokenizer} (the fedcmc_partition
 stage's outputs). Run it on loopback only: scripts/loopback.sh python bench/bench_flower.py --project DIR
-Usage: python bench/bench_flower.py [--project DIR] [--params FILE] [--rounds 4] [--method fedavg] [--alpha 0.5] [--clients 5]
+Usage: python bench/bench_flower.py [--project DIR] [--params FILE] [--deployment] [--rounds 4] [--method fedavg] [--alpha 0.5] [--clients 5]
 """
 
 import argparse
@@ -52,6 +55,7 @@ def main() -> None:
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--alpha", type=float, default=None, help="default: fedcmc.sweeps.alpha")
     parser.add_argument("--clients", type=int, default=None, help="default: fedcmc.settings.clients")
+    parser.add_argument("--deployment", action="store_true", help="also run it on a local deployment (bytes on the wire)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))  # Ray's workers as nice as the engine's process
     raw = yaml.safe_load((args.params or args.project / "params.yaml").read_text())
@@ -75,6 +79,26 @@ def main() -> None:
     print(f"round cost ratio flower/engine: {flower_round / engine_round:.2f}x (budget 1.3x)")
     same = json.dumps(engine_history, sort_keys=True) == json.dumps(flower_history, sort_keys=True)
     print(f"histories identical: {same}")
+    if args.deployment:
+        deployment_figures(recipe, engine_history)
+
+
+def deployment_figures(recipe, engine_history: list) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        deployment = build_runtime(recipe, "flower-deployment", Path(scratch), progress=False)
+        state = deployment.run()
+        seconds = time.perf_counter() - started
+    channel = deployment.channel
+    up = sum(m.nbytes for m in channel.messages if m.receiver == "server")
+    down = sum(m.nbytes for m in channel.messages if m.sender == "server")
+    scalars = sum(m.nbytes for m in channel.scalars)
+    wire = deployment.wire
+    print(f"flower-deployment {seconds:6.1f} s in all (start-up, {len(state.history)} rounds, shut-down)")
+    print(f"channel: {up} B up, {down} B down, {scalars} B of scalars; wire (Flower's count): {wire['inbound-bytes']} B "
+          f"in, {wire['outbound-bytes']} B out; overhead ratio {wire['total-bytes'] / (up + down + scalars):.3f}")
+    same = json.dumps(engine_history, sort_keys=True) == json.dumps(state.history, sort_keys=True)
+    print(f"deployment history identical to the engine's: {same}")
 
 
 if __name__ == "__main__":

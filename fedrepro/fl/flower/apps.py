@@ -27,7 +27,8 @@ RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "rep
 
 
 def write_recipe_spec(path: str | Path, spec: dict) -> Path:
-    """The file a deployment's apps rebuild the cell from (``CellRecipe.spec``)."""
+    """The file a deployment's apps rebuild the cell from (``CellRecipe.spec``, plus the run's ``fingerprint``,
+    which every process checks against the recipe it rebuilt)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec, indent=1, sort_keys=True))
@@ -42,6 +43,9 @@ def load_recipe(path: str | Path) -> CellRecipe:
     recipe = getattr(importlib.import_module(module), name)(**spec.get("kwargs", {}))
     if not isinstance(recipe, CellRecipe):
         raise ConfigError(f"{path}: factory {spec['factory']} returned {type(recipe).__name__}, expected a CellRecipe")
+    if spec.get("fingerprint", recipe.fingerprint) != recipe.fingerprint:
+        raise ConfigError(f"{path}: this machine rebuilds run {recipe.fingerprint[:12]}, the spec is of run "
+                          f"{spec['fingerprint'][:12]}: its code, params or data differ (install the same commit and data)")
     return recipe
 
 

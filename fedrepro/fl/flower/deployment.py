@@ -14,6 +14,7 @@ owning every node's directory on this machine, each client's final state (the se
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -150,6 +151,30 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None) -> Path:
+    """The Flower App ``flwr run`` sends: only a pyproject.toml naming ``fedrepro.fl.flower.apps`` and the run config
+    (the recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(APP_TOML.format(
+        recipe_key=RECIPE_KEY, recipe=recipe_spec, checkpoint_key=CHECKPOINT_KEY, checkpoint=checkpoint_dir,
+        timeout_key=REPLY_TIMEOUT_KEY, timeout=float(reply_timeout or 0)))
+    return folder
+
+
+@contextlib.contextmanager
+def stopped_cleanly_on_sigterm() -> Any:
+    """Turn SIGTERM into SystemExit while the federation runs, so a stage killed by DVC or a CI timeout still stops
+    the processes it started (Python's default SIGTERM ends the process without running ``finally``)."""
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # ----- the federation's processes -----------------------------------------------------------------------
 class LocalFederation:
     """A SuperLink with TLS and SuperNode authentication, and SuperNodes, all on loopback, under ``folder``."""
@@ -252,11 +277,7 @@ class LocalFederation:
 
     def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None) -> dict[str, Any]:
         """``flwr run`` the cell's app; wait until the run is over; return its entry of ``flwr ls``."""
-        app = self.folder / "app"
-        app.mkdir(parents=True, exist_ok=True)
-        (app / "pyproject.toml").write_text(APP_TOML.format(
-            recipe_key=RECIPE_KEY, recipe=recipe_spec, checkpoint_key=CHECKPOINT_KEY, checkpoint=checkpoint_dir,
-            timeout_key=REPLY_TIMEOUT_KEY, timeout=float(reply_timeout or 0)))
+        app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout)
         started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
         run_id = str(started["run-id"])
 
@@ -319,8 +340,8 @@ class FlowerDeployment(Engine):
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
             quiet_environment()
-            spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", self.recipe.spec)
-            with LocalFederation(self.federation_dir) as federation:
+            spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint})
+            with stopped_cleanly_on_sigterm(), LocalFederation(self.federation_dir) as federation:
                 for client_id in self.train_ids:
                     private, public = make_node_key(federation.folder / "node-keys", client_id)
                     federation.register(public)
