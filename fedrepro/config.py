@@ -18,6 +18,7 @@ from fedrepro.errors import ConfigError
 
 RE_CORPORA = ("pgr", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
 SCALES = ("embedded", "cpu", "paper")
+RUNTIMES = ("engine", "flower-simulation", "flower-deployment")
 
 
 class _Strict(BaseModel):
@@ -89,6 +90,8 @@ class TrainParams(_Strict):
     eval_every: int = Field(ge=0, description="rounds between validation MAP/MRR; 0 = none")
     threads: int = Field(ge=1)
     precision: Literal["fp32", "bf16"] = Field(description="bf16 = bfloat16 autocast for training steps on the CPU")
+    runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
+        description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
 
 
 class FedMatchSettings(_Strict):

@@ -1,10 +1,11 @@
-"""Assembling one FedMatch-track cell (task + algorithm + engine) from validated params.
+"""Assembling one FedMatch-track cell (task + algorithm + runtime) from validated params.
 
 Shared by the cell stage, the tests and the benchmarks, so they all build the very same run.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict
@@ -14,12 +15,11 @@ from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell, cell_params
 from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import AlgorithmSettings
-from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.engine import Engine, EngineSettings
+from fedrepro.fl.runtime import CellRecipe, build_runtime
 from fedrepro.io import code_digest
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder
-from fedrepro.seeding import seed_everything
 from fedrepro.tasks.qa import QAMatchingTask, load_client_data
 
 
@@ -69,15 +69,22 @@ def algorithm_settings(params: Params, method: str) -> AlgorithmSettings:
                              lg_local_layers=settings.lg_local_layers, cover_queries=settings.cover_queries)
 
 
-def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
-               checkpoint_dir: Path, progress: bool = True) -> Engine:
-    """An engine for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
-    params = cell_params(params, cell)
-    recipe, train = METHODS[cell.method], params.train
-    seed_everything(cell.seed, train.threads)
-    task = build_qa_task(params, mined_dir, tokenizer_dir, recipe.model)
+def cell_task(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> QAMatchingTask:
+    """The cell's task; module-level, so a Flower node can build it again from the cell's recipe."""
+    task = build_qa_task(params, mined_dir, tokenizer_dir, METHODS[cell.method].model)
     if cell.sweep == "data_ratio":
         task = task.with_train_fraction(float(cell.value), params.data.seed)
+    return task
+
+
+def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str) -> CellRecipe:
+    """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
+    mined_dir, tokenizer_dir = Path(mined_dir).resolve(), Path(tokenizer_dir).resolve()
+    spec = {"factory": "fedrepro.runs:spec_recipe", "kwargs": {
+        "params": params.model_dump(mode="json"), "cell": asdict(cell), "mined_dir": str(mined_dir),
+        "tokenizer_dir": str(tokenizer_dir), "inputs_digest": inputs_digest}}
+    params = cell_params(params, cell)
+    recipe, train = METHODS[cell.method], params.train
     settings = EngineSettings(
         rounds=train.rounds, local_epochs=train.local_epochs,
         clients_per_round=params.fedmatch.settings.clients_sampled if recipe.client_sampling else train.clients_per_round,
@@ -85,5 +92,20 @@ def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path,
         batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
         max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
     )
-    algorithm = build_algorithm(recipe.algorithm, algorithm_settings(params, cell.method))
-    return Engine(task, algorithm, settings, checkpoint_dir, run_fingerprint(params, cell, inputs_digest), progress=progress)
+    return CellRecipe(
+        build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
+        algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method), settings=settings,
+        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
+    )
+
+
+def spec_recipe(params: dict, cell: dict, mined_dir: str, tokenizer_dir: str, inputs_digest: str) -> CellRecipe:
+    """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
+    return cell_recipe(Params.model_validate(params), Cell(**cell), Path(mined_dir), Path(tokenizer_dir), inputs_digest)
+
+
+def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
+               checkpoint_dir: Path, progress: bool = True) -> Engine:
+    """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
+    recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest)
+    return build_runtime(recipe, cell_params(params, cell).train.runtime, checkpoint_dir, progress)

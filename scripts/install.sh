@@ -9,7 +9,7 @@ fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 # torch is pinned exactly: a bare `torch` would pull a multi-GB CUDA build.
-python -m pip install --quiet -e ".[pipeline,test]"
+python -m pip install --quiet -e ".[pipeline,test,flower]"  # flower: train.runtime=flower-*, tests/test_flower.py
 python -m pip check
 # DVC needs a git repository with at least one commit and an identity for `dvc exp run`.
 git config user.name >/dev/null 2>&1 || git config user.name "fedrepro"

@@ -56,6 +56,7 @@ def test_an_explicit_value_wins_over_the_scale():
     ("scale", "huge", "scale = 'huge'"),
     ("train.local_epochs", KeyError, "train.local_epochs is missing"),
     ("train.learning_rate", 0.1, "train.learning_rate is not a known key"),
+    ("train.runtime", "ray", "train.runtime = 'ray': Input should be 'engine', 'flower-simulation' or 'flower-deployment'"),
 ])
 def test_bad_params_name_the_key_and_value(path, value, expected):
     with pytest.raises(ConfigError) as error:

@@ -4,7 +4,8 @@ import pandas as pd
 
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.report.markdown import README_END, README_START, replace_readme_block
-from fedrepro.report.results import paired_test, read_trec, summary_table, verdict
+from fedrepro.report.results import (missed_clients, missed_clients_section, paired_test, read_trec, summary_table,
+                                     verdict)
 
 
 def results(values: dict[str, list[float]]) -> pd.DataFrame:
@@ -46,3 +47,14 @@ def test_readme_block_is_replaced_between_markers_only():
     readme = f"intro\n{README_START}\nold\n{README_END}\noutro\n"
     updated = replace_readme_block(readme, f"{README_START}\nnew\n{README_END}")
     assert updated == f"intro\n{README_START}\nnew\n{README_END}\noutro\n"
+
+
+def test_the_report_lists_each_client_a_round_went_on_without():
+    history = [{"round": 1, "clients": ["a", "b"]},
+               {"round": 2, "clients": ["a"], "missed": {"b": "no reply", "c": "rejected: unknown tensor 'x'"}}]
+    missed = missed_clients("cell_0", history)
+    assert missed == [{"cell": "cell_0", "round": 2, "client": "b", "reason": "no reply"},
+                      {"cell": "cell_0", "round": 2, "client": "c", "reason": "rejected: unknown tensor 'x'"}]
+    text = "\n".join(missed_clients_section(missed))
+    assert "2 client updates never reached the server" in text and "| cell_0 |" in text and "no reply" in text
+    assert missed_clients_section(missed_clients("cell_0", history[:1])) == []

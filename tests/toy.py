@@ -103,3 +103,25 @@ class ToyQATask:
         q, pos, neg = self.data[client_id]
         scores, _ = model(**self._pairs(torch.cat([q, q]), torch.cat([pos, neg])))
         return {"accuracy": float((scores[: len(q)] > scores[len(q):]).float().mean())}
+
+
+def relation_task(clients: int = 3, sentences: int = 120, batch_size: int = 8):
+    """A tiny relation-extraction cell (synthetic corpus, Dirichlet label skew, 1-layer BERT): labels, features and
+    a classifier, so every hook of every registered algorithm has what it needs. Module-level and seeded, so a
+    Flower node rebuilds exactly the same task."""
+    from fedrepro.data.label_skew import partition_corpus
+    from fedrepro.data.relation import synthetic_relations
+    from fedrepro.models.backbone import build_encoder, train_wordpiece
+    from fedrepro.models.relation import RelationClassifier, add_entity_markers
+    from fedrepro.tasks.relation import RelationTask
+
+    corpus = synthetic_relations(n_sentences=sentences, n_classes=3, seed=3, vocab_size=60)
+    tokenizer = train_wordpiece(corpus.table["text"].str.replace(r"</?e[12]>", " ", regex=True), 300)
+    add_entity_markers(tokenizer)
+    assignment, _ = partition_corpus(corpus.table, clients, "dirichlet", 0.5, seed=0, min_size=2)
+    tiny = {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}
+
+    def build():
+        return RelationClassifier(build_encoder("tiny", len(tokenizer), tiny, 64), len(corpus.classes))
+
+    return RelationTask(corpus.table, assignment, corpus.classes, (), tokenizer, build, 64, batch_size)

@@ -2,6 +2,12 @@
 
 A new algorithm is a small subclass: it says which parameters stay private, what it adds to the local
 objective, what extra state the server sends, and how the server aggregates. It never copies the loop.
+
+Server hooks (``initial_server_state``, ``server_extras``, ``aggregate``, ``round_notes``) and client hooks
+(``local_objective``, ``after_backward``, ``upload``) may run in different processes: on Flower the server
+and every node build their own instance (``adapt_model`` and ``prepare_task`` run on each). So an attribute
+one side sets is not seen by the other; what a client must keep goes in ``LocalContext.client_state``, what
+the server sends goes in its state or ``server_extras``. ``tests/test_flower.py`` checks every algorithm.
 """
 
 from __future__ import annotations

@@ -23,6 +23,15 @@ class Message:
     names: tuple[str, ...]
     nbytes: int
 
+    def to_record(self) -> list:
+        """The JSON form kept in checkpoints."""
+        return [self.round, self.sender, self.receiver, list(self.names), self.nbytes]
+
+    @classmethod
+    def from_record(cls, record: list) -> "Message":
+        round_index, sender, receiver, names, nbytes = record
+        return cls(round_index, sender, receiver, tuple(names), nbytes)
+
 
 def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
@@ -33,6 +42,9 @@ class Channel:
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.scalars: list[Message] = []
+        """Scalars a real network carries beside the tensors (a node's client id, sample counts, losses, metrics):
+        logged apart, so tensor bytes per round and per link mean the same in every runtime."""
 
     def send(self, round_index: int, sender: str, receiver: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Deliver a detached copy, so the receiver can never alias (and silently mutate) the sender's memory."""
@@ -53,6 +65,12 @@ class Channel:
         names = tuple(sorted(f"{name}.{column}" for column in delivered.columns))
         self.messages.append(Message(round_index, sender, receiver, names, nbytes))
         return delivered
+
+    def send_scalars(self, round_index: int, sender: str, receiver: str, values: dict[str, object]) -> dict[str, object]:
+        """Log scalars that cross beside the tensors; their bytes are their UTF-8 text, as in a text format."""
+        nbytes = sum(len(str(value).encode("utf-8")) for value in values.values())
+        self.scalars.append(Message(round_index, sender, receiver, tuple(sorted(values)), nbytes))
+        return dict(values)
 
     def round_bytes(self, round_index: int) -> dict[str, int]:
         """Bytes uploaded to and downloaded from the server in one round."""

@@ -33,6 +33,8 @@ class TrainingState:
     history: list[dict[str, Any]] = field(default_factory=list)
     client_steps: dict[str, int] = field(default_factory=dict)
     messages: list[list[Any]] = field(default_factory=list)
+    scalars: list[list[Any]] = field(default_factory=list)
+    """The channel's log of scalars beside the tensors (Flower runs: client ids, sample counts, losses, metrics)."""
     global_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     server_state: dict[str, torch.Tensor] = field(default_factory=dict)
     client_states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
@@ -50,13 +52,16 @@ def save_checkpoint(root: Path, state: TrainingState) -> None:
         (tmp / "clients").mkdir()
         for client_id, tensors in state.client_states.items():
             _save_tensors(tmp / "clients" / f"{client_id}.safetensors", tensors)
-        write_json(tmp / "state.json", {
+        meta = {
             "fingerprint": state.fingerprint,
             "next_round": state.next_round,
             "history": state.history,
             "client_steps": state.client_steps,
             "messages": state.messages,
-        })
+        }
+        if state.scalars:  # only runs with a network have them; the engine's checkpoints stay as they were
+            meta["scalars"] = state.scalars
+        write_json(tmp / "state.json", meta)
 
 
 def load_checkpoint(root: Path, fingerprint: str) -> TrainingState | None:
@@ -75,6 +80,7 @@ def load_checkpoint(root: Path, fingerprint: str) -> TrainingState | None:
         history=meta["history"],
         client_steps=meta["client_steps"],
         messages=meta["messages"],
+        scalars=meta.get("scalars", []),
         global_weights=load_file(str(directory / "global.safetensors")),
         server_state=load_file(str(directory / "server.safetensors")),
         client_states=clients,

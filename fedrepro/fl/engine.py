@@ -1,5 +1,10 @@
 """The federated round loop, shared by every algorithm.
 
+A round is three steps: the server opens it (samples clients, gathers what it sends), the sampled clients
+train (``LocalTrainer.client_round``), and the server closes it (aggregates, records, evaluates). The
+engine runs the middle step in process; the Flower runtime (``fedrepro/fl/flower/``) runs the very same
+functions with the clients on Flower nodes, so no algorithm and no step of the loop is written twice.
+
 Memory: one model lives in memory. The server keeps the shared weights (1x the shared part), each client
 keeps only its private tensors between rounds (FedPer: a head; individual: a whole model per client, as
 that method requires), and during aggregation the server holds the k uploads of the round (k x the shared
@@ -75,6 +80,99 @@ def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
+@dataclass
+class ClientResult:
+    """What one client's round produced: the upload for the server, and what the client keeps for itself."""
+
+    upload: dict[str, torch.Tensor]
+    """Tensors for the server (empty for a method that shares nothing); views of the live model, valid until the
+    trainer's next round, so the caller sends (copies) them at once."""
+    stored: dict[str, torch.Tensor]
+    """The client's private parameters (``param/``) and algorithm state (``state/``): never sent anywhere."""
+    steps: int
+    """The client's learning-rate schedule position after this round."""
+    train_loss: float
+    num_samples: int
+
+
+class LocalTrainer:
+    """The client side of a round on one model: load the received shared weights and a client's own stored
+    state, train locally, and say what to upload and what to keep. The engine holds one for all its clients;
+    a Flower node holds one for the clients it serves."""
+
+    def __init__(self, task: FederatedTask, algorithm: Algorithm, settings: EngineSettings) -> None:
+        self.task, self.algorithm, self.settings = task, algorithm, settings
+        torch.manual_seed(derive_seed(settings.seed, "init"))
+        self.model = algorithm.adapt_model(task.build_model())
+        self.params = dict(self.model.named_parameters())
+        self.shared_names = [n for n in self.params if not algorithm.is_private(n)]
+        self.private_names = [n for n in self.params if algorithm.is_private(n)]
+        self.initial_private = {n: self.params[n].detach().clone() for n in self.private_names}
+
+    def members(self, client_id: str) -> list[str]:
+        """The data owners behind a training id (the pooled trainer stands for every client)."""
+        return list(self.task.client_ids) if client_id == POOLED else [client_id]
+
+    def num_samples(self, client_id: str) -> int:
+        return self.task.num_train_samples(self.members(client_id))
+
+    def load(self, shared: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Put shared weights and a client's stored private tensors into the model; return its algorithm state."""
+        with torch.no_grad():
+            for name, value in shared.items():
+                if name in self.params:
+                    self.params[name].copy_(value)
+            for name in self.private_names:
+                self.params[name].copy_(stored.get(PARAM + name, self.initial_private[name]))
+        return {k[len(STATE):]: v for k, v in stored.items() if k.startswith(STATE)}
+
+    def stored_state(self, algorithm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The model's private tensors and the algorithm's client state, as a client keeps them between rounds."""
+        stored = {PARAM + n: self.params[n].detach().clone() for n in self.private_names}
+        stored.update({STATE + k: v.detach().clone() for k, v in algorithm_state.items()})
+        return stored
+
+    def client_round(self, round_index: int, client_id: str, received: dict[str, torch.Tensor],
+                     stored: dict[str, torch.Tensor], steps: int) -> ClientResult:
+        """One client's part of a round: load, train locally, build the upload, keep the private rest."""
+        context = LocalContext(round_index, client_id, received, self.load(received, stored))
+        loss, steps = self._train_local(client_id, round_index, context, steps)
+        upload = {}
+        if self.algorithm.federated:
+            upload = self.algorithm.upload({n: self.params[n] for n in self.shared_names}, context)
+        return ClientResult(upload, self.stored_state(context.client_state), steps, loss, self.num_samples(client_id))
+
+    def _total_steps(self, client_id: str) -> int:
+        batches = math.ceil(self.num_samples(client_id) / self.settings.batch_size)
+        return self.settings.rounds * self.settings.local_epochs * batches
+
+    def _train_local(self, client_id: str, round_index: int, context: LocalContext, step: int) -> tuple[float, int]:
+        settings, model = self.settings, self.model
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+        total = self._total_steps(client_id)
+        losses = []
+        for epoch in range(settings.local_epochs):
+            generator = torch.Generator().manual_seed(derive_seed(settings.seed, "shuffle", round_index, client_id, epoch))
+            torch.manual_seed(derive_seed(settings.seed, "dropout", round_index, client_id, epoch))
+            for batch in self.task.train_batches(self.members(client_id), generator):
+                for group in optimizer.param_groups:
+                    group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+                    output = self.task.forward(model, batch)
+                    output.rerun = functools.partial(self.task.forward, batch=batch)
+                    objective = self.algorithm.local_objective(model, output, context)
+                optimizer.zero_grad(set_to_none=True)
+                objective.backward()
+                self.algorithm.after_backward(model, context)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+                optimizer.step()
+                losses.append(output.loss.item())
+                context.steps += 1
+                step += 1
+        return (float(np.mean(losses)) if losses else float("nan")), step
+
+
 class Engine:
     """Runs ``settings.rounds`` rounds of: send -> local training -> upload -> aggregate -> evaluate -> checkpoint."""
 
@@ -91,13 +189,11 @@ class Engine:
         self.task, self.algorithm, self.settings = task, algorithm, settings
         self.checkpoint_dir = Path(checkpoint_dir)
         self.fingerprint, self.progress, self.on_round_end = fingerprint, progress, on_round_end
-        torch.manual_seed(derive_seed(settings.seed, "init"))
-        self.model = algorithm.adapt_model(task.build_model())
-        self.params = dict(self.model.named_parameters())
-        self.shared_names = [n for n in self.params if not algorithm.is_private(n)]
-        self.private_names = [n for n in self.params if algorithm.is_private(n)]
+        self.trainer = LocalTrainer(task, algorithm, settings)
+        self.model, self.params = self.trainer.model, self.trainer.params
+        self.shared_names, self.private_names = self.trainer.shared_names, self.trainer.private_names
+        self.initial_private = self.trainer.initial_private
         self.train_ids = [POOLED] if algorithm.pooled else list(task.client_ids)
-        self.initial_private = {n: self.params[n].detach().clone() for n in self.private_names}
         self.channel = Channel()
         self.state = load_checkpoint(self.checkpoint_dir, fingerprint) or TrainingState(
             fingerprint=fingerprint,
@@ -107,28 +203,16 @@ class Engine:
         resumed = self.state.next_round > 0
         # On resume the data uploads are replayed into a scratch channel: the checkpoint's log already holds them.
         self.task = algorithm.prepare_task(task, Channel() if resumed else self.channel, settings.seed)
+        self.trainer.task = self.task
         if resumed:
-            self.channel.messages = [Message(r, s, d, tuple(names), b) for r, s, d, names, b in self.state.messages]
+            self.channel.messages = [Message.from_record(record) for record in self.state.messages]
+            self.channel.scalars = [Message.from_record(record) for record in self.state.scalars]
 
     # ----- state swapping: one model, per-client private tensors ---------------------------------------
-    def _members(self, client_id: str) -> list[str]:
-        return list(self.task.client_ids) if client_id == POOLED else [client_id]
-
     def load_client(self, client_id: str, shared: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Put the given shared weights and the client's private tensors into the one model; return its algorithm state."""
-        stored = self.state.client_states.get(client_id, {})
-        with torch.no_grad():
-            for name, value in (shared if shared is not None else self.state.global_weights).items():
-                if name in self.params:
-                    self.params[name].copy_(value)
-            for name in self.private_names:
-                self.params[name].copy_(stored.get(PARAM + name, self.initial_private[name]))
-        return {k[len(STATE):]: v for k, v in stored.items() if k.startswith(STATE)}
-
-    def _store_client(self, client_id: str, algorithm_state: dict[str, torch.Tensor]) -> None:
-        stored = {PARAM + n: self.params[n].detach().clone() for n in self.private_names}
-        stored.update({STATE + k: v.detach().clone() for k, v in algorithm_state.items()})
-        self.state.client_states[client_id] = stored
+        return self.trainer.load(shared if shared is not None else self.state.global_weights,
+                                 self.state.client_states.get(client_id, {}))
 
     def memory_bytes(self) -> dict[str, int]:
         """What the engine holds besides the one model: the server's shared weights and each client's private state."""
@@ -155,71 +239,57 @@ class Engine:
             record = self._run_round(round_index)
             self.state.history.append(record)
             self.state.next_round = round_index + 1
-            self.state.messages = [[m.round, m.sender, m.receiver, list(m.names), m.nbytes] for m in self.channel.messages]
+            self.state.messages = [m.to_record() for m in self.channel.messages]
+            self.state.scalars = [m.to_record() for m in self.channel.scalars]
             save_checkpoint(self.checkpoint_dir, self.state)
             if self.on_round_end is not None:
                 self.on_round_end(record)
         return self.state
 
     def _run_round(self, round_index: int) -> dict[str, Any]:
-        algorithm, channel = self.algorithm, self.channel
-        extras = algorithm.server_extras(round_index)
-        updates, losses = [], []
+        sampled, outgoing = self.open_round(round_index)
+        updates, losses = self.train_clients(round_index, sampled, outgoing)
+        return self.close_round(round_index, sampled, updates, losses)
+
+    def open_round(self, round_index: int) -> tuple[list[str], dict[str, torch.Tensor]]:
+        """The server's first step: which clients train this round, and what it sends each of them."""
+        extras = self.algorithm.server_extras(round_index)
         sampled = self.sample_clients(round_index)
-        received = {}
-        if algorithm.federated:
-            received = channel.broadcast(round_index, SERVER, sampled, {**self.state.global_weights, **extras})
+        outgoing = {**self.state.global_weights, **extras} if self.algorithm.federated else {}
+        return sampled, outgoing
+
+    def train_clients(self, round_index: int, sampled: list[str],
+                      outgoing: dict[str, torch.Tensor]) -> tuple[list[ClientUpdate], list[float]]:
+        """In process: each sampled client trains in turn on the one model; the engine keeps its private state."""
+        federated = self.algorithm.federated
+        received = self.channel.broadcast(round_index, SERVER, sampled, outgoing) if federated else {}
+        updates, losses = [], []
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
-            context = LocalContext(round_index, client_id, received, self.load_client(client_id, received))
-            losses.append(self._train_local(client_id, round_index, context))
-            if algorithm.federated:
-                shared = {n: self.params[n] for n in self.shared_names}
-                arrived = channel.send(round_index, client_id, SERVER, algorithm.upload(shared, context))
-                updates.append(ClientUpdate(client_id, arrived, self.task.num_train_samples(self._members(client_id))))
-            self._store_client(client_id, context.client_state)
-        record: dict[str, Any] = {"round": round_index + 1, "clients": sampled, "train_loss": float(np.mean(losses))}
+            result = self.trainer.client_round(round_index, client_id, received, self.state.client_states.get(client_id, {}),
+                                               self.state.client_steps.get(client_id, 0))
+            losses.append(result.train_loss)
+            if federated:
+                arrived = self.channel.send(round_index, client_id, SERVER, result.upload)
+                updates.append(ClientUpdate(client_id, arrived, result.num_samples))
+            self.state.client_states[client_id] = result.stored
+            self.state.client_steps[client_id] = result.steps
+        return updates, losses
+
+    def close_round(self, round_index: int, clients: list[str], updates: list[ClientUpdate],
+                    losses: list[float]) -> dict[str, Any]:
+        """The server's last step: aggregate the uploads that arrived, record the round, evaluate when due."""
+        algorithm = self.algorithm
+        record: dict[str, Any] = {"round": round_index + 1, "clients": clients, "train_loss": float(np.mean(losses))}
         if algorithm.federated:
             diagnose = getattr(self.task, "diagnose_round", None)
             if diagnose is not None:
                 record["diagnostics"] = diagnose(updates)
             self.state.global_weights = algorithm.aggregate(self.state.global_weights, updates)
             record.update(algorithm.round_notes())
-        record.update({f"bytes_{k}": v for k, v in channel.round_bytes(round_index).items()})
+        record.update({f"bytes_{k}": v for k, v in self.channel.round_bytes(round_index).items()})
         if self.settings.eval_every and (round_index + 1) % self.settings.eval_every == 0:
             record[self.settings.eval_split] = self.evaluate(self.settings.eval_split)
         return record
-
-    def _total_steps(self, client_id: str) -> int:
-        batches = math.ceil(self.task.num_train_samples(self._members(client_id)) / self.settings.batch_size)
-        return self.settings.rounds * self.settings.local_epochs * batches
-
-    def _train_local(self, client_id: str, round_index: int, context: LocalContext) -> float:
-        settings, model = self.settings, self.model
-        model.train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-        step = self.state.client_steps.get(client_id, 0)
-        total = self._total_steps(client_id)
-        losses = []
-        for epoch in range(settings.local_epochs):
-            generator = torch.Generator().manual_seed(derive_seed(settings.seed, "shuffle", round_index, client_id, epoch))
-            torch.manual_seed(derive_seed(settings.seed, "dropout", round_index, client_id, epoch))
-            for batch in self.task.train_batches(self._members(client_id), generator):
-                for group in optimizer.param_groups:
-                    group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
-                    output = self.task.forward(model, batch)
-                    output.rerun = functools.partial(self.task.forward, batch=batch)
-                    objective = self.algorithm.local_objective(model, output, context)
-                optimizer.zero_grad(set_to_none=True)
-                objective.backward()
-                self.algorithm.after_backward(model, context)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-                optimizer.step()
-                losses.append(output.loss.item())
-                context.steps += 1
-                step += 1
-        self.state.client_steps[client_id] = step
-        return float(np.mean(losses)) if losses else float("nan")
 
     # ----- evaluation ----------------------------------------------------------------------------------
     def client_models(self) -> Iterator[tuple[str, nn.Module]]:
@@ -234,18 +304,17 @@ class Engine:
 
     def global_model(self) -> nn.Module:
         """The server's model (shared weights, initial private ones) in eval mode: what a non-personalised method ships."""
-        with torch.no_grad():
-            for name, value in self.state.global_weights.items():
-                if name in self.params:
-                    self.params[name].copy_(value)
-            for name in self.private_names:
-                self.params[name].copy_(self.initial_private[name])
+        self.trainer.load(self.state.global_weights, {})
         self.model.eval()
         return self.model
+
+    def evaluates_global_model(self) -> bool:
+        """True when the task scores the server's model on one global set (so no client takes part)."""
+        return getattr(self.task, "evaluates_global_model", False) and self.algorithm.federated
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each client's own model on its own ``split``; for a task scored on one global set, the global model on it."""
         with torch.no_grad():
-            if getattr(self.task, "evaluates_global_model", False) and self.algorithm.federated:
+            if self.evaluates_global_model():
                 return {GLOBAL: self.task.evaluate(self.global_model(), GLOBAL, split)}
             return {client_id: self.task.evaluate(model, client_id, split) for client_id, model in self.client_models()}

@@ -23,7 +23,7 @@ from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_points, table_cells
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
-from fedrepro.report.results import verdict
+from fedrepro.report.results import missed_clients, missed_clients_section, verdict
 from fedrepro.seeding import derive_seed
 
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "moon": "MOON", "fedrs": "FedRS",
@@ -71,6 +71,8 @@ class FedCMCResults:
     """dataset -> its classes (partition.json)."""
     positive: dict[str, list[str]] = field(default_factory=dict)
     """dataset -> the classes F1 is computed over (all but the negative labels; every class if it has none)."""
+    missed: list[dict] = field(default_factory=list)
+    """cell, round, client, reason: every client a round went on without."""
 
 
 def grid(params: Params) -> list[tuple[str, Cell]]:
@@ -125,7 +127,7 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
         classes.setdefault(part.info["dataset"], [str(c) for c in part.info["classes"]])
     negative = params.fedcmc.settings.negative_labels
     positive = {d: positive_labels(c, negative) for d, c in classes.items()}
-    rows, rounds, predictions, diagnostics, info = [], [], {}, {}, {}
+    rows, rounds, predictions, diagnostics, info, missed = [], [], {}, {}, {}, []
     for group, cell in cells:
         folder, key, stage = cell_folder(root, owner(group, cell), cell), cell_key(group, cell), _stage(owner(group, cell), cell)
         metrics = read_json(folder / "metrics.json")
@@ -162,7 +164,9 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
                                          "similarity": np.asarray(diag["local_similarity"], dtype=float),
                                          "vector_clients": list(record.get("vector_clients") or [])})
         info[key] = {k: v for k, v in metrics.items() if k != "history"}
-    return FedCMCResults(pd.DataFrame(rows), pd.DataFrame(rounds), predictions, diagnostics, info, partitions, classes, positive)
+        missed += missed_clients(key, metrics["history"])
+    return FedCMCResults(pd.DataFrame(rows), pd.DataFrame(rounds), predictions, diagnostics, info, partitions, classes, positive,
+                         missed)
 
 
 # ----- micro-F1 and the paired bootstrap ---------------------------------------------------------------------
@@ -1144,6 +1148,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     extra = fedcmc_extra_download(data, params)
     if extra:
         lines += [extra, ""]
+    lines += missed_clients_section(data.missed)
     # claims
     claims = claims_table(data, params)
     lines += ["## Claims checked at this scale", "",

@@ -13,7 +13,7 @@ from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.metrics.summary import mean_std
-from fedrepro.report.results import OVERALL, load_cell, paired_test, verdict
+from fedrepro.report.results import OVERALL, load_cell, missed_clients, paired_test, verdict
 
 LABELS = {name: method.label for name, method in METHODS.items()}
 
@@ -29,6 +29,8 @@ class FedMatchResults:
     histories: pd.DataFrame
     info: dict[str, dict] = field(default_factory=dict)
     """row -> metrics.json of its first seed (parameters, memory, channel)."""
+    missed: list[dict] = field(default_factory=list)
+    """cell, round, client, reason: every client a round went on without."""
 
 
 def cell_folder(root: Path, cell: Cell) -> Path:
@@ -41,7 +43,7 @@ def row_name(cell: Cell) -> str:
 
 
 def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
-    results, questions, histories, info = [], [], [], {}
+    results, questions, histories, info, missed = [], [], [], {}, []
     for cell in table_cells(params) + sweep_cells(params):
         metrics, per_question = load_cell(cell_folder(root, cell))
         row = row_name(cell)
@@ -54,7 +56,9 @@ def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
         for record in metrics["history"]:
             histories.append({**base, "round": record["round"], "train_loss": record["train_loss"],
                               "bytes_up": record["bytes_up"], "bytes_down": record["bytes_down"]})
-    return FedMatchResults(pd.DataFrame(results), pd.concat(questions, ignore_index=True), pd.DataFrame(histories), info)
+        missed += missed_clients(cell.name, metrics["history"])
+    return FedMatchResults(pd.DataFrame(results), pd.concat(questions, ignore_index=True), pd.DataFrame(histories), info,
+                           missed)
 
 
 # ----- claims ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from fedrepro.metrics.ranking import random_ranking_metrics
 from fedrepro.metrics.summary import overall
 from fedrepro.report.fedmatch import LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, training_caveats
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
-from fedrepro.report.results import OVERALL, summary_table
+from fedrepro.report.results import OVERALL, missed_clients_section, summary_table
 from fedrepro.tasks.qa import qrels_and_run
 
 README_START, README_END = "<!-- results:start (written by stages/fedmatch_report.py) -->", "<!-- results:end -->"
@@ -162,6 +162,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "The training loss is the mean over clients and seeds of each round's local hinge (or cross-entropy) loss. Bytes are counted by the channel (`fedrepro/fl/channel.py`); uploads happen once per round per sampled "
               "client; 'data bytes sent once' is CoverQuery's upload of (obfuscated) training text; private state is "
               "what the engine keeps per client between rounds.", "", communication_table(data, rows).to_markdown(), ""]
+    lines += missed_clients_section(data.missed)
     lines += ["## Figures", "", "![convergence](figures/convergence.png)", ""]
     for number, sweep in zip((5, 6, 7, 8), SWEEPS):
         lines += [f"**{SWEEPS[sweep]}**" + (" (FedMatch H+LR vs individual BERT; the same ratio for every client)"

@@ -40,6 +40,23 @@ def load_cell(folder: Path) -> tuple[dict, pd.DataFrame]:
     return metrics, pd.DataFrame(rows, columns=["client", "question", "map", "mrr"])
 
 
+def missed_clients(cell: str, history: list[dict]) -> list[dict]:
+    """One row per client a round went on without (a Flower node that did not answer in time, or whose upload
+    was refused): the history records it under ``missed``; the engine never misses one."""
+    return [{"cell": cell, "round": record["round"], "client": client, "reason": reason}
+            for record in history for client, reason in sorted((record.get("missed") or {}).items())]
+
+
+def missed_clients_section(missed: list[dict]) -> list[str]:
+    """The report's lines on missed clients; none when every sampled client delivered every round."""
+    if not missed:
+        return []
+    table = pd.DataFrame(missed, columns=["cell", "round", "client", "reason"])
+    return ["## Clients missing from rounds", "",
+            f"{len(table)} client updates never reached the server: those rounds aggregated the other clients' updates "
+            "only, so these cells are not the uninterrupted run.", "", table.to_markdown(index=False), ""]
+
+
 def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: dict[str, str],
                   chance: dict | None = None) -> pd.DataFrame:
     """Rows x clients (+ overall) of 'mean ± std' over seeds (the mean alone for one seed); ``results`` has columns row, seed, client, metric, value.

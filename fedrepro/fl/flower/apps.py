@@ -1,0 +1,83 @@
+"""The ServerApp and ClientApp of a real deployment, at module level, as ``flwr run`` loads them by name.
+
+A deployment starts them in processes of their own (the SuperLink's ServerApp process, each SuperNode's
+ClientApp process), so they rebuild the cell from its recipe spec: a JSON file named by the run config key
+``recipe``, holding ``{"factory": "module:function", "kwargs": {...}}``; the factory returns the
+``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir`` and waits at most
+``reply-timeout`` seconds for a round's replies (0: until every node answers); each node keeps
+its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedrepro.errors import ConfigError
+from fedrepro.fl.flower.client import NodeHandlers
+from fedrepro.fl.flower.server import FlowerServer
+from fedrepro.fl.runtime import CellRecipe
+
+RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "reply-timeout"
+
+
+def write_recipe_spec(path: str | Path, spec: dict) -> Path:
+    """The file a deployment's apps rebuild the cell from (``CellRecipe.spec``, plus the run's ``fingerprint``,
+    which every process checks against the recipe it rebuilt)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec, indent=1, sort_keys=True))
+    return path
+
+
+def load_recipe(path: str | Path) -> CellRecipe:
+    spec = json.loads(Path(path).read_text())
+    module, _, name = str(spec.get("factory", "")).partition(":")
+    if not module or not name:
+        raise ConfigError(f"{path}: factory = {spec.get('factory')!r}: expected 'module:function'")
+    recipe = getattr(importlib.import_module(module), name)(**spec.get("kwargs", {}))
+    if not isinstance(recipe, CellRecipe):
+        raise ConfigError(f"{path}: factory {spec['factory']} returned {type(recipe).__name__}, expected a CellRecipe")
+    if spec.get("fingerprint", recipe.fingerprint) != recipe.fingerprint:
+        raise ConfigError(f"{path}: this machine rebuilds run {recipe.fingerprint[:12]}, the spec is of run "
+                          f"{spec['fingerprint'][:12]}: its code, params or data differ (install the same commit and data)")
+    return recipe
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def serve(grid: Grid, context: Context) -> None:
+    recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
+    task, algorithm = recipe.build()
+    timeout = float(context.run_config.get(REPLY_TIMEOUT_KEY, 0)) or None
+    FlowerServer(recipe, task, algorithm, str(context.run_config[CHECKPOINT_KEY]), progress=False,
+                 reply_timeout=timeout).serve(grid)
+
+
+client_app = ClientApp()
+
+
+def _handlers(context: Context) -> NodeHandlers:
+    return NodeHandlers(load_recipe(str(context.run_config[RECIPE_KEY])))
+
+
+@client_app.query()
+def identify(message: Message, context: Context) -> Message:
+    return _handlers(context).identify(message, context)
+
+
+@client_app.train()
+def train(message: Message, context: Context) -> Message:
+    return _handlers(context).train(message, context)
+
+
+@client_app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    return _handlers(context).evaluate(message, context)

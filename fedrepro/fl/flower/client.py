@@ -1,0 +1,135 @@
+"""The node side on Flower: a ClientApp that runs the engine's own client step (``LocalTrainer.client_round``).
+
+A process builds one ``LocalTrainer`` per run from the recipe, on the first message it gets (as the engine
+builds its one model), and serves whichever client a message is for: on Ray one worker serves the clients
+in turn, as the engine does. Which client a node is comes from its node config: ``client-id`` (a
+deployment) or ``partition-id`` (the simulation numbers its nodes; the n-th client id of the task).
+
+A client's private state (``NodeState``) is kept in the node's ``Context.state`` and in its own directory
+(``state-dir`` in the node config, or ``<nodes root>/<client id>`` in a simulation), written before the
+reply leaves. It is never put in a message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedrepro.errors import FedreproError
+from fedrepro.fl.channel import Channel
+from fedrepro.fl.engine import LocalTrainer
+from fedrepro.fl.flower import messages as m
+from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
+from fedrepro.fl.runtime import CellRecipe
+
+STATE_KEY, STATE_BYTES = "fedrepro", "node_state"
+CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY = "client-id", "partition-id", "state-dir"
+
+_trainers: dict[str, LocalTrainer] = {}
+"""This process's trainer, by run fingerprint (one run at a time: a new run frees the previous one's model)."""
+
+
+def trainer_for(recipe: CellRecipe) -> LocalTrainer:
+    if recipe.fingerprint not in _trainers:
+        _trainers.clear()
+        task, algorithm = recipe.build()
+        trainer = LocalTrainer(task, algorithm, recipe.settings)
+        trainer.task = algorithm.prepare_task(task, Channel(), recipe.settings.seed)  # as the engine, after the model
+        _trainers[recipe.fingerprint] = trainer
+    return _trainers[recipe.fingerprint]
+
+
+class WrongRun(FedreproError):
+    """A message from a server that runs another cell than the one this node was started for."""
+
+
+@dataclass(frozen=True)
+class NodeHandlers:
+    """What a node does with each kind of message. Module-level, so Ray ships it by reference and every
+    message a worker handles finds the same trainer cache."""
+
+    recipe: CellRecipe
+    nodes_root: Path | None = None
+    """Simulation: the folder holding one state directory per client."""
+
+    def _check_run(self, config: ConfigRecord) -> None:
+        if config[m.FINGERPRINT] != self.recipe.fingerprint:
+            raise WrongRun(f"this node serves run {self.recipe.fingerprint[:12]}, the server runs "
+                           f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the server's recipe")
+
+    def client_id(self, context: Context, trainer: LocalTrainer) -> str:
+        if CLIENT_ID_KEY in context.node_config:
+            return str(context.node_config[CLIENT_ID_KEY])
+        return trainer.task.client_ids[int(context.node_config[PARTITION_ID_KEY])]
+
+    def store(self, context: Context, client_id: str) -> NodeStateStore:
+        if STATE_DIR_KEY in context.node_config:
+            return NodeStateStore(Path(str(context.node_config[STATE_DIR_KEY])), self.recipe.fingerprint)
+        if self.nodes_root is None:
+            raise FedreproError(f"node of client {client_id}: its node config has no {STATE_DIR_KEY!r} for its private state")
+        return NodeStateStore(self.nodes_root / client_id, self.recipe.fingerprint)
+
+    def load_state(self, context: Context, store: NodeStateStore, round_index: int) -> NodeState:
+        """The client's newest state from before ``round_index``: Context.state when it holds it, else the disk."""
+        on_disk = store.newest_round_before(round_index)
+        if STATE_KEY in context.state:
+            cached, fingerprint = decode(context.state[STATE_KEY][STATE_BYTES])
+            if fingerprint == self.recipe.fingerprint and on_disk is not None and cached.round_index == on_disk:
+                return cached
+        return store.latest_before(round_index) or NodeState(-1, {}, 0)
+
+    def identify(self, message: Message, context: Context) -> Message:
+        self._check_run(message.content[m.CONFIG])
+        client_id = self.client_id(context, trainer_for(self.recipe))
+        return Message(RecordDict({m.CONFIG: ConfigRecord({m.CLIENT_ID: client_id})}), reply_to=message)
+
+    def train(self, message: Message, context: Context) -> Message:
+        config = message.content[m.CONFIG]
+        self._check_run(config)
+        trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
+        client_id = self.client_id(context, trainer)
+        store = self.store(context, client_id)
+        state = self.load_state(context, store, round_index)
+        result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]),
+                                      state.tensors, state.steps)
+        upload = m.to_record(result.upload)  # a copy, taken before anything else touches the model
+        blob = store.save(NodeState(round_index, result.stored, result.steps))
+        context.state[STATE_KEY] = ConfigRecord({STATE_BYTES: blob})
+        metrics = MetricRecord({m.NUM_SAMPLES: result.num_samples, m.TRAIN_LOSS: result.train_loss})
+        return Message(RecordDict({m.TENSORS: upload, m.METRICS: metrics}), reply_to=message)
+
+    def evaluate(self, message: Message, context: Context) -> Message:
+        """The client's own model (the global shared weights plus its private state after this round) on its split."""
+        config = message.content[m.CONFIG]
+        self._check_run(config)
+        trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
+        client_id = self.client_id(context, trainer)
+        state = self.load_state(context, self.store(context, client_id), round_index + 1)
+        trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
+        trainer.model.eval()
+        with torch.no_grad():
+            scores = trainer.task.evaluate(trainer.model, client_id, str(config[m.SPLIT]))
+        return Message(RecordDict({m.METRICS: MetricRecord(scores)}), reply_to=message)
+
+
+def client_app(handlers: NodeHandlers) -> ClientApp:
+    """A ClientApp whose query, train and evaluate messages go to ``handlers``."""
+    app = ClientApp()
+
+    @app.query()
+    def identify(message: Message, context: Context) -> Message:
+        return handlers.identify(message, context)
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        return handlers.train(message, context)
+
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        return handlers.evaluate(message, context)
+
+    return app

@@ -1,0 +1,107 @@
+"""A client's private state on its own node: one safetensors file per round it trained, written atomically.
+
+What a client keeps between its rounds (private parameters, algorithm state such as SCAFFOLD's variate or
+MOON's previous model, its learning-rate step counter) never travels to the server. On Flower it lives in
+the node's ``Context.state`` and, so that it survives a node restart or a server resumed from an older
+round, in the node's own directory. The file of round r holds the state *after* round r; a round r reads
+the newest file of an earlier round, so a round the server replays after a crash starts from exactly what
+the client held the first time. The newest file before the one just written is kept; older ones go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from fedrepro.io import atomic_file
+
+PREFIX, SUFFIX = "round-", ".safetensors"
+
+
+@dataclass
+class NodeState:
+    """The state a client holds after ``round_index`` (``-1``: before its first round)."""
+
+    round_index: int
+    tensors: dict[str, torch.Tensor]
+    steps: int
+
+
+def encode(state: NodeState, fingerprint: str) -> bytes:
+    """The safetensors bytes of a state; round, steps and the run's fingerprint ride in its metadata."""
+    metadata = {"round": str(state.round_index), "steps": str(state.steps), "fingerprint": fingerprint}
+    return save_tensors({k: v.contiguous() for k, v in state.tensors.items()}, metadata=metadata)
+
+
+def _metadata(header: bytes) -> dict[str, str]:
+    """The metadata of safetensors bytes (an 8-byte little-endian header length, then the JSON header)."""
+    (length,) = struct.unpack("<Q", header[:8])
+    return json.loads(header[8:8 + length]).get("__metadata__", {})
+
+
+def decode(blob: bytes) -> tuple[NodeState, str]:
+    """A state and the fingerprint of the run that wrote it."""
+    metadata = _metadata(blob)
+    return NodeState(int(metadata["round"]), load_tensors(blob), int(metadata["steps"])), metadata["fingerprint"]
+
+
+class NodeStateStore:
+    """The state files of one client of one run under ``directory`` (the node's own folder)."""
+
+    def __init__(self, directory: str | Path, fingerprint: str) -> None:
+        self.directory, self.fingerprint = Path(directory), fingerprint
+
+    def _path(self, round_index: int) -> Path:
+        return self.directory / f"{PREFIX}{round_index:06d}{SUFFIX}"
+
+    def _rounds(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name[len(PREFIX):-len(SUFFIX)]) for p in self.directory.glob(f"{PREFIX}*{SUFFIX}"))
+
+    def _ours(self, round_index: int) -> bool:
+        """Whether this run wrote the file (reads only its header)."""
+        with open(self._path(round_index), "rb") as handle:
+            head = handle.read(8)
+            head += handle.read(struct.unpack("<Q", head)[0])
+        return _metadata(head).get("fingerprint") == self.fingerprint
+
+    def newest_round_before(self, round_index: int) -> int | None:
+        """The newest round before ``round_index`` this run wrote a state for (reads file headers only)."""
+        return next((r for r in reversed(self._rounds()) if r < round_index and self._ours(r)), None)
+
+    def latest_before(self, round_index: int) -> NodeState | None:
+        """The newest state this run wrote for a round before ``round_index`` (None: the client never trained)."""
+        newest = self.newest_round_before(round_index)
+        return None if newest is None else decode(self._path(newest).read_bytes())[0]
+
+    def save(self, state: NodeState) -> bytes:
+        """Write the state of ``state.round_index`` atomically, drop older files, return the bytes written."""
+        blob = encode(state, self.fingerprint)
+        with atomic_file(self._path(state.round_index), "wb") as handle:
+            handle.write(blob)
+            handle.flush()
+            os.fsync(handle.fileno())
+        keep = {state.round_index, self.newest_round_before(state.round_index)}
+        for stored_round in self._rounds():
+            if stored_round not in keep:
+                self._path(stored_round).unlink()
+        return blob
+
+
+def collect_node_states(engine, nodes_root: Path) -> None:
+    """Each client's final private state and step counter, read into ``engine.state`` from its node's directory:
+    what the harness does after a Flower run so a stage can score each client's own model on this machine, as
+    each silo would. The Flower server never calls it."""
+    for client_id in engine.train_ids:
+        state = NodeStateStore(nodes_root / client_id, engine.fingerprint).latest_before(engine.settings.rounds)
+        if state is not None:
+            engine.state.client_states[client_id] = state.tensors
+            engine.state.client_steps[client_id] = state.steps

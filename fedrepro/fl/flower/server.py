@@ -1,0 +1,163 @@
+"""The server side on Flower: the engine's own round loop, with the clients' step sent to Flower nodes.
+
+``FlowerServer`` is an ``Engine`` whose ``_run_round`` keeps ``open_round`` and ``close_round`` (sampling,
+aggregation, the record, evaluation, checkpoints: the same code) and replaces only the in-process client
+loop by one message per sampled node and its reply. It never holds a client's private state: nodes keep
+it. Every tensor of every message passes the channel (names and bytes) exactly as in the engine, and the
+scalars beside them (a node's client id, sample counts, losses, metrics) pass its scalar log.
+
+Nodes are told apart by the client id they answer to a first query, so sampling picks the same clients
+as the engine's. A node that does not answer, answers with an error, or uploads tensors the server cannot
+aggregate (unknown or missing names, wrong shapes) is left out of that round; the round's record says
+which client missed and why, and the global model is built from the others only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedrepro.errors import FedreproError
+from fedrepro.fl.algorithm import Algorithm, ClientUpdate
+from fedrepro.fl.channel import SERVER
+from fedrepro.fl.engine import Engine, FederatedTask
+from fedrepro.fl.flower import messages as m
+from fedrepro.fl.runtime import CellRecipe
+
+log = logging.getLogger(__name__)
+
+
+class FederationError(FedreproError):
+    """The federation cannot go on: nodes missing or answering for the wrong clients, or a round with no update."""
+
+
+class FlowerServer(Engine):
+    """The engine's loop driving Flower nodes through a ``Grid`` (see the module docstring)."""
+
+    def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
+                 progress: bool = True, on_round_end: Callable[[dict[str, Any]], None] | None = None,
+                 reply_timeout: float | None = None, nodes_timeout: float = 120.0) -> None:
+        super().__init__(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress, on_round_end)
+        self.recipe = recipe
+        self.reply_timeout, self.nodes_timeout = reply_timeout, nodes_timeout
+        self.grid: Grid | None = None
+        self.failure: BaseException | None = None
+        """What stopped ``serve``, for the harness (Flower itself only reports that the ServerApp failed)."""
+        self.node_of: dict[str, int] = {}
+        self._round = -1
+
+    # ----- what the ServerApp runs ----------------------------------------------------------------------
+    def serve(self, grid: Grid) -> None:
+        """Learn which node holds which client, then run the engine's rounds from where the checkpoint left off."""
+        self.grid = grid
+        self.node_of = self._identify_nodes()
+        Engine.run(self)
+
+    def server_app(self) -> ServerApp:
+        app = ServerApp()
+
+        @app.main()
+        def main(grid: Grid, context: Context) -> None:
+            try:
+                self.serve(grid)
+            except BaseException as error:
+                self.failure = error
+                raise
+
+        return app
+
+    # ----- messages --------------------------------------------------------------------------------------
+    def _exchange(self, message_type: str, contents: dict[str, RecordDict], round_index: int) -> dict[str, Message | None]:
+        """Send one message per client and wait for the replies; a client without a reply maps to None. With a reply
+        timeout the messages expire with it, so a node that comes back later never works on a finished round."""
+        outgoing = [Message(content=content, dst_node_id=self.node_of[client_id], message_type=message_type,
+                            group_id=str(round_index), ttl=self.reply_timeout)
+                    for client_id, content in contents.items()]
+        replies = self.grid.send_and_receive(outgoing, timeout=self.reply_timeout)
+        by_node = {reply.metadata.src_node_id: reply for reply in replies}
+        return {client_id: by_node.get(self.node_of[client_id]) for client_id in contents}
+
+    def _config(self, round_index: int, **extra: Any) -> ConfigRecord:
+        return ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: self.fingerprint, **extra})
+
+    def _identify_nodes(self) -> dict[str, int]:
+        """Ask every node which client it serves; each training client must be served by exactly one node."""
+        deadline = time.monotonic() + self.nodes_timeout
+        node_ids = sorted(self.grid.get_node_ids())
+        while len(node_ids) < len(self.train_ids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            node_ids = sorted(self.grid.get_node_ids())
+        if len(node_ids) < len(self.train_ids):
+            raise FederationError(f"{len(node_ids)} Flower nodes connected within {self.nodes_timeout:g} s; "
+                                  f"the run needs one per client ({len(self.train_ids)})")
+        outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
+                            message_type=MessageType.QUERY, group_id="identify") for node_id in node_ids]
+        node_of: dict[str, int] = {}
+        for reply in self.grid.send_and_receive(outgoing, timeout=self.nodes_timeout):
+            if reply.has_error():
+                raise FederationError(f"node {reply.metadata.src_node_id} failed to say which client it serves: "
+                                      f"{reply.error.reason}")
+            client_id = str(reply.content[m.CONFIG][m.CLIENT_ID])
+            self.channel.send_scalars(-1, client_id, SERVER, {m.CLIENT_ID: client_id})
+            if client_id in node_of:
+                raise FederationError(f"nodes {node_of[client_id]} and {reply.metadata.src_node_id} both serve client {client_id}")
+            node_of[client_id] = reply.metadata.src_node_id
+        unserved = sorted(set(self.train_ids) - set(node_of))
+        if unserved:
+            raise FederationError(f"no Flower node serves client(s) {unserved}; nodes serve {sorted(node_of)}")
+        return {client_id: node_of[client_id] for client_id in self.train_ids}
+
+    # ----- one round -------------------------------------------------------------------------------------
+    def _run_round(self, round_index: int) -> dict[str, Any]:
+        self._round = round_index
+        sampled, outgoing = self.open_round(round_index)
+        received = self.channel.broadcast(round_index, SERVER, sampled, outgoing)
+        content = RecordDict({m.TENSORS: m.to_record(received), m.CONFIG: self._config(round_index)})
+        replies = self._exchange(MessageType.TRAIN, {client_id: content for client_id in sampled}, round_index)
+        updates, losses, missed = [], [], {}
+        for client_id in sampled:
+            reply = replies[client_id]
+            if reply is None or reply.has_error():
+                missed[client_id] = "no reply" if reply is None else f"node error: {reply.error.reason}"
+                continue
+            upload = m.to_tensors(reply.content[m.TENSORS])
+            problem = m.upload_problem(client_id, upload, self.state.global_weights, self.shared_names)
+            if problem is not None:
+                log.error("round %d: rejected %s", round_index + 1, problem)
+                missed[client_id] = f"rejected: {problem}"
+                continue
+            arrived = self.channel.send(round_index, client_id, SERVER, upload)
+            scalars = self.channel.send_scalars(round_index, client_id, SERVER, dict(reply.content[m.METRICS]))
+            updates.append(ClientUpdate(client_id, arrived, int(scalars[m.NUM_SAMPLES])))
+            losses.append(float(scalars[m.TRAIN_LOSS]))
+        if not updates:
+            raise FederationError(f"round {round_index + 1}: no client delivered an update ({missed})")
+        record = self.close_round(round_index, [u.client_id for u in updates], updates, losses)
+        if missed:
+            record["missed"] = missed
+        return record
+
+    def evaluate(self, split: str) -> dict[str, dict[str, float]]:
+        """Each node scores its client's own model (the global shared weights it is sent plus its private state)
+        on its own split; a task scored on one global set is scored by the server, as in the engine."""
+        if self.evaluates_global_model():
+            return super().evaluate(split)
+        clients = list(self.task.client_ids)
+        shared = {name: self.state.global_weights[name] for name in self.shared_names}
+        sent = self.channel.broadcast(self._round, SERVER, clients, shared)
+        content = RecordDict({m.TENSORS: m.to_record(sent), m.CONFIG: self._config(self._round, **{m.SPLIT: split})})
+        replies = self._exchange(MessageType.EVALUATE, {client_id: content for client_id in clients}, self._round)
+        scores = {}
+        for client_id, reply in replies.items():
+            if reply is None or reply.has_error():
+                log.warning("round %d: client %s did not score its model (%s)", self._round + 1, client_id,
+                            "no reply" if reply is None else reply.error.reason)
+                continue
+            scores[client_id] = self.channel.send_scalars(self._round, client_id, SERVER, dict(reply.content[m.METRICS]))
+        return scores
+

@@ -1,0 +1,239 @@
+"""Runs tiny cells in the engine and on Flower's simulation and writes what each produced, for test_flower.py.
+
+A separate process, because the tests start it inside a network namespace with only loopback up
+(``loopback.py``): Ray and Flower then cannot reach anything but this machine. Each cell is trained by
+both runtimes from the same recipe; the output holds their histories, channel logs, and digests of the
+final global weights and of every client's private state.
+
+Usage: python tests/flower_cells.py --out results.json --work DIR [--only CASE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fedrepro.fl.algorithm import AlgorithmSettings  # noqa: E402
+from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
+from fedrepro.fl.engine import EngineSettings  # noqa: E402
+from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
+from fedrepro.fl.runtime import CellRecipe, build_runtime  # noqa: E402
+from fedrepro.models.patches import PatchSpec  # noqa: E402
+from toy import ToyQATask, relation_task  # noqa: E402
+
+QA_SIZES = {"a": 8, "b": 6, "c": 4}
+QA_ALGORITHMS = ("fedavg", "fedper", "fedmatch")
+"""Beside the relation cell (which every algorithm runs): a QA cross-encoder with a private head (FedPer), a
+patch inside its BERT (FedMatch), and each client scoring its own model, which on Flower happens on its node."""
+CRASH_AFTER_ROUND = 1
+RESUME_CASE = "resume/scaffold"
+DEPLOY_CASES = ("deploy-relation/scaffold", "deploy-qa/fedper")
+KILL_CASE = "kill-relation/scaffold"
+KILL_ROUNDS, REPLY_TIMEOUT = 6, 20.0
+"""On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
+(SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
+
+
+def federated_algorithms() -> list[str]:
+    """Every registered algorithm that federates (the others never leave the process, on any runtime)."""
+    return sorted(name for name, cls in REGISTRY.items() if cls.federated)
+
+
+def all_cases() -> list[str]:
+    return ([f"relation/{name}" for name in federated_algorithms()] + [f"qa/{name}" for name in QA_ALGORITHMS]
+            + [RESUME_CASE, *DEPLOY_CASES, KILL_CASE])
+
+
+def recipe(case: str, rounds: int = 2) -> CellRecipe:
+    """Every knob of every algorithm switched on, so each hook does real work; 2 of 3 clients per round."""
+    family, algorithm = case.removeprefix("deploy-").removeprefix("kill-").split("/")
+    knobs = AlgorithmSettings(weighting="size", fedprox_mu=0.1, patch=PatchSpec("horizontal", "lr", size=8), moon_mu=1.0,
+                              moon_projection_dim=8, fedcmc_mu=1.0, fedcmc_temperature=0.5, seed=0)
+    relation = family in ("relation", "resume")
+    settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=2, lr=1e-3, batch_size=8 if relation else 4,
+                              warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
+                              eval_split="test" if relation else "valid")
+    build = relation_task if relation else functools.partial(ToyQATask, QA_SIZES)
+    return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs, settings=settings,
+                      fingerprint=f"{case}-{rounds}", threads=1,
+                      spec={"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}})
+
+
+def digest(tensor: torch.Tensor) -> str:
+    raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+    return f"{tensor.dtype}{tuple(tensor.shape)}:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def outcome(engine) -> dict:
+    state = engine.state
+    return {
+        "history": state.history,
+        "messages": [m.to_record() for m in engine.channel.messages],
+        "scalars": [m.to_record() for m in engine.channel.scalars],
+        "global": {name: digest(t) for name, t in state.global_weights.items()},
+        "clients": {c: {name: digest(t) for name, t in s.items()} for c, s in state.client_states.items()},
+        "steps": state.client_steps,
+        "shared": engine.shared_names,
+        "private": engine.private_names,
+        "server_checkpoint_clients": sorted(p.name for p in (engine.checkpoint_dir / "latest" / "clients").iterdir()),
+    }
+
+
+class Crash(RuntimeError):
+    """Stands for the server side dying mid-run."""
+
+
+def crash_after_round(record: dict) -> None:
+    if record["round"] == CRASH_AFTER_ROUND:
+        raise Crash(f"server killed after round {CRASH_AFTER_ROUND}")
+
+
+def run_case(case: str, work: Path) -> dict:
+    if case == RESUME_CASE:
+        return run_resume(work)
+    if case in DEPLOY_CASES:
+        return run_deployment(case, work)
+    if case == KILL_CASE:
+        return run_node_kill(work)
+    result = {}
+    for runtime in ("engine", "flower-simulation"):
+        engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
+        engine.run()
+        result[runtime] = outcome(engine)
+    return result
+
+
+def run_resume(work: Path) -> dict:
+    """SCAFFOLD (server and client state both) for 3 rounds on Flower: once straight through, and once with the
+    server killed after round 1 and started again from its checkpoint, its nodes' states left where they were."""
+    result = {}
+    straight = build_runtime(recipe(RESUME_CASE, rounds=3), "flower-simulation", work / "resume" / "straight", progress=False)
+    straight.run()
+    result["straight"] = outcome(straight)
+    folder = work / "resume" / "killed"
+    killed = build_runtime(recipe(RESUME_CASE, rounds=3), "flower-simulation", folder, progress=False,
+                           on_round_end=crash_after_round)
+    try:
+        killed.run()
+        raise AssertionError("the crash did not stop the run")
+    except Crash:
+        pass
+    resumed = build_runtime(recipe(RESUME_CASE, rounds=3), "flower-simulation", folder, progress=False)
+    result["resumed_from_round"] = resumed.state.next_round
+    resumed.run()
+    result["resumed"] = outcome(resumed)
+    return result
+
+
+def outsiders(folder: Path, drill: dict):
+    """While the deployment runs: a SuperNode whose key was never registered, one without TLS, and a Flower CLI
+    connection without TLS. Each claims to serve a real client, with a state directory of its own."""
+
+    def start(federation) -> None:
+        from fedrepro.fl.flower.deployment import CONNECTION, make_node_key
+
+        key, _ = make_node_key(federation.folder / "outsider-keys", "unregistered")
+        federation.start_supernode("unregistered", key, {"client-id": "client_00", "state-dir": str(folder / "unregistered")},
+                                   max_wait=20)
+        federation.start_supernode("plaintext", None, {"client-id": "client_01", "state-dir": str(folder / "plaintext")},
+                                   tls=False, max_wait=20)
+        config = federation.home / "config.toml"
+        config.write_text(config.read_text() + f'\n[superlink.plaintext]\naddress = "{federation.address}"\ninsecure = true\n')
+        drill["cli_without_tls"] = federation.flwr("ls", "plaintext", check=False).returncode
+        drill["nodes"] = federation.flwr("supernode", "ls", CONNECTION, "--format", "json").stdout
+        drill["federation"] = federation
+
+    return start
+
+
+def run_deployment(case: str, work: Path) -> dict:
+    """The same cell in the engine and on a local deployment, with outsiders trying to join during the run."""
+    result, drill = {}, {}
+    engine = build_runtime(recipe(case), "engine", work / case / "engine", progress=False)
+    engine.run()
+    result["engine"] = outcome(engine)
+    deployment = build_runtime(recipe(case), "flower-deployment", work / case / "deployment", progress=False)
+    deployment.on_federation_up = outsiders(work / case / "outsiders", drill)
+    deployment.run()
+    result["flower-deployment"] = outcome(deployment)
+    federation = drill.pop("federation")
+    for name in ("unregistered", "plaintext"):
+        drill[name] = {"exit": federation.exit_codes[f"supernode-{name}"],
+                       "received_anything": (work / case / "outsiders" / name).exists(),
+                       "errors": [line for line in (federation.logs / f"supernode-{name}.log").read_text().splitlines()
+                                  if "Exit Code" in line or "Failed" in line]}
+    drill["wire"] = deployment.wire
+    result["drill"] = drill
+    return result
+
+
+def run_node_kill(work: Path) -> dict:
+    """SCAFFOLD for 6 rounds on a deployment. Right after round 1 is checkpointed, a client that trained in round 1
+    and is sampled in round 2 has its SuperNode (and the ClientApp working on round 2) killed with SIGKILL; once
+    round 2 is over without it, the node is started again with the same key and directory and must rejoin with
+    its state as it was."""
+    import signal
+    import threading
+
+    from fedrepro.fl.flower.deployment import wait_until
+
+    folder = work / KILL_CASE
+    deployment = build_runtime(recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False)
+    deployment.reply_timeout = REPLY_TIMEOUT
+    sampled = [deployment.sample_clients(r) for r in range(KILL_ROUNDS)]
+    victim = max(sorted(set(sampled[0]) & set(sampled[1])), key=lambda c: sum(c in later for later in sampled[2:]))
+    state_dir = deployment.nodes_root / victim
+    drill: dict = {"victim": victim, "sampled": sampled}
+
+    def checkpointed() -> int:
+        state = folder.resolve() / "latest" / "state.json"
+        return json.loads(state.read_text())["next_round"] if state.exists() else 0
+
+    def state_files() -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(state_dir.glob("*.safetensors"))}
+
+    def kill_and_restart(federation) -> None:
+        wait_until(lambda: checkpointed() >= 1, 600, "round 1")
+        federation.stop(f"supernode-{victim}", signal.SIGKILL, grace=0)
+        drill["files_at_kill"] = state_files()
+        drill["steps_at_kill"] = NodeStateStore(state_dir, deployment.fingerprint).latest_before(KILL_ROUNDS).steps
+        wait_until(lambda: checkpointed() >= 2, 600, "round 2 without the killed node")
+        drill["files_before_restart"] = state_files()
+        deployment.restart_node(federation, victim)
+        drill["rejoined_after_round"] = checkpointed()
+
+    def start(federation) -> None:
+        drill["thread"] = threading.Thread(target=kill_and_restart, args=(federation,), daemon=True)
+        drill["thread"].start()
+
+    deployment.on_federation_up = start
+    deployment.run()
+    drill.pop("thread").join(timeout=5)
+    drill["files_at_end"] = state_files()
+    drill["steps_at_end"] = NodeStateStore(state_dir, deployment.fingerprint).latest_before(KILL_ROUNDS).steps
+    drill["history"] = deployment.state.history
+    return {"drill": drill}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--only", nargs="*", help="cases to run (default: all)")
+    args = parser.parse_args()
+    results = {}
+    for case in args.only or all_cases():
+        results[case] = run_case(case, args.work)
+        args.out.write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

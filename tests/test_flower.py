@@ -1,0 +1,183 @@
+"""The engine's algorithms on Flower: identical runs in both runtimes, private state only on the nodes, what
+crosses the network audited by the same channel, a killed server resumed exactly, bad uploads refused.
+
+The Flower runs happen in one subprocess (``flower_cells.py``) inside a loopback-only network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedrepro.errors import ConfigError
+from fedrepro.fl.engine import Engine
+from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
+from fedrepro.fl.runtime import build_runtime
+from flower_cells import (DEPLOY_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE, all_cases, federated_algorithms,
+                          recipe)
+from loopback import run_on_loopback
+
+HERE = Path(__file__).resolve().parent
+EQUIVALENCE_CASES = [case for case in all_cases() if case.split("/")[0] in ("relation", "qa")]
+
+
+# ----- without Flower ----------------------------------------------------------------------------------------
+def test_node_state_keeps_the_newest_state_before_a_round_and_survives_a_restart(tmp_path):
+    store = NodeStateStore(tmp_path / "node", "run-1")
+    assert store.latest_before(5) is None
+    first = store.save(NodeState(0, {"param/head.weight": torch.ones(2, 3)}, steps=4))
+    store.save(NodeState(2, {"param/head.weight": torch.full((2, 3), 2.0)}, steps=8))
+    assert store.latest_before(2).round_index == 0, "a replayed round 2 starts from what the client held before it"
+    assert store.latest_before(3).steps == 8
+    store.save(NodeState(3, {"param/head.weight": torch.zeros(2, 3)}, steps=12))
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["round-000002.safetensors", "round-000003.safetensors"]
+    reopened = NodeStateStore(tmp_path / "node", "run-1")  # a node restarted: only its directory is left
+    assert torch.equal(reopened.latest_before(3).tensors["param/head.weight"], torch.full((2, 3), 2.0))
+    state, fingerprint = decode(first)
+    assert fingerprint == "run-1" and state.round_index == 0 and state.steps == 4
+    assert NodeStateStore(tmp_path / "node", "run-2").latest_before(9) is None, "another run's state is never used"
+
+
+def test_node_state_file_is_the_bytes_it_returns(tmp_path):
+    store = NodeStateStore(tmp_path, "run")
+    blob = store.save(NodeState(1, {"state/control/w": torch.arange(4.0)}, steps=3))
+    assert (tmp_path / "round-000001.safetensors").read_bytes() == blob
+
+
+def test_methods_that_share_nothing_train_in_process_on_every_runtime(tmp_path):
+    individual = recipe("qa/individual")
+    assert type(build_runtime(individual, "flower-simulation", tmp_path, progress=False)) is Engine
+
+
+def test_an_unknown_runtime_names_the_param_and_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.runtime = 'ray': allowed \['engine', 'flower-simulation'"):
+        build_runtime(recipe("qa/fedavg"), "ray", tmp_path)
+
+
+# ----- on Flower ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every case in both runtimes, in one loopback-only subprocess (Ray starts once per Flower run)."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
+    folder = tmp_path_factory.mktemp("flower")
+    out = folder / "results.json"
+    run_on_loopback([sys.executable, str(HERE / "flower_cells.py"), "--out", str(out), "--work", str(folder / "work")],
+                    timeout=1500)
+    return json.loads(out.read_text())
+
+
+def test_every_federated_algorithm_of_the_registry_is_checked():
+    checked = {case.split("/")[1] for case in EQUIVALENCE_CASES if case.startswith("relation/")}
+    assert checked == set(federated_algorithms())
+
+
+def expected_flower_messages(case: str, engine: dict) -> list:
+    """The engine's channel log plus what only a network needs: when each client scores its own model on its node
+    (the QA cell), the server sends it the global shared weights after every round. In the engine those
+    weights are already in the clients' memory."""
+    if "qa/" not in case:
+        return engine["messages"]
+    expected = []
+    for round_index in range(len(engine["history"])):
+        this_round = [m for m in engine["messages"] if m[0] == round_index]
+        upload = next(m for m in this_round if m[2] == "server")
+        expected += this_round + [[round_index, "server", client, upload[3], upload[4]] for client in QA_SIZES]
+    return expected
+
+
+@pytest.mark.parametrize("case", EQUIVALENCE_CASES)
+def test_engine_and_flower_simulation_give_identical_runs(runs, case):
+    """Bit-identical, not just close: both runtimes run the same functions on the same seeds and thread count,
+    tensors cross Flower as exact float32 bytes, and the server aggregates the uploads in the sampled order."""
+    engine, flower = runs[case]["engine"], runs[case]["flower-simulation"]
+    assert flower["history"] == engine["history"]
+    assert flower["global"] == engine["global"]
+    assert flower["clients"] == engine["clients"], "every client's private state, read back from its node"
+    assert flower["steps"] == engine["steps"]
+    assert flower["messages"] == expected_flower_messages(case, engine)
+
+
+@pytest.mark.parametrize("case", EQUIVALENCE_CASES)
+def test_private_state_stays_on_the_nodes_and_never_crosses(runs, case):
+    flower = runs[case]["flower-simulation"]
+    crossed = {name for message in flower["messages"] for name in message[3]}
+    assert not crossed & set(flower["private"]), "no private parameter in any Flower message"
+    assert flower["server_checkpoint_clients"] == [], "the server's checkpoint holds no client state"
+    scalar_names = {name for message in flower["scalars"] for name in message[3]}
+    assert scalar_names <= {"client_id", "num_samples", "train_loss", "accuracy"}, scalar_names
+    identified = [m[1] for m in flower["scalars"] if m[0] == -1]
+    assert len(identified) == len(set(identified)) == 3, "each node said once which client it serves"
+
+
+def test_a_killed_server_resumes_from_its_checkpoint_to_the_uninterrupted_run(runs):
+    """SCAFFOLD keeps state on both sides (the server's variate in its checkpoint, each client's on its node), so
+    the resumed run only matches if both are restored exactly."""
+    resume = runs[RESUME_CASE]
+    assert resume["resumed_from_round"] == 1
+    for key in ("history", "global", "clients", "steps", "messages"):
+        assert resume["resumed"][key] == resume["straight"][key], key
+
+
+def test_a_malformed_upload_is_refused_naming_the_client_and_the_field():
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from fedrepro.fl.flower.messages import to_record, to_tensors, upload_problem
+
+    server = {"encoder.w": torch.zeros(2, 3), "head.b": torch.zeros(1), "control/encoder.w": torch.zeros(2, 3)}
+    shared = ["encoder.w", "head.b"]
+    good = {"encoder.w": torch.ones(2, 3), "head.b": torch.ones(1)}
+    assert upload_problem("a", to_tensors(to_record(good)), server, shared) is None
+    assert "client b: upload field 'patch.x'" in upload_problem("b", {**good, "patch.x": torch.ones(1)}, server, shared)
+    assert "client c: upload lacks field 'head.b'" in upload_problem("c", {"encoder.w": torch.ones(2, 3)}, server, shared)
+    wrong = upload_problem("d", {**good, "encoder.w": torch.ones(3, 2)}, server, shared)
+    assert "client d: upload field 'encoder.w' is (3, 2)" in wrong and "expected (2, 3)" in wrong
+
+
+# ----- on a real deployment: SuperLink and SuperNodes as processes, TLS, node authentication ------------------
+@pytest.mark.parametrize("case", DEPLOY_CASES)
+def test_engine_and_a_flower_deployment_give_identical_runs(runs, case):
+    engine, deployment = runs[case]["engine"], runs[case]["flower-deployment"]
+    for key in ("history", "global", "clients", "steps"):
+        assert deployment[key] == engine[key], key
+    assert deployment["messages"] == expected_flower_messages(case, engine)
+    assert deployment["server_checkpoint_clients"] == []
+
+
+@pytest.mark.parametrize("case", DEPLOY_CASES)
+def test_a_supernode_whose_key_is_not_registered_is_refused_and_receives_nothing(runs, case):
+    outsider = runs[case]["drill"]["unregistered"]
+    assert outsider["exit"] not in (None, 0), "it gave up: the SuperLink never let it in"
+    assert any("Failed to activate SuperNode" in line for line in outsider["errors"]), outsider["errors"]
+    assert not outsider["received_anything"], "no message reached it: its state directory was never created"
+
+
+@pytest.mark.parametrize("case", DEPLOY_CASES)
+def test_a_supernode_or_a_cli_without_tls_cannot_connect(runs, case):
+    drill = runs[case]["drill"]
+    plaintext = drill["plaintext"]
+    assert plaintext["exit"] not in (None, 0)
+    assert any("Failed to initialize the connection" in line for line in plaintext["errors"]), plaintext["errors"]
+    assert not plaintext["received_anything"]
+    assert drill["cli_without_tls"] != 0, "flwr over plain HTTP is refused too"
+
+
+def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_intact(runs):
+    """SIGKILL of one SuperNode right after round 1: round 2 ends without it (the reply timeout decides), the
+    record says who missed which round, the run finishes, and the restarted node trains again from its state
+    file, byte-identical to what it held when killed."""
+    drill = runs[KILL_CASE]["drill"]
+    victim, history = drill["victim"], drill["history"]
+    assert [record["round"] for record in history] == list(range(1, KILL_ROUNDS + 1)), "the run finished"
+    assert history[1]["missed"] == {victim: "no reply"} and victim not in history[1]["clients"]
+    assert all(victim not in record["clients"] for record in history if victim in record.get("missed", {}))
+    assert drill["files_at_kill"], "the victim had trained before it was killed"
+    assert list(drill["files_at_kill"]) == ["round-000000.safetensors"], "killed before it saved round 2's state"
+    assert drill["files_before_restart"] == drill["files_at_kill"], "nothing touched its state while it was down"
+    rejoined = history[drill["rejoined_after_round"]:]
+    assert any(victim in record["clients"] for record in rejoined), "it trained again after rejoining"
+    trained = sum(victim in record["clients"] for record in history)
+    assert drill["steps_at_end"] == trained * drill["steps_at_kill"], \
+        "the rejoined node went on from the state it held when killed (its step counter counts every round it trained)"
