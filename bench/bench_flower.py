@@ -28,7 +28,7 @@ from fedrepro.config import parse_params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import cell_recipe
 from fedrepro.fl.runtime import build_runtime
-from fedrepro.runs import tree_digest
+from fedrepro.io import tree_digest
 
 
 def timed_run(recipe, runtime: str, folder: Path) -> tuple[float, float, list]:
