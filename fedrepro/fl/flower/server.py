@@ -30,6 +30,8 @@ from fedrepro.fl.flower import messages as m
 from fedrepro.fl.runtime import CellRecipe
 
 log = logging.getLogger(__name__)
+POLL_SECONDS = 0.02
+"""How often the server asks the Grid for replies it is still waiting for."""
 
 
 class FederationError(FedreproError):
@@ -78,9 +80,25 @@ class FlowerServer(Engine):
         outgoing = [Message(content=content, dst_node_id=self.node_of[client_id], message_type=message_type,
                             group_id=str(round_index), ttl=self.reply_timeout)
                     for client_id, content in contents.items()]
-        replies = self.grid.send_and_receive(outgoing, timeout=self.reply_timeout)
-        by_node = {reply.metadata.src_node_id: reply for reply in replies}
+        by_node = {reply.metadata.src_node_id: reply for reply in self._send_and_receive(outgoing, self.reply_timeout)}
         return {client_id: by_node.get(self.node_of[client_id]) for client_id in contents}
+
+    def _send_and_receive(self, outgoing: list[Message], timeout: float | None) -> list[Message]:
+        """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
+
+        Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
+        made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
+        pending = set(self.grid.push_messages(outgoing))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending:
+            arrived = list(self.grid.pull_messages(pending))
+            replies += arrived
+            pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            time.sleep(POLL_SECONDS)
+        return replies
 
     def _config(self, round_index: int, **extra: Any) -> ConfigRecord:
         return ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: self.fingerprint, **extra})
@@ -98,7 +116,7 @@ class FlowerServer(Engine):
         outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
                             message_type=MessageType.QUERY, group_id="identify") for node_id in node_ids]
         node_of: dict[str, int] = {}
-        for reply in self.grid.send_and_receive(outgoing, timeout=self.nodes_timeout):
+        for reply in self._send_and_receive(outgoing, self.nodes_timeout):
             if reply.has_error():
                 raise FederationError(f"node {reply.metadata.src_node_id} failed to say which client it serves: "
                                       f"{reply.error.reason}")
