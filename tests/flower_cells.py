@@ -37,7 +37,7 @@ CRASH_AFTER_ROUND = 1
 RESUME_CASE = "resume/scaffold"
 DEPLOY_CASES = ("deploy-relation/scaffold", "deploy-qa/fedper")
 KILL_CASE = "kill-relation/scaffold"
-KILL_ROUNDS, REPLY_TIMEOUT = 6, 20.0
+KILL_ROUNDS, REPLY_TIMEOUT = 10, 20.0
 """On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
 (SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
 
@@ -171,12 +171,16 @@ def run_deployment(case: str, work: Path) -> dict:
                        "errors": [line for line in (federation.logs / f"supernode-{name}.log").read_text().splitlines()
                                   if "Exit Code" in line or "Failed" in line]}
     drill["wire"] = deployment.wire
+    started = "Start `flwr-clientapp` process"
+    drill["clientapps"] = {"warm": (federation.logs / "launcher.log").read_text().count(started),
+                           "cold": sum(log.read_text().count(started) for log in federation.logs.glob("supernode-*.log")),
+                           "messages": len(deployment.train_ids) + sum(len(r["clients"]) for r in deployment.state.history)}
     result["drill"] = drill
     return result
 
 
 def run_node_kill(work: Path) -> dict:
-    """SCAFFOLD for 6 rounds on a deployment. Right after round 1 is checkpointed, a client that trained in round 1
+    """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline). Right after round 1 is checkpointed, a client that trained in round 1
     and is sampled in round 2 has its SuperNode (and the ClientApp working on round 2) killed with SIGKILL; once
     round 2 is over without it, the node is started again with the same key and directory and must rejoin with
     its state as it was."""

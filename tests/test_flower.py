@@ -147,6 +147,14 @@ def test_engine_and_a_flower_deployment_give_identical_runs(runs, case):
 
 
 @pytest.mark.parametrize("case", DEPLOY_CASES)
+def test_every_message_ran_in_a_clientapp_the_warm_launcher_forked(runs, case):
+    """One process per message still (Flower's design), but forked with torch already imported; none cold."""
+    clientapps = runs[case]["drill"]["clientapps"]
+    assert clientapps["cold"] == 0
+    assert clientapps["warm"] >= clientapps["messages"], "a query to each node, a train message to each sampled client"
+
+
+@pytest.mark.parametrize("case", DEPLOY_CASES)
 def test_a_supernode_whose_key_is_not_registered_is_refused_and_receives_nothing(runs, case):
     outsider = runs[case]["drill"]["unregistered"]
     assert outsider["exit"] not in (None, 0), "it gave up: the SuperLink never let it in"

@@ -61,10 +61,11 @@ class NodeHandlers:
             raise WrongRun(f"this node serves run {self.recipe.fingerprint[:12]}, the server runs "
                            f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the server's recipe")
 
-    def client_id(self, context: Context, trainer: LocalTrainer) -> str:
+    def client_id(self, context: Context) -> str:
+        """A deployment's node is told its client; a simulated node its number (the task is built to map it)."""
         if CLIENT_ID_KEY in context.node_config:
             return str(context.node_config[CLIENT_ID_KEY])
-        return trainer.task.client_ids[int(context.node_config[PARTITION_ID_KEY])]
+        return trainer_for(self.recipe).task.client_ids[int(context.node_config[PARTITION_ID_KEY])]
 
     def store(self, context: Context, client_id: str) -> NodeStateStore:
         if STATE_DIR_KEY in context.node_config:
@@ -84,14 +85,14 @@ class NodeHandlers:
 
     def identify(self, message: Message, context: Context) -> Message:
         self._check_run(message.content[m.CONFIG])
-        client_id = self.client_id(context, trainer_for(self.recipe))
+        client_id = self.client_id(context)
         return Message(RecordDict({m.CONFIG: ConfigRecord({m.CLIENT_ID: client_id})}), reply_to=message)
 
     def train(self, message: Message, context: Context) -> Message:
         config = message.content[m.CONFIG]
         self._check_run(config)
         trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
-        client_id = self.client_id(context, trainer)
+        client_id = self.client_id(context)
         store = self.store(context, client_id)
         state = self.load_state(context, store, round_index)
         result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]),
@@ -107,7 +108,7 @@ class NodeHandlers:
         config = message.content[m.CONFIG]
         self._check_run(config)
         trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
-        client_id = self.client_id(context, trainer)
+        client_id = self.client_id(context)
         state = self.load_state(context, self.store(context, client_id), round_index + 1)
         trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
         trainer.model.eval()

@@ -7,6 +7,9 @@ The same pieces spread over machines are in the README ("The same algorithms on 
 certificate must name its address, each SuperNode gets the CA certificate, its own key (registered with
 ``flwr supernode register``) and its ``client-id`` / ``state-dir`` node config.
 
+The nodes run each message's ClientApp in a process forked by a warm launcher (``fedrepro.fl.flower.launcher``)
+that has torch and the cell's modules imported already, one at a time per core budget of the cell.
+
 ``FlowerDeployment`` is the stage's view: it writes the cell's recipe spec and a minimal Flower App
 (components ``fedrepro.fl.flower.apps``), runs it, then reads the server's checkpoint and, as the harness
 owning every node's directory on this machine, each client's final state (the server never reads them).
@@ -21,8 +24,10 @@ import json
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -34,17 +39,23 @@ from cryptography.x509.oid import NameOID
 
 from fedrepro.fl.algorithm import Algorithm
 from fedrepro.fl.channel import Message
-from fedrepro.fl.checkpoint import TrainingState, load_checkpoint
+from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
 from fedrepro.fl.engine import Engine, FederatedTask
+from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.apps import CHECKPOINT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY, write_recipe_spec
 from fedrepro.fl.flower.node_state import collect_node_states
 from fedrepro.fl.flower.server import FederationError
 from fedrepro.fl.flower.simulation import quiet_environment
 from fedrepro.fl.runtime import CellRecipe
+from fedrepro.io import read_json
 
 LOOPBACK = "127.0.0.1"
 CONNECTION = "fedrepro"
 """The SuperLink connection's name in the federation's own Flower config (``$FLWR_HOME/config.toml``)."""
+TASK_POLL_SECONDS = "0.2"
+"""How often a SuperExec asks its SuperNode for a message to run (Flower's default: every second)."""
+STATUS_EVERY_SECONDS = 10.0
+"""While the run's checkpoint is not final, ask Flower for the run's status this often (each ask is a CLI process)."""
 APP_TOML = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -188,9 +199,15 @@ class LocalFederation:
         self.exit_codes: dict[str, int | None] = {}
         """Per stopped process: its exit code if it had ended by itself before ``stop``, else None."""
         self.certificates: dict[str, Path] = {}
+        self.launcher_socket = Path(tempfile.mkdtemp(prefix="fedrepro-launcher-")) / "socket"
+        """In a short temporary folder: a Unix socket's path may not exceed about 100 bytes."""
+        launcher.shim_script(self.folder / "bin")
         self.environment = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
                             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+                            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": TASK_POLL_SECONDS,
+                            launcher.SOCKET_ENV: str(self.launcher_socket),
+                            "PATH": os.pathsep.join([str(self.folder / "bin"), str(Path(sys.executable).parent),
+                                                     os.environ.get("PATH", "")])}
 
     @property
     def address(self) -> str:
@@ -227,6 +244,17 @@ class LocalFederation:
         wait_until(lambda: self.flwr("supernode", "ls", CONNECTION, check=False).returncode == 0, 60,
                    f"the SuperLink on {self.address}")
 
+    def start_launcher(self, threads: int, preload: list[str]) -> None:
+        """The warm ClientApp launcher (``fedrepro.fl.flower.launcher``) with ``preload`` imported, shared by the nodes
+        of this machine: as many ClientApps at once as its cores fit ClientApps of ``threads`` torch threads."""
+        slots = max(1, (os.cpu_count() or 1) // max(1, threads))
+        self._spawn("launcher", [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(self.launcher_socket), str(slots),
+                                 *preload])
+        wait_until(lambda: self.launcher_socket.exists() or self.processes["launcher"].poll() is not None, 120,
+                   "the ClientApp launcher")
+        if self.processes["launcher"].poll() is not None:
+            raise FederationError(f"the ClientApp launcher failed: see {self.logs / 'launcher.log'}")
+
     def register(self, public_key: Path) -> None:
         self.flwr("supernode", "register", str(public_key), CONNECTION)
 
@@ -248,6 +276,7 @@ class LocalFederation:
         process = self.processes.pop(name)
         self.exit_codes[name] = process.poll()
         family = [process.pid, *_descendants(process.pid)]
+        family += launcher.children_of(self.launcher_socket, set(family))  # its ClientApps, forked by the launcher
         for pid in family:
             try:
                 os.kill(pid, sig)
@@ -265,8 +294,11 @@ class LocalFederation:
         process.wait()
 
     def stop_all(self) -> None:
-        for name in [n for n in self.processes if n != "superlink"] + (["superlink"] if "superlink" in self.processes else []):
+        """SuperNodes first, then the launcher (and any ClientApp still running), the SuperLink last."""
+        last = [name for name in ("launcher", "superlink") if name in self.processes]
+        for name in [n for n in self.processes if n not in last] + last:
             self.stop(name)
+        shutil.rmtree(self.launcher_socket.parent, ignore_errors=True)
 
     def __enter__(self) -> "LocalFederation":
         self.start_superlink()
@@ -275,17 +307,27 @@ class LocalFederation:
     def __exit__(self, *_: Any) -> None:
         self.stop_all()
 
-    def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None) -> dict[str, Any]:
-        """``flwr run`` the cell's app; wait until the run is over; return its entry of ``flwr ls``."""
+    def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None,
+                looks_done: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+        """``flwr run`` the cell's app; wait until the run is over; return its entry of ``flwr ls``. Flower is asked
+        for the run's status when ``looks_done()`` (say, the last checkpoint is there), else every few seconds."""
         app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout)
         started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
         run_id = str(started["run-id"])
+        asked = time.monotonic()
 
         def status() -> str:
             listing = json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout)
             return listing["runs"][0]["status"]
 
-        wait_until(lambda: status().startswith("finished"), timeout, f"Flower run {run_id}")
+        def finished() -> bool:
+            nonlocal asked
+            if not looks_done() and time.monotonic() - asked < STATUS_EVERY_SECONDS:
+                return False
+            asked = time.monotonic()
+            return status().startswith("finished")
+
+        wait_until(finished, timeout, f"Flower run {run_id}")
         run = json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout)["runs"][0]
         if run["status"] != "finished:completed":
             log = self.flwr("log", run_id, CONNECTION, "--show", check=False)
@@ -332,23 +374,35 @@ class FlowerDeployment(Engine):
                 process.wait(timeout=settle)
             except subprocess.TimeoutExpired:
                 return
+            if f"supernode-{client_id}" not in federation.processes:
+                raise FederationError(f"the federation stopped before the SuperNode of client {client_id} could rejoin")
             federation.stop(f"supernode-{client_id}")
             if time.monotonic() > deadline:
                 raise FederationError(f"the SuperNode of client {client_id} could not rejoin within {within:g} s")
             time.sleep(5)
+
+    def _last_checkpoint_written(self) -> bool:
+        state = self.checkpoint_dir / LATEST / "state.json"
+        try:
+            return state.exists() and read_json(state).get("next_round", 0) >= self.settings.rounds
+        except (OSError, ValueError):  # replaced while being read
+            return False
 
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
             quiet_environment()
             spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint})
             with stopped_cleanly_on_sigterm(), LocalFederation(self.federation_dir) as federation:
+                federation.start_launcher(self.recipe.threads,
+                                          ["fedrepro.fl.flower.apps", self.recipe.spec["factory"].partition(":")[0]])
                 for client_id in self.train_ids:
                     private, public = make_node_key(federation.folder / "node-keys", client_id)
                     federation.register(public)
                     self.start_node(federation, client_id)
                 if self.on_federation_up is not None:
                     self.on_federation_up(federation)
-                self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout)["network-traffic"]
+                self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
+                                               self._last_checkpoint_written)["network-traffic"]
             state = load_checkpoint(self.checkpoint_dir, self.fingerprint)
             if state is None or state.next_round < self.settings.rounds:
                 raise FederationError(f"the Flower run ended without its last checkpoint in {self.checkpoint_dir}")
