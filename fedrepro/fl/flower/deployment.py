@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cryptography import x509
+from tqdm.auto import tqdm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -381,12 +382,13 @@ class FlowerDeployment(Engine):
                 raise FederationError(f"the SuperNode of client {client_id} could not rejoin within {within:g} s")
             time.sleep(5)
 
-    def _last_checkpoint_written(self) -> bool:
+    def _rounds_checkpointed(self) -> int:
+        """Rounds the ServerApp has checkpointed so far (it runs in a process of its own)."""
         state = self.checkpoint_dir / LATEST / "state.json"
         try:
-            return state.exists() and read_json(state).get("next_round", 0) >= self.settings.rounds
+            return read_json(state).get("next_round", 0) if state.exists() else 0
         except (OSError, ValueError):  # replaced while being read
-            return False
+            return 0
 
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
@@ -401,8 +403,16 @@ class FlowerDeployment(Engine):
                     self.start_node(federation, client_id)
                 if self.on_federation_up is not None:
                     self.on_federation_up(federation)
-                self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
-                                               self._last_checkpoint_written)["network-traffic"]
+                with tqdm(desc=f"{self.algorithm.name} rounds on Flower", total=self.settings.rounds,
+                          initial=self.state.next_round, disable=not self.progress) as bar:
+                    def last_round_checkpointed() -> bool:
+                        done = self._rounds_checkpointed()
+                        if done > bar.n:
+                            bar.update(done - bar.n)
+                        return bar.n >= self.settings.rounds
+
+                    self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
+                                                   last_round_checkpointed)["network-traffic"]
             state = load_checkpoint(self.checkpoint_dir, self.fingerprint)
             if state is None or state.next_round < self.settings.rounds:
                 raise FederationError(f"the Flower run ended without its last checkpoint in {self.checkpoint_dir}")
