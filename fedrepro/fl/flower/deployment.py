@@ -23,8 +23,8 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cryptography import x509
-from tqdm.auto import tqdm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from tqdm.auto import tqdm
 
 from fedrepro.fl.algorithm import Algorithm
 from fedrepro.fl.channel import Message
