@@ -180,10 +180,10 @@ def run_deployment(case: str, work: Path) -> dict:
 
 
 def run_node_kill(work: Path) -> dict:
-    """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline). Right after round 1 is checkpointed, a client that trained in round 1
-    and is sampled in round 2 has its SuperNode (and the ClientApp working on round 2) killed with SIGKILL; once
-    round 2 is over without it, the node is started again with the same key and directory and must rejoin with
-    its state as it was."""
+    """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline). Right after
+    round 1 is checkpointed, a client that trained in round 1 and is sampled in round 2 has its SuperNode (and the
+    ClientApp working on round 2) killed with SIGKILL; once round 2 is over without it, the node is started again
+    with the same key and directory and must rejoin with its state as it was."""
     import signal
     import threading
 

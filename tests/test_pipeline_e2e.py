@@ -24,6 +24,25 @@ def project(tmp_path_factory):
     return root
 
 
+def test_committed_lock_matches_the_code_and_params(tmp_path):
+    """A clone must not retrain what the committed dvc.lock already describes: every code and params dependency of
+    every stage hashes as the lock says (outputs are absent in a clone, so only the dependencies are compared)."""
+    root = fresh_copy(tmp_path)
+    result = run(["dvc", "status", "--json"], root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stale = {}
+    for stage, changes in json.loads(result.stdout).items():
+        for change in changes:
+            if change == "changed command" or change == "changed checksum":
+                stale.setdefault(stage, []).append(change)
+            elif isinstance(change, dict) and "changed deps" in change:
+                # An upstream stage's output is "deleted" in a clone; anything else means the lock is out of date.
+                edited = {dep: state for dep, state in change["changed deps"].items() if state != "deleted"}
+                if edited:
+                    stale.setdefault(stage, []).append(edited)
+    assert not stale, f"dvc.lock is out of date (run `dvc repro` and commit dvc.lock): {stale}"
+
+
 def test_repro_writes_fedmatch_tables_figures_and_claims(project):
     params = yaml.safe_load((project / "params.yaml").read_text())["fedmatch"]
     metrics = json.loads((project / "reports" / "fedmatch" / "metrics.json").read_text())

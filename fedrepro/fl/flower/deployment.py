@@ -302,7 +302,11 @@ class LocalFederation:
         shutil.rmtree(self.launcher_socket.parent, ignore_errors=True)
 
     def __enter__(self) -> "LocalFederation":
-        self.start_superlink()
+        try:
+            self.start_superlink()
+        except BaseException:
+            self.stop_all()  # a SuperLink that never answered still runs, and the launcher's folder exists
+            raise
         return self
 
     def __exit__(self, *_: Any) -> None:

@@ -13,8 +13,8 @@ single-threaded until it forks (it runs no torch op and starts no thread), so th
 At most ``slots`` children run at once (the machine's cores over the cell's torch threads): a deployment
 on one machine shares its cores among all the nodes, and eight ClientApps of two threads each on two cores
 spun OpenMP threads against each other until a round took a minute; on Ray each ClientApp likewise asks
-for the cores it uses. Each child is listed in ``<socket>.children/<pid>`` with the pid of the SuperExec that asked for it, so
-stopping a SuperNode (and its SuperExec) can stop the ClientApp processes working for it too.
+for the cores it uses. Each child is listed in ``<socket>.children/<pid>`` with the pid of the SuperExec that
+asked for it, so stopping a SuperNode (and its SuperExec) can stop the ClientApp processes working for it too.
 """
 
 from __future__ import annotations
