@@ -26,7 +26,8 @@ def project(tmp_path_factory):
 
 def test_committed_lock_matches_the_code_and_params(tmp_path):
     """A clone must not retrain what the committed dvc.lock already describes: every code and params dependency of
-    every stage hashes as the lock says (outputs are absent in a clone, so only the dependencies are compared)."""
+    every stage hashes as the lock says (outputs are absent in a clone, so only the dependencies are compared), and
+    the lock holds no stage of an older dvc.yaml (DVC leaves those behind)."""
     root = fresh_copy(tmp_path)
     result = run(["dvc", "status", "--json"], root)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -41,6 +42,9 @@ def test_committed_lock_matches_the_code_and_params(tmp_path):
                 if edited:
                     stale.setdefault(stage, []).append(edited)
     assert not stale, f"dvc.lock is out of date (run `dvc repro` and commit dvc.lock): {stale}"
+    listed = run(["dvc", "stage", "list", "--name-only"], root).stdout.split()
+    locked = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    assert not set(locked) - set(listed), f"dvc.lock keeps stages dvc.yaml no longer has: {sorted(set(locked) - set(listed))}"
 
 
 def test_repro_writes_fedmatch_tables_figures_and_claims(project):
