@@ -48,8 +48,8 @@ def main() -> None:
             if subset is None:
                 table = cap_splits(corpora[dataset], settings.max_train_sentences, settings.max_eval_sentences, seed)
             else:  # Table 3's subset is drawn from the whole training split; it is smaller than any cap
-                table = cap_splits(subsample_train(corpora[dataset], sweeps.subset_size, subset, seed), 0,
-                                   settings.max_eval_sentences, seed)
+                table = cap_splits(subsample_train(corpora[dataset], sweeps.subset_size, subset, seed,
+                                                   settings.negative_labels), 0, settings.max_eval_sentences, seed)
             assignment, proportions = partition_corpus(table, clients, settings.partition, alpha, seed,
                                                        settings.min_client_size, settings.balance)
             counts = client_class_counts(assignment, "train")

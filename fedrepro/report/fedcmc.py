@@ -1072,7 +1072,10 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     lines += ["## Table 3: balanced vs natural training subset", ""]
     if sw.subset_modes:
         lines += [f"{sw.subset_size} training sentences of {_dataset_label(sw.subset_dataset)} (balanced: {sw.subset_size} / C per "
-                  f"class; natural: the corpus's label mix), α = {sw.alpha:g}, {settings.clients} clients, the full test set; "
+                  f"class; natural: the corpus's label mix), α = {sw.alpha:g}, {settings.clients} clients, "
+                  f"{f'at most {settings.max_eval_sentences} test sentences' if settings.max_eval_sentences else 'the whole test set'}; "
+                  f"sentences of a no-relation class ({', '.join(settings.negative_labels)}) leave every split, as the paper's "
+                  "CPR has only its five relation types; "
                   f"test micro-F1 in % ({_over_seeds(len(sw.seeds))}). The paper (500 ChemProt sentences, 100 per class): "
                   "FedRS and FedLC about as good as FedCMC on the balanced subset, FedCMC ahead on the natural one.", "",
                   sweep_table(data, "subsets", sw.subset_methods, "subset", sw.subset_modes).to_markdown(disable_numparse=True), ""]
