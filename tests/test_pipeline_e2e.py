@@ -34,7 +34,7 @@ def test_committed_lock_matches_the_code_and_params(tmp_path):
     stale = {}
     for stage, changes in json.loads(result.stdout).items():
         for change in changes:
-            if change == "changed command" or change == "changed checksum":
+            if change in ("changed command", "changed checksum"):
                 stale.setdefault(stage, []).append(change)
             elif isinstance(change, dict) and "changed deps" in change:
                 # An upstream stage's output is "deleted" in a clone; anything else means the lock is out of date.

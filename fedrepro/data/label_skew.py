@@ -167,10 +167,10 @@ def partition_corpus(table: pd.DataFrame, n_clients: int, scheme: str, alpha: fl
 
 def subsample_train(table: pd.DataFrame, size: int, mode: str, seed: int,
                     drop_labels: Sequence[str] = ()) -> pd.DataFrame:
-    """``size`` train rows for the small-data runs (FedCMC Table 3, 500-sample ChemProt); valid/test kept whole.
+    """``size`` train rows for the small-data runs (FedCMC Table 3, 500-sample ChemProt); valid/test kept whole,
+    less the rows labelled with one of ``drop_labels``, which leave every split first: the paper's CPR has only its
+    five relation types ("100 samples per class" of 500), where the CPR-group corpus also holds the no-relation class.
 
-    Rows labelled with one of ``drop_labels`` first leave every split: the paper's CPR has only its five relation
-    types ("100 samples per class" of 500), where the CPR-group corpus also holds the no-relation class.
     ``balanced``: size / C of every class (C = all classes left). ``natural``: per-class counts proportional to
     the train label distribution, rounded by largest remainder so they sum to ``size``.
     """
