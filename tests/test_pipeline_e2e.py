@@ -42,7 +42,9 @@ def test_committed_lock_matches_the_code_and_params(tmp_path):
                 if edited:
                     stale.setdefault(stage, []).append(edited)
     assert not stale, f"dvc.lock is out of date (run `dvc repro` and commit dvc.lock): {stale}"
-    listed = run(["dvc", "stage", "list", "--name-only"], root).stdout.split()
+    listed = run(["dvc", "stage", "list", "--name-only"], root)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    listed = listed.stdout.split()
     locked = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     assert not set(locked) - set(listed), f"dvc.lock keeps stages dvc.yaml no longer has: {sorted(set(locked) - set(listed))}"
 
