@@ -1,0 +1,57 @@
+"""Did a cell train soundly? One rule for every paper, so no verdict rests on a diverged or unfinished model.
+
+diverged:  a non-finite training loss in any round, or a last round's training loss above the first round's.
+converged: the validation metric's best over the last ``window`` points beats the best before them by at most
+           ``tolerance`` (it stopped improving); None when there are fewer than ``window + 1`` points to judge by.
+
+The rule is stated once here and quoted by every report (``RULE``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+WINDOW = 2
+TOLERANCE = 0.01
+RULE = (f"diverged = a non-finite training loss, or the last round's training loss above the first round's; "
+        f"converged = the best validation score of the last {WINDOW} evaluations beats the best before them by at "
+        f"most {TOLERANCE} (absolute), i.e. it stopped improving; unknown with fewer than {WINDOW + 1} evaluations")
+
+
+@dataclass(frozen=True)
+class Health:
+    diverged: bool
+    converged: bool | None
+    why: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def label(self) -> str:
+        """One word for a table cell."""
+        if self.diverged:
+            return "diverged"
+        return {True: "converged", False: "not converged", None: "unknown"}[self.converged]
+
+
+def cell_health(train_losses: Sequence[float], valid_scores: Sequence[float] = (), window: int = WINDOW,
+                tolerance: float = TOLERANCE) -> Health:
+    """Judge one cell from its per-round training losses and its validation scores (higher is better)."""
+    losses = [float(x) for x in train_losses]
+    bad = [i + 1 for i, x in enumerate(losses) if not math.isfinite(x)]
+    if bad:
+        return Health(True, None, f"non-finite training loss in round(s) {bad}")
+    if len(losses) >= 2 and losses[-1] > losses[0]:
+        return Health(True, None, f"training loss rose from {losses[0]:.4g} (round 1) to {losses[-1]:.4g} "
+                                  f"(round {len(losses)})")
+    scores = [float(x) for x in valid_scores]
+    if len(scores) < window + 1:
+        return Health(False, None, f"{len(scores)} validation point(s), fewer than {window + 1}")
+    before, last = max(scores[:-window]), max(scores[-window:])
+    gain = last - before
+    if gain <= tolerance:
+        return Health(False, True, f"last {window} evaluations gained {gain:+.4f} over the best before (<= {tolerance})")
+    return Health(False, False, f"still improving: last {window} evaluations gained {gain:+.4f} (> {tolerance})")

@@ -1,0 +1,116 @@
+"""The training-sanity protocol's table, shared by the three papers.
+
+Before any federated cell is trusted at a scale, a pooled (centralised) reference trained on the same capped
+data must beat the trivial baselines of its task by a margin stated in advance, and the scale's learning rate
+and rounds (or steps) are chosen on the validation split, never on test. Each paper's ``sanity`` module trains
+the sweep and scores the baselines; this module picks the setting and writes the one table format.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from fedrepro.fl.health import RULE, cell_health
+from fedrepro.io import write_json
+
+
+@dataclass
+class SanityResult:
+    paper: str
+    metric: str
+    """The validation metric the choice is made on (higher is better)."""
+    margin: float
+    """How far (absolute, in the metric's units) the chosen reference must beat the best trivial baseline."""
+    sweep: pd.DataFrame
+    """One row per (setting, evaluation point): the setting's columns, ``round`` (or step), ``train_loss``, ``valid``."""
+    settings: list[str]
+    """The columns of ``sweep`` that make a setting (e.g. ``lr``)."""
+    baselines: dict[str, float]
+    """Trivial baselines' validation scores, by name."""
+    notes: list[str] = field(default_factory=list)
+
+    def settings_table(self) -> pd.DataFrame:
+        """One row per setting: its best validation point, and its health by the shared rule."""
+        rows = []
+        for key, group in self.sweep.groupby(self.settings, sort=True):
+            key = key if isinstance(key, tuple) else (key,)
+            group = group.sort_values("round")
+            health = cell_health(group["train_loss"].tolist(), group["valid"].tolist())
+            best = group.loc[group["valid"].idxmax()] if group["valid"].notna().any() else None
+            rows.append({**dict(zip(self.settings, key)),
+                         "best valid": float(best["valid"]) if best is not None else math.nan,
+                         "at round": int(best["round"]) if best is not None else None,
+                         "first loss": float(group["train_loss"].iloc[0]),
+                         "last loss": float(group["train_loss"].iloc[-1]),
+                         "health": health.label})
+        return pd.DataFrame(rows)
+
+    def choice(self) -> dict:
+        """The setting (and round) with the best validation score among those that did not diverge."""
+        table = self.settings_table()
+        sound = table[table["health"] != "diverged"]
+        if sound.empty or sound["best valid"].isna().all():
+            return {}
+        best = sound.loc[sound["best valid"].idxmax()]
+        return {**{k: best[k] for k in self.settings}, "round": int(best["at round"]), "valid": float(best["best valid"])}
+
+    def verdict(self) -> dict:
+        choice = self.choice()
+        name, value = max(self.baselines.items(), key=lambda kv: kv[1])
+        reference = choice.get("valid", math.nan)
+        return {"choice": choice, "best_baseline": name, "best_baseline_valid": value,
+                "margin_required": self.margin, "margin": reference - value,
+                "passed": bool(choice) and reference - value >= self.margin}
+
+
+def render_sanity(result: SanityResult) -> str:
+    verdict = result.verdict()
+    baselines = pd.DataFrame([{"trivial baseline": k, f"valid {result.metric}": v} for k, v in result.baselines.items()])
+    lines = [
+        f"# {result.paper}: training-sanity protocol",
+        "",
+        "A pooled (centralised) reference, trained on the same capped data as the federated cells, for each setting "
+        f"of a small sweep; the setting is chosen on the validation split's {result.metric} (never on test), and the "
+        f"chosen reference must beat the best trivial baseline by at least {result.margin:g} (stated before the run).",
+        "",
+        f"Health rule (every cell of every report): {RULE}.",
+        "",
+        "## Sweep (best validation point per setting)",
+        "",
+        result.settings_table().to_markdown(index=False, floatfmt=".4f"),
+        "",
+        "## Trivial baselines (validation)",
+        "",
+        baselines.to_markdown(index=False, floatfmt=".4f"),
+        "",
+        "## Choice",
+        "",
+    ]
+    if verdict["choice"]:
+        chosen = ", ".join(f"{k} = {v}" for k, v in verdict["choice"].items() if k != "valid")
+        lines.append(f"- Chosen: {chosen} (valid {result.metric} {verdict['choice']['valid']:.4f}).")
+    else:
+        lines.append("- No setting trained soundly: nothing can be chosen.")
+    lines.append(f"- Margin over the best trivial baseline ({verdict['best_baseline']}, "
+                 f"{verdict['best_baseline_valid']:.4f}): {verdict['margin']:+.4f}, required {result.margin:+.4f}: "
+                 f"**{'passed' if verdict['passed'] else 'FAILED'}**.")
+    lines += [f"- {note}" for note in result.notes]
+    lines += ["", "## Every evaluation point", "", result.sweep.to_markdown(index=False, floatfmt=".4f"), ""]
+    return "\n".join(lines)
+
+
+def write_sanity(result: SanityResult, folder: Path) -> dict:
+    """sanity.md (the table), sanity.csv (every point) and sanity.json (the choice and the verdict)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    result.sweep.to_csv(folder / "sanity.csv", index=False, float_format="%.6g")
+    (folder / "sanity.md").write_text(render_sanity(result))
+    verdict = result.verdict()
+    write_json(folder / "sanity.json", {**verdict, "metric": result.metric, "baselines": result.baselines,
+                                        "choice": {k: (v.item() if hasattr(v, "item") else v)
+                                                   for k, v in verdict["choice"].items()}})
+    return verdict

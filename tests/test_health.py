@@ -1,0 +1,38 @@
+"""The shared health rule and the sanity table: diverged / converged cells, and the choice on validation."""
+
+import math
+
+import pandas as pd
+
+from fedrepro.fl.health import cell_health
+from fedrepro.report.sanity import SanityResult, render_sanity, write_sanity
+
+
+def test_non_finite_or_rising_loss_is_diverged():
+    assert cell_health([1.0, math.nan, 0.5]).diverged
+    assert cell_health([1.16, 3.0, 9.7]).diverged
+    assert not cell_health([1.16, 0.9, 0.8]).diverged
+
+
+def test_converged_when_the_last_points_stop_improving():
+    assert cell_health([1, 0.9, 0.8, 0.7], [0.50, 0.60, 0.605, 0.60]).converged is True
+    assert cell_health([1, 0.9, 0.8, 0.7], [0.40, 0.50, 0.60, 0.70]).converged is False
+    assert cell_health([1, 0.9], [0.4, 0.5]).converged is None
+
+
+def _result(margin):
+    rows = []
+    for lr, losses, scores in ((1e-4, [1.0, 0.8, 0.7], [0.5, 0.6, 0.62]), (1e-3, [1.0, 3.0, 9.0], [0.9, 0.2, 0.1]),
+                               (5e-5, [1.0, 0.9, 0.85], [0.4, 0.5, 0.55])):
+        rows += [{"lr": lr, "round": r + 1, "train_loss": l, "valid": s} for r, (l, s) in enumerate(zip(losses, scores))]
+    return SanityResult("toy", "F1", margin, pd.DataFrame(rows), ["lr"], {"majority": 0.3, "random": 0.2})
+
+
+def test_choice_skips_diverged_settings_and_checks_the_margin(tmp_path):
+    # the diverged lr 1e-3 has the best single point (0.9) but may not be chosen
+    verdict = write_sanity(_result(0.1), tmp_path)
+    assert verdict["choice"]["lr"] == 1e-4 and verdict["choice"]["round"] == 3
+    assert verdict["passed"] and abs(verdict["margin"] - 0.32) < 1e-9
+    assert not _result(0.5).verdict()["passed"]
+    text = render_sanity(_result(0.5))
+    assert "FAILED" in text and "diverged" in text
