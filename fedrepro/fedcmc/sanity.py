@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -20,6 +19,7 @@ from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import cell_recipe
 from fedrepro.fl.engine import GLOBAL, POOLED, Engine
+from fedrepro.metrics.classification import trivial_scores
 from fedrepro.report.sanity import SanityResult
 from fedrepro.tasks.relation import RelationTask
 
@@ -27,19 +27,10 @@ METRIC = "micro-F1 (positive classes)"
 
 
 def trivial_baselines(task: RelationTask, split: str = "valid") -> dict[str, float]:
-    """Micro-F1 over the positive classes of the two answers that need no model."""
-    gold = task.eval_sets[split][0]["label"].map({c: i for i, c in enumerate(task.classes)}).to_numpy()
-    prior = sum(task.label_counts(c) for c in task.client_ids).numpy()
-    prior = prior / prior.sum()
-    positive = np.array(task.positive)
-    gold_positive = np.isin(gold, positive).sum()
-    commonest = positive[np.argmax(prior[positive])]
-    # constant answer: every sentence predicted `commonest` (a positive class), so predicted positives = N
-    constant = 2 * (gold == commonest).sum() / (len(gold) + gold_positive)
-    # stratified random: E[TP] = sum_c n_c p_c and E[predicted positives] = N sum_{c positive} p_c
-    expected_tp = sum((gold == c).sum() * prior[c] for c in positive)
-    stratified = 2 * expected_tp / (len(gold) * prior[positive].sum() + gold_positive)
-    return {f"always {task.classes[commonest]}": float(constant), "stratified random": float(stratified)}
+    """``trivial_scores`` on one of the task's global evaluation sets, with the pooled training counts."""
+    counts = sum(task.label_counts(c) for c in task.client_ids).tolist()
+    return trivial_scores(task.eval_sets[split][0]["label"], dict(zip(task.classes, counts)),
+                          [task.classes[i] for i in task.positive])
 
 
 def pooled_reference(params: Params, dataset: str, alpha: float, lr: float, rounds: int, folders: tuple[Path, Path, Path],
