@@ -14,7 +14,7 @@ OUT = Path("reports/fedmatch")
 def main() -> None:
     params = load_params()
     data = load_fedmatch(Path("data/fedmatch"), params)
-    chance = chance_levels(Path("data/mined"), params.data.seed)
+    chance = chance_levels(Path("data/mined"))
     with atomic_dir(OUT / "figures") as tmp:
         write_figures(data, params, tmp)
     report = render_report(params, data, chance, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -68,12 +69,41 @@ def test_no_relevant_answer_anywhere_is_an_error():
         ranking_metrics({"q": {"d": 0}}, {"q": {"d": 1.0}})
 
 
-def test_random_ranking_matches_the_closed_form_chance_level():
-    # One relevant answer among n candidates: E[RR] = (1/n) * sum_{k=1..n} 1/k, and AP = RR.
-    n = 4
-    qrels = {"q": {"d0": 1}}
-    run = {"q": {f"d{i}": 0.0 for i in range(n)}}
-    expected = sum(1 / k for k in range(1, n + 1)) / n
-    measured = random_ranking_metrics(qrels, run, draws=4000, seed=1)
-    assert measured["mrr"] == pytest.approx(expected, abs=0.02)
-    assert measured["map"] == pytest.approx(expected, abs=0.02)
+def _enumerated_chance(qrels, run):
+    """Mean MAP/MRR over every ordering of every question's candidates (brute force, itertools)."""
+    per_question = {"map": [], "mrr": []}
+    for q, docs in qrels.items():
+        if not any(r > 0 for r in docs.values()):
+            continue
+        orders = list(itertools.permutations(run.get(q, {})))
+        scores = [ranking_metrics({q: docs}, {q: {d: float(len(o) - i) for i, d in enumerate(o)}}) if o else {"map": 0.0, "mrr": 0.0}
+                  for o in orders]
+        for name in per_question:
+            per_question[name].append(sum(s[name] for s in scores) / len(scores))
+    return {name: sum(values) / len(values) for name, values in per_question.items()}
+
+
+def test_random_ranking_is_the_exact_expectation_over_all_orderings():
+    # q1: 2 relevant of 4 (+1 judged relevant never retrieved); q2: 1 of 5; q3: 3 of 3; q4: judged, not in the run;
+    # q5: no relevant answer (excluded)
+    qrels = {"q1": {"a": 1, "b": 1, "z": 1, "c": 0}, "q2": {"e": 1}, "q3": {"x": 1, "y": 1, "w": 1}, "q4": {"m": 1},
+             "q5": {"n": 0}}
+    run = {"q1": {"a": 0, "b": 0, "c": 0, "d": 0}, "q2": {d: 0 for d in "efghi"}, "q3": {"x": 0, "y": 0, "w": 0},
+           "q5": {"n": 0}}
+    assert random_ranking_metrics(qrels, run) == pytest.approx(_enumerated_chance(qrels, run), abs=1e-12)
+
+
+def test_random_ranking_by_hand():
+    # 1 relevant of 3: E[RR] = E[AP] = (1 + 1/2 + 1/3) / 3 = 11/18.
+    # 2 relevant of 3: orders (R R N) AP 1, (R N R) (1 + 2/3)/2 = 5/6, (N R R) (1/2 + 2/3)/2 = 7/12, each with
+    # probability 1/3: E[AP] = (1 + 5/6 + 7/12) / 3 = 29/36; E[RR] = (1 + 1 + 1/2) / 3 = 5/6.
+    assert random_ranking_metrics({"q": {"a": 1}}, {"q": {"a": 0, "b": 0, "c": 0}}) == pytest.approx({"map": 11 / 18, "mrr": 11 / 18})
+    assert random_ranking_metrics({"q": {"a": 1, "b": 1}}, {"q": {"a": 0, "b": 0, "c": 0}}) == pytest.approx({"map": 29 / 36, "mrr": 5 / 6})
+
+
+def test_random_ranking_of_many_gold_answers_is_near_one_half():
+    # PrivacyQA-like: 20 gold answers among 40 candidates; chance MAP is 0.542, far from 1 gold in 20's 0.180.
+    qrels = {"q": {f"g{i}": 1 for i in range(20)}}
+    run = {"q": {**{f"g{i}": 0.0 for i in range(20)}, **{f"n{i}": 0.0 for i in range(20)}}}
+    level = random_ranking_metrics(qrels, run)
+    assert 0.5 < level["map"] < 0.55 and 0.65 < level["mrr"] < 0.75

@@ -64,20 +64,49 @@ def cross_check_ranx(qrels: Qrels, run: Run) -> dict[str, float]:
     return {"map": float(result["map"]), "mrr": float(result["mrr"])}
 
 
-def random_ranking_metrics(qrels: Qrels, run: Run, draws: int = 200, seed: int = 0) -> dict[str, float]:
-    """MAP and MRR of a random ordering of the same candidates, averaged over ``draws`` seeded shuffles.
+def expected_random_ap(candidates: int, relevant_retrieved: int, relevant_judged: int) -> float:
+    """E[AP] when ``candidates`` documents, ``relevant_retrieved`` of them relevant, are put in a uniformly random
+    order; relevant answers missing from the run (``relevant_judged`` counts all) add 0 to AP but count in its
+    denominator, as in trec_eval.
 
-    The chance level of a candidate set: a learned model is only worth its margin over this.
+    AP = (1/R) sum_d P@rank(d) over the retrieved relevant d. For one of them E[1/rank] = H_n/n, and each other
+    relevant d' ranks above it with probability (k-1)/(n-1) given rank k, giving (n - H_n) / (n(n-1)) per pair.
     """
-    import numpy as np
+    n, r = candidates, relevant_retrieved
+    if r == 0:
+        return 0.0
+    harmonic = sum(1.0 / k for k in range(1, n + 1))
+    pair = (n - harmonic) / (n * (n - 1)) if n > 1 else 0.0
+    return r * (harmonic / n + (r - 1) * pair) / relevant_judged
 
-    rng = np.random.default_rng(seed)
+
+def expected_random_rr(candidates: int, relevant_retrieved: int) -> float:
+    """E[1 / rank of the first relevant] under a uniformly random order: P(first relevant at k) = C(n-k, r-1) / C(n, r)."""
+    from math import comb
+
+    n, r = candidates, relevant_retrieved
+    if r == 0:
+        return 0.0
+    return sum(comb(n - k, r - 1) / k for k in range(1, n - r + 2)) / comb(n, r)
+
+
+def random_ranking_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
+    """Exact expected MAP and MRR of a uniformly random ordering of each question's candidates in ``run``.
+
+    The chance level of a candidate set: a learned model is only worth its margin over this. It depends on the
+    number of gold answers per question (PrivacyQA, about 20 gold among 40 candidates, sits near 0.5), so it is
+    computed per question, not assumed. Same conventions as :func:`ranking_metrics`: judged questions only, a
+    judged question missing from the run scores 0.
+    """
+    judged = _judged(qrels)
+    run = {str(q): {str(d) for d in docs} for q, docs in run.items()}
     totals = {"map": 0.0, "mrr": 0.0}
-    for _ in range(draws):
-        shuffled = {q: dict(zip(docs, rng.permutation(len(docs)).astype(float))) for q, docs in run.items()}
-        for name, value in ranking_metrics(qrels, shuffled).items():
-            totals[name] += value / draws
-    return totals
+    for q, relevant in judged.items():
+        docs = run.get(q, set())
+        retrieved = len(docs & set(relevant))
+        totals["map"] += expected_random_ap(len(docs), retrieved, len(relevant))
+        totals["mrr"] += expected_random_rr(len(docs), retrieved)
+    return {name: value / len(judged) for name, value in totals.items()}
 
 
 def trec_files(qrels: Qrels, run: Run, tag: str) -> tuple[str, str]:

@@ -32,12 +32,13 @@ LR = down-projection to r, GELU, up-projection. Every up-projection starts at ze
 starts exactly as the unpatched one; patch parameters are private by name (`.patch.`) and never leave their client."""
 
 
-def chance_levels(mined: Path, seed: int) -> dict:
-    """MAP/MRR of a random ordering of each client's test candidates: a method is worth its margin over this."""
+def chance_levels(mined: Path, split: str = "test") -> dict:
+    """Exact expected MAP/MRR of a random ordering of each client's ``split`` candidates: a method is worth its
+    margin over this."""
     clients = {}
     for folder in sorted(p for p in Path(mined).iterdir() if p.is_dir()):
-        test = read_table(folder / "candidates.parquet").query("split == 'test'").assign(score=0.0)
-        clients[folder.name] = random_ranking_metrics(*qrels_and_run(test), seed=seed)
+        candidates = read_table(folder / "candidates.parquet")
+        clients[folder.name] = random_ranking_metrics(*qrels_and_run(candidates[candidates["split"] == split].assign(score=0.0)))
     return {"clients": clients, "overall": overall(clients)}
 
 
