@@ -74,7 +74,7 @@ def test_repro_writes_fedcmc_tables_figures_and_claims(project):
     for heading in ("## Table 2", "## The clients table", "## Table 3", "## Fig 1", "## Fig 3a", "## Fig 3b", "## Fig 4",
                     "## Communication and memory", "## Claims checked at this scale"):
         assert heading in report
-    assert "FedCMC" in report and "SCAFFOLD" in report and "majority class (chance)" in report
+    assert "FedCMC" in report and "SCAFFOLD" in report and "trivial: stratified random" in report
     figures = project / "reports" / "fedcmc" / "figures"
     assert len(list((figures / "partitions").glob("*.png"))) == len(list((project / "data" / "fedcmc" / "partitions").iterdir()))
     assert all(p.stat().st_size > 10_000 for p in figures.glob("*.png"))

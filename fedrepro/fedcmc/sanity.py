@@ -27,10 +27,11 @@ METRIC = "micro-F1 (positive classes)"
 
 
 def trivial_baselines(task: RelationTask, split: str = "valid") -> dict[str, float]:
-    """``trivial_scores`` on one of the task's global evaluation sets, with the pooled training counts."""
+    """Micro-F1 of ``trivial_scores`` on one of the task's global evaluation sets, with the pooled training counts."""
     counts = sum(task.label_counts(c) for c in task.client_ids).tolist()
-    return trivial_scores(task.eval_sets[split][0]["label"], dict(zip(task.classes, counts)),
-                          [task.classes[i] for i in task.positive])
+    scores = trivial_scores(task.eval_sets[split][0]["label"], dict(zip(task.classes, counts)),
+                            [task.classes[i] for i in task.positive])
+    return {name: values["micro_f1"] for name, values in scores.items()}
 
 
 def pooled_reference(params: Params, dataset: str, alpha: float, lr: float, rounds: int, folders: tuple[Path, Path, Path],

@@ -12,17 +12,22 @@ from typing import Mapping, Sequence
 import numpy as np
 
 
-def trivial_scores(gold: Sequence[str], train_counts: Mapping[str, float], positive: Sequence[str]) -> dict[str, float]:
-    """Micro-F1 over the ``positive`` classes of the two answers that need no model, given the gold labels and
-    the training label counts (the prior a model that learned nothing else would know)."""
+def trivial_scores(gold: Sequence[str], train_counts: Mapping[str, float],
+                   positive: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Micro- and macro-F1 over the ``positive`` classes of the two answers that need no model, given the gold
+    labels and the training label counts (the prior a model that learned nothing else would know)."""
     gold = np.asarray(gold, dtype=object)
     total = sum(train_counts.values())
-    prior = {c: n / total for c, n in train_counts.items()}
-    gold_positive = int(np.isin(gold, list(positive)).sum())
-    commonest = max(positive, key=lambda c: prior.get(c, 0.0))
+    prior = {c: train_counts.get(c, 0) / total for c in positive}
+    n = {c: int((gold == c).sum()) for c in positive}
+    gold_positive, size = sum(n.values()), len(gold)
+    commonest = max(positive, key=lambda c: prior[c])
     # constant answer: every sentence predicted `commonest` (a positive class), so predicted positives = N
-    constant = 2 * int((gold == commonest).sum()) / (len(gold) + gold_positive)
-    # stratified random: E[TP] = sum_c n_c p_c and E[predicted positives] = N sum_{c positive} p_c
-    expected_tp = sum(int((gold == c).sum()) * prior.get(c, 0.0) for c in positive)
-    stratified = 2 * expected_tp / (len(gold) * sum(prior.get(c, 0.0) for c in positive) + gold_positive)
-    return {f"always {commonest}": float(constant), "stratified random": float(stratified)}
+    constant = {"micro_f1": 2 * n[commonest] / (size + gold_positive),
+                "macro_f1": 2 * n[commonest] / (size + n[commonest]) / len(positive)}
+    # stratified random: E[TP_c] = n_c p_c and E[predicted c] = N p_c (ratios of expected counts)
+    expected_tp = {c: n[c] * prior[c] for c in positive}
+    stratified = {"micro_f1": 2 * sum(expected_tp.values()) / (size * sum(prior.values()) + gold_positive),
+                  "macro_f1": float(np.mean([2 * expected_tp[c] / (size * prior[c] + n[c]) if size * prior[c] + n[c] else 0.0
+                                             for c in positive]))}
+    return {f"always {commonest}": constant, "stratified random": stratified}
