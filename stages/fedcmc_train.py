@@ -13,6 +13,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import Params, load_params
 from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_cells, table_cells
 from fedrepro.fedcmc.runs import build_cell
+from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, tree_digest, write_json
 
 PREPARED, PARTITIONS, TOKENIZER = Path("data/prepared/re"), Path("data/fedcmc/partitions"), Path("data/fedcmc/tokenizer")
@@ -43,6 +44,7 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path) -> None:
         "memory_bytes": engine.memory_bytes(),
         "parameters": parameter_counts(engine),
         "truncated_train_sentences": engine.task.truncated,
+        "hardware": machine_fingerprint(),
     })
 
 

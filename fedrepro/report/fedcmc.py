@@ -19,6 +19,7 @@ from sklearn.metrics import f1_score
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
+from fedrepro.hardware import describe
 from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_points, table_cells
 from fedrepro.io import read_json
 from fedrepro.metrics.classification import trivial_scores
@@ -1055,6 +1056,8 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         + " (`fedrs.py`).",
         f"  - FedLC's tau is not given in its paper: tau = {settings.fedlc_tau:g} (`fedlc.py`).",
         f"  - FedProx mu = {settings.fedprox_mu:g} (not given for this paper).",
+        f"- Hardware the cells ran on: {describe([i.get('hardware') for i in data.info.values()])}. The same seed gives the "
+        "same bits on the same machine type; another instruction set moves the numbers a little (README, Reproducibility).",
         "",
     ]
     # Table 2

@@ -1,0 +1,72 @@
+"""What a result ran on: the CPU's instruction sets and the numeric libraries, recorded beside every cell.
+
+Float results are bit-identical from run to run on one machine, but CPU kernels differ by instruction set
+(AMX, AVX-512, AVX2: oneDNN's bf16 matmuls, MKL's fp32 GEMM, torch's own vectorised kernels), so the same seed
+gives other bits on another CPU type. A report therefore says which machine(s) its cells ran on, and the
+kernel-selecting environment variables that were set (they let one machine run another's kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8")
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+LIBRARIES = ("torch", "numpy", "transformers", "tokenizers", "scikit-learn")
+
+
+def _cpu() -> tuple[str, list[str]]:
+    """The CPU's model name and which of ``FLAGS`` it has (Linux's /proc/cpuinfo; elsewhere the platform's name)."""
+    fields: dict[str, str] = {}
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else []):
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return fields.get("model name", platform.processor() or platform.machine()), [f for f in FLAGS if f in flags]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def machine_fingerprint() -> dict:
+    """CPU model and the instruction-set flags that pick kernels, torch's chosen CPU capability, the kernel
+    environment variables set, and the numeric libraries' versions; ``id`` is a short digest of all of it."""
+    import torch
+
+    model, flags = _cpu()
+    info = {
+        "cpu": model,
+        "isa_flags": flags,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+        "libraries": {name: _version(name) for name in LIBRARIES},
+        "python": platform.python_version(),
+    }
+    info["id"] = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
+    return info
+
+
+def describe(fingerprints: list[dict]) -> str:
+    """One line per distinct machine, for a report's setup section."""
+    seen = {f["id"]: f for f in fingerprints if f}
+    if not seen:
+        return "not recorded (cells trained before hardware fingerprints were kept)"
+    parts = []
+    for f in seen.values():
+        env = ", ".join(f"{k}={v}" for k, v in f["kernel_env"].items()) or "no kernel override"
+        libs = ", ".join(f"{k} {v}" for k, v in f["libraries"].items() if v)
+        parts.append(f"`{f['id']}`: {f['cpu']} ({', '.join(f['isa_flags']) or 'no AVX2'}; torch kernels "
+                     f"{f['torch_cpu_capability']}; {env}); {libs}; Python {f['python']}")
+    return "; ".join(parts)
