@@ -1,0 +1,113 @@
+"""How far do the embedded main tables move between instruction sets, against how far they move between seeds?
+
+The same seed is bit-identical run to run on one machine, but CPU kernels differ by instruction set, so another
+CPU type gives other numbers. This bench runs FedMatch's and FedCMC's embedded main tables in a clone of this
+checkout, on this machine's own kernels and on another machine's (kernel-selecting environment variables, see
+../shared/ENVIRONMENT.md), at seed 0, and on this machine's kernels at seeds 0, 1, 2. It prints, per headline
+number (FedMatch: each method's overall test MRR; FedCMC: each cell's test micro-F1), the largest move between
+instruction sets and the standard deviation over seeds, and their medians: a verdict that flips between
+instruction sets but not between seeds would be a kernel artefact.
+
+Usage: python bench/bench_isa_spread.py [--workdir DIR] [--papers fedmatch fedcmc] [--seeds 0 1 2]
+(about 4 minutes of training per run on an idle 2-core machine; 3 + 2 runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from fedrepro.hardware import machine_fingerprint
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = {
+    "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "avx512-no-amx": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+}
+PAPERS = {
+    "fedmatch": {"data": ["mine", "tokenizer"], "stage": ["stages/fedmatch_train.py", "--tables"],
+                 "checkpoints": "data/checkpoints/fedmatch", "seeds": "fedmatch.seeds"},
+    "fedcmc": {"data": ["fedcmc_partition"], "stage": ["stages/fedcmc_train.py", "--tables"],
+               "checkpoints": "data/checkpoints/fedcmc", "seeds": "fedcmc.seeds"},
+}
+
+
+def set_seeds(workdir: Path, key: str, seeds: list[int]) -> None:
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    group, name = key.split(".")
+    params[group][name] = seeds
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+
+
+def headline(workdir: Path, paper: str) -> dict[tuple, float]:
+    """(method/cell, seed) -> the number the paper's table shows, from the cells' own metrics files."""
+    values = {}
+    root = workdir / "data" / paper / "tables"
+    for path in sorted(root.glob("*/*/metrics.json")):
+        metrics = json.loads(path.read_text())
+        if paper == "fedcmc":
+            cell = metrics["cell"]
+            values[(f"{cell['method']} {cell['dataset']} a{cell['alpha']:g}", cell["seed"])] = metrics["test"]["micro_f1"]
+        else:
+            overall = metrics["test"]["overall"]
+            values[(path.parent.parent.name, int(path.parent.name.rsplit("-", 1)[1]))] = overall["mrr"]
+    return values
+
+
+def run_table(workdir: Path, paper: str, kernels: dict[str, str]) -> dict[tuple, float]:
+    spec = PAPERS[paper]
+    shutil.rmtree(workdir / spec["checkpoints"], ignore_errors=True)  # checkpoints do not record the kernels
+    env = {**os.environ, **kernels, "PYTHONPATH": str(workdir), "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, *spec["stage"]], cwd=workdir, env=env, check=True, stdout=subprocess.DEVNULL)
+    return headline(workdir, paper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--papers", nargs="+", default=sorted(PAPERS), choices=sorted(PAPERS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp()) / "fedrepro-isa"
+    if not workdir.exists():
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
+    env = {**os.environ, "PYTHONPATH": str(workdir), "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    print(f"machine: {machine_fingerprint()['cpu']} {machine_fingerprint()['isa_flags']}")
+    original = (workdir / "params.yaml").read_text()
+    for paper in args.papers:
+        spec = PAPERS[paper]
+        subprocess.run(["dvc", "repro", *spec["data"]], cwd=workdir, env=env, check=True, stdout=subprocess.DEVNULL)
+        set_seeds(workdir, spec["seeds"], [args.seeds[0]])
+        by_kernels = {name: run_table(workdir, paper, kernels) for name, kernels in KERNELS.items()}
+        set_seeds(workdir, spec["seeds"], args.seeds)
+        by_seed = run_table(workdir, paper, {})
+        (workdir / "params.yaml").write_text(original)
+        native = by_kernels["native"]
+        rows = []
+        for key, value in sorted(native.items()):
+            moves = [abs(by_kernels[k][key] - value) for k in KERNELS if k != "native"]
+            seeds = [by_seed[(key[0], s)] for s in args.seeds]
+            rows.append((key[0], value, max(moves), statistics.stdev(seeds)))
+        print(f"\n{paper}: headline per row, largest move between kernels (seed {args.seeds[0]}) vs std over seeds "
+              f"{args.seeds}")
+        print(f"{'row':44s} {'native':>8s} {'isa move':>9s} {'seed std':>9s}")
+        for name, value, move, spread in rows:
+            print(f"{name:44s} {value:8.4f} {move:9.4f} {spread:9.4f}")
+        identical = sum(move == 0 for _, _, move, _ in rows)
+        print(f"median isa move {statistics.median(r[2] for r in rows):.4f}, median seed std "
+              f"{statistics.median(r[3] for r in rows):.4f}; {identical} of {len(rows)} rows identical across kernels")
+
+
+if __name__ == "__main__":
+    main()
