@@ -126,7 +126,8 @@ def _counts(clients: int) -> pd.DataFrame:
     return table
 
 
-def write_fake_grid(root: Path, params) -> None:
+def write_fake_grid(root: Path, params, diverged: tuple = ()) -> None:
+    """``diverged``: names of cells whose training loss rises over the rounds (a diverged cell by the health rule)."""
     settings = params.fedcmc.settings
     cells = [("tables/" + c.method, c) for c in table_cells(params)]
     cells += [("sweeps/" + s, c) for s in SWEEPS for c in sweep_cells(params, s)]
@@ -151,7 +152,8 @@ def write_fake_grid(root: Path, params) -> None:
         history = []
         for r in range(1, settings.rounds + 1):
             similarity = 0.5 - holders / holders.max() * 0.4 + 0.01 * r  # the largest holder has the smallest d
-            record = {"round": r, "clients": clients, "train_loss": 1.5 / r, "bytes_up": 1000 * len(clients),
+            loss = 1.5 * r if cell.name in diverged else 1.5 / r
+            record = {"round": r, "clients": clients, "train_loss": loss, "bytes_up": 1000 * len(clients),
                       "bytes_down": 1000 * len(clients) + (64 * len(clients) if cell.method == "fedcmc" and r > 1 else 0),
                       "diagnostics": {"clients": clients, "local_similarity": similarity.round(6).tolist()},
                       "test": {"global": {"micro_f1": quality * r / settings.rounds, "macro_f1": 0.5 * quality * r / settings.rounds,
@@ -202,6 +204,23 @@ def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid)
     assert "FedCMC 2, FedAvg not reached in 3 rounds" in text  # rounds to 45%: FedCMC 0.25, 0.5, 0.75
     assert "64 bytes more than FedAvg per client" in text
     assert "| client_" not in text  # the counts are drawn, not printed
+
+
+def test_a_diverged_cell_is_marked_and_no_claim_rests_on_it(tmp_path):
+    params = small_params()
+    bad = next(c for c in table_cells(params) if c.method == "fedavg" and c.alpha == 0.05 and c.seed == 1)
+    write_fake_grid(tmp_path, params, diverged=(bad.name,))
+    data = load_fedcmc(tmp_path, params)
+    assert data.cells.set_index("name").loc[bad.name, "health"] == "diverged"
+    table = main_table(data, params, "micro_f1")
+    assert table.loc["FedAvg", "synthetic-re α=0.05"].endswith(" †")
+    assert not table.loc["FedAvg", "synthetic-re α=0.5"].endswith(" †")
+    claims = claims_table(data, params).set_index("finding (paper)")
+    at_005 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.05" in f], "verdict"]
+    assert at_005.tolist() == [f"inconclusive: rests on 1 diverged cell(s) ({bad.name})"]
+    at_05 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.5" in f], "verdict"]
+    assert at_05.tolist() == ["holds"]
+    assert f"| {bad.name} | diverged" in render_report(params, data)
 
 
 def test_table2_is_mean_std_in_percent_with_the_trivial_baselines(grid):

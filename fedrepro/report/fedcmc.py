@@ -19,6 +19,7 @@ from sklearn.metrics import f1_score
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
+from fedrepro.fl.health import RULE, cell_health
 from fedrepro.hardware import describe
 from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_points, table_cells
 from fedrepro.io import read_json
@@ -59,7 +60,8 @@ class FedCMCResults:
     """Everything the report draws on, gathered once from the cell and partition folders."""
 
     cells: pd.DataFrame
-    """one row per cell: key, group (``table`` or the sweep), the cell's fields, test micro_f1, macro_f1, accuracy."""
+    """one row per cell: key, group (``table`` or the sweep), the cell's fields, test micro_f1, macro_f1, accuracy,
+    health (``fedrepro.fl.health``'s label: converged / not converged / unknown / diverged) and health_why."""
     rounds: pd.DataFrame
     """one row per cell and round: key, round, clients (uploading), train_loss, bytes_up, bytes_down, micro_f1, macro_f1 (NaN where not evaluated)."""
     predictions: dict[str, pd.DataFrame]
@@ -151,8 +153,11 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
             raise DataError(f"{folder}: its clients are not the partition's non-empty clients ({cell.partition} changed since "
                             f"the cell ran): rerun `dvc repro {stage}`")
         predictions[key] = frame
+        health = cell_health([r.get("train_loss") if r.get("train_loss") is not None else np.nan for r in metrics["history"]],
+                             [r["valid"]["global"]["micro_f1"] for r in metrics["history"] if r.get("valid")])
         rows.append({"key": key, "group": group, **{f: getattr(cell, f) for f in CELL_FIELDS},
-                     **{m: metrics["test"][m] for m in ("micro_f1", "macro_f1", "accuracy")}})
+                     **{m: metrics["test"][m] for m in ("micro_f1", "macro_f1", "accuracy")},
+                     "health": health.label, "health_why": health.why})
         diagnostics[key] = []
         for record in metrics["history"]:
             test = (record.get("test") or {}).get("global", {})
@@ -316,10 +321,42 @@ def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse:
         return _not_run(finding, "its cells are not in this scale's grid")
     result = bootstrap_difference(a, b, data.positive[dataset])
     name = lambda sel: _label(sel["method"]) + (f" (vectors: {sel['vectors']})" if "vectors" in sel else "")  # noqa: E731
-    return {"finding (paper)": finding,
-            "measured": f"{what}{name(better)} {_pct(_mean(data, group, **better))} vs {name(worse)} "
-                        f"{_pct(_mean(data, group, **worse))} micro-F1 ({_pts(result.difference)} points)",
-            "verdict": interval_verdict(result), "test": _test_text(result)}
+    return _guard(data, {"finding (paper)": finding,
+                         "measured": f"{what}{name(better)} {_pct(_mean(data, group, **better))} vs {name(worse)} "
+                                     f"{_pct(_mean(data, group, **worse))} micro-F1 ({_pts(result.difference)} points)",
+                         "verdict": interval_verdict(result), "test": _test_text(result)}, group, better, worse)
+
+
+def diverged_cells(data: FedCMCResults, group: str, *selections: dict) -> list[str]:
+    """The names of the diverged cells among those the selections pick (``fedrepro.fl.health``'s rule)."""
+    names = []
+    for selection in selections:
+        chosen = _select(data, group, **selection)
+        names += chosen.loc[chosen["health"] == "diverged", "name"].tolist()
+    return sorted(set(names))
+
+
+def _guard(data: FedCMCResults, row: dict, group: str, *selections: dict) -> dict:
+    """No claim rests on a diverged cell: its verdict says so instead of the test's."""
+    diverged = diverged_cells(data, group, *selections)
+    if diverged:
+        row["verdict"] = f"inconclusive: rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
+    return row
+
+
+MARKS = {"diverged": " †", "not converged": " °"}
+
+
+def health_mark(data: FedCMCResults, group: str, **fields) -> str:
+    """† if any selected cell diverged, ° if any had not converged (``fedrepro.fl.health``), else nothing."""
+    labels = set(_select(data, group, **fields)["health"])
+    return next((mark for label, mark in MARKS.items() if label in labels), "")
+
+
+def health_table(data: FedCMCResults) -> pd.DataFrame:
+    """Every cell that diverged or had not converged, with the rule's reason."""
+    flagged = data.cells[data.cells["health"].isin(list(MARKS))]
+    return flagged[["name", "health", "health_why"]].rename(columns={"health_why": "why"}).sort_values("name")
 
 
 def _not_run(finding: str, why: str = "") -> dict:
@@ -354,7 +391,7 @@ def main_table(data: FedCMCResults, params: Params, metric: str) -> pd.DataFrame
     table = {}
     for method in fc.methods:
         table[_label(method)] = {_point(d, a): _fmt(_values(data, TABLE, metric, method=method, dataset=d, alpha=a))
-                                 for d, a in main_points(params)}
+                                 + health_mark(data, TABLE, method=method, dataset=d, alpha=a) for d, a in main_points(params)}
     part = lambda d, a: Cell("fedavg", d, a, fc.settings.clients, fc.settings.local_epochs, 0).partition  # noqa: E731
     for d, a in main_points(params):
         for name, scores in chance_scores(data, d, part(d, a)).items():
@@ -657,11 +694,13 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
                      for d, a in points for m, s in ((better, 1.0), (worse, -1.0))]
             result = bootstrap_contrast(terms, data.positive)
             mean = lambda m: float(np.mean([_mean(data, TABLE, method=m, dataset=d, alpha=a) for d, a in points]))  # noqa: E731
-            rows.append({"finding (paper)": finding,
-                         "measured": f"mean over {len(points)} dataset x α points: {_label(better)} {_pct(mean(better))} vs "
-                                     f"{_label(worse)} {_pct(mean(worse))} micro-F1 ({_pts(result.difference)} points)",
-                         "verdict": interval_verdict(result),
-                         "test": _test_text(result, ", sentences resampled within each dataset's test set, mean of the per-point differences")})
+            rows.append(_guard(data, {
+                "finding (paper)": finding,
+                "measured": f"mean over {len(points)} dataset x α points: {_label(better)} {_pct(mean(better))} vs "
+                            f"{_label(worse)} {_pct(mean(worse))} micro-F1 ({_pts(result.difference)} points)",
+                "verdict": interval_verdict(result),
+                "test": _test_text(result, ", sentences resampled within each dataset's test set, mean of the per-point differences")},
+                TABLE, *[dict(method=m, dataset=d, alpha=a) for d, a in points for m in (better, worse)]))
     # (e) rounds to the target F1
     rows += _rounds_claims(data, params)
     # (f) the vector ablation
@@ -681,10 +720,11 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
                  (-1.0, dataset, sel("fedcmc", 0.5)), (1.0, dataset, sel("fedcmc", 0.05))]
         result = bootstrap_contrast(terms, data.positive)
         drop = lambda m: _mean(data, TABLE, method=m, dataset=dataset, alpha=0.05) - _mean(data, TABLE, method=m, dataset=dataset, alpha=0.5)  # noqa: E731
-        rows.append({"finding (paper)": finding,
-                     "measured": f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
-                     "verdict": interval_verdict(result),
-                     "test": _test_text(result, " of the difference of the two drops")})
+        rows.append(_guard(data, {"finding (paper)": finding,
+                                  "measured": f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
+                                  "verdict": interval_verdict(result),
+                                  "test": _test_text(result, " of the difference of the two drops")},
+                           TABLE, *[dict(method=m, dataset=dataset, alpha=a) for m in ("fedavg", "fedcmc") for a in (0.05, 0.5)]))
     # (j) Observation 3
     rows += _observation3_claims(data, params)
     return pd.DataFrame(rows, columns=["finding (paper)", "measured", "verdict", "test"])
@@ -711,10 +751,12 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
             result = "holds (descriptive)"
         else:
             result = "does not hold (descriptive)"
-        rows.append({"finding (paper)": finding,
-                     "measured": f"{_point(*point)}: FedCMC {_rounds_text(ours, total)}, {_label(rival)} {_rounds_text(theirs, total)} "
-                                 "(rounds, seed-mean curve)",
-                     "verdict": result, "test": "descriptive (no test): first evaluated round at or above the target"})
+        rows.append(_guard(data, {
+            "finding (paper)": finding,
+            "measured": f"{_point(*point)}: FedCMC {_rounds_text(ours, total)}, {_label(rival)} {_rounds_text(theirs, total)} "
+                        "(rounds, seed-mean curve)",
+            "verdict": result, "test": "descriptive (no test): first evaluated round at or above the target"},
+            TABLE, *[dict(method=m, dataset=point[0], alpha=point[1]) for m in ("fedcmc", rival)]))
     finding = "Fig 3b: more local epochs speed FedCMC up, not FedAvg or FedRS"
     sw = fc.sweeps
     if len(sw.local_epochs) < 2 or not fc.settings.eval_every:
@@ -730,8 +772,10 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
         else:
             result = "holds (descriptive)" if faster["fedcmc"] and not any(v for m, v in faster.items() if m != "fedcmc") \
                 else "does not hold (descriptive)"
-        rows.append({"finding (paper)": finding, "measured": f"rounds to {100 * target:g}%: " + measured, "verdict": result,
-                     "test": "descriptive (no test): rounds to the target at the fewest and most local epochs"})
+        rows.append(_guard(data, {"finding (paper)": finding, "measured": f"rounds to {100 * target:g}%: " + measured,
+                                  "verdict": result,
+                                  "test": "descriptive (no test): rounds to the target at the fewest and most local epochs"},
+                           "local_epochs", *[dict(method=m) for m in sw.methods]))
     return rows
 
 
@@ -763,10 +807,11 @@ def _clients_claims(data: FedCMCResults, params: Params) -> list[dict]:
                  (-1.0, sw.dataset, sel("fedcmc", low)), (1.0, sw.dataset, sel("fedavg", low))]
         result = bootstrap_contrast(terms, data.positive)
         gap = lambda k: _mean(data, "clients", method="fedcmc", clients=k) - _mean(data, "clients", method="fedavg", clients=k)  # noqa: E731
-        rows.append({"finding (paper)": finding,
-                     "measured": "gap " + ", ".join(f"{_pts(gap(k))} at {k}" for k in sw.clients) + " clients (points)",
-                     "verdict": interval_verdict(result),
-                     "test": _test_text(result, f" of gap({high}) − gap({low})")})
+        rows.append(_guard(data, {"finding (paper)": finding,
+                                  "measured": "gap " + ", ".join(f"{_pts(gap(k))} at {k}" for k in sw.clients) + " clients (points)",
+                                  "verdict": interval_verdict(result),
+                                  "test": _test_text(result, f" of gap({high}) − gap({low})")},
+                           "clients", *[dict(method=m) for m in ("fedcmc", "fedavg")]))
     if "fedcmc" in sw.methods and len(sw.methods) > 1:
         for k in sw.clients:
             if k == params.fedcmc.settings.clients:
@@ -795,7 +840,8 @@ def _subset_claims(data: FedCMCResults, params: Params) -> list[dict]:
             if mode not in sw.subset_modes or rival not in rivals or "fedcmc" not in sw.subset_methods:
                 rows.append(_not_run(finding, "its mode or methods are not in fedcmc.sweeps"))
                 continue
-            row = _compare(data, finding, "subsets", dict(method="fedcmc", subset=mode), dict(method=rival, subset=mode), dataset)
+            selections = (dict(method="fedcmc", subset=mode), dict(method=rival, subset=mode))
+            row = _compare(data, finding, "subsets", *selections, dataset)
             if mode == "balanced":
                 result = bootstrap_difference(_frames(data, "subsets", method="fedcmc", subset=mode),
                                               _frames(data, "subsets", method=rival, subset=mode), data.positive[dataset])
@@ -803,7 +849,7 @@ def _subset_claims(data: FedCMCResults, params: Params) -> list[dict]:
                     row["verdict"] = "holds (no significant difference; not a proof of equivalence)"
                 else:
                     row["verdict"] = "does not hold (FedCMC significantly " + ("ahead)" if result.low > 0 else "behind)")
-            rows.append(row)
+            rows.append(_guard(data, row, "subsets", *selections))
     return rows
 
 
@@ -1068,6 +1114,13 @@ def render_report(params: Params, data: FedCMCResults) -> str:
               "training class, and stratified random guessing from its training prior (expected score).", ""]
     for metric, name in (("micro_f1", "micro-F1"), ("macro_f1", "macro-F1")):
         lines += [f"Test {name} in % ({_over_seeds(len(fc.seeds))})", "", main_table(data, params, metric).to_markdown(disable_numparse=True), ""]
+    counts = data.cells["health"].value_counts()
+    lines += [f"† a cell diverged, ° a cell had not converged: {RULE}. Of {len(data.cells)} cells: "
+              + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
+    flagged = health_table(data)
+    if not flagged.empty:
+        lines += ["Cells flagged by that rule (no claim rests on a diverged one):", "",
+                  flagged.to_markdown(index=False), ""]
     # clients table
     lines += ["## The clients table (more clients)", ""]
     if sw.clients:
