@@ -27,6 +27,7 @@ from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
 from fedrepro.fl.runtime import CellRecipe, build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
+from scaffold_invariant import control_variate_gap, largest_control  # noqa: E402
 from toy import ToyQATask, relation_task  # noqa: E402
 
 QA_SIZES = {"a": 8, "b": 6, "c": 4}
@@ -80,7 +81,6 @@ def outcome(engine) -> dict:
         "scalars": [m.to_record() for m in engine.channel.scalars],
         "global": {name: digest(t) for name, t in state.global_weights.items()},
         "clients": {c: {name: digest(t) for name, t in s.items()} for c, s in state.client_states.items()},
-        "steps": state.client_steps,
         "shared": engine.shared_names,
         "private": engine.private_names,
         "server_checkpoint_clients": sorted(p.name for p in (engine.checkpoint_dir / "latest" / "clients").iterdir()),
@@ -208,7 +208,8 @@ def run_node_kill(work: Path) -> dict:
         wait_until(lambda: checkpointed() >= 1, 600, "round 1")
         federation.stop(f"supernode-{victim}", signal.SIGKILL, grace=0)
         drill["files_at_kill"] = state_files()
-        drill["steps_at_kill"] = NodeStateStore(state_dir, deployment.fingerprint).latest_before(KILL_ROUNDS).steps
+        held = NodeStateStore(state_dir, deployment.fingerprint).latest_before(KILL_ROUNDS).tensors
+        drill["control_off_if_lost"] = largest_control(held) / len(deployment.train_ids)
         wait_until(lambda: checkpointed() >= 2, 600, "round 2 without the killed node")
         drill["files_before_restart"] = state_files()
         deployment.restart_node(federation, victim)
@@ -222,7 +223,8 @@ def run_node_kill(work: Path) -> dict:
     deployment.run()
     drill.pop("thread").join(timeout=5)
     drill["files_at_end"] = state_files()
-    drill["steps_at_end"] = NodeStateStore(state_dir, deployment.fingerprint).latest_before(KILL_ROUNDS).steps
+    drill["control_gap"] = control_variate_gap(deployment.state.global_weights, deployment.state.client_states,
+                                               deployment.train_ids)
     drill["history"] = deployment.state.history
     return {"drill": drill}
 

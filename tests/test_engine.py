@@ -14,9 +14,10 @@ from toy import ToyTask
 SIZES = {"a": 40, "b": 20, "c": 8}
 
 
-def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, seed=0, weighting="uniform", mu=0.0, **kwargs):
+def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, seed=0, weighting="uniform", mu=0.0,
+                local_epochs=1, **kwargs):
     torch.use_deterministic_algorithms(True)
-    settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=clients_per_round, lr=0.01,
+    settings = EngineSettings(rounds=rounds, local_epochs=local_epochs, clients_per_round=clients_per_round, lr=0.01,
                               batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
     chosen = build_algorithm(algorithm, AlgorithmSettings(weighting=weighting, fedprox_mu=mu))
     return Engine(ToyTask(SIZES), chosen, settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{seed}-{rounds}",
@@ -110,6 +111,32 @@ def test_lr_schedule_warms_up_then_decays():
     assert factors[0] == pytest.approx(0.5) and factors[1] == pytest.approx(1.0)
     assert factors[2] > factors[10] > factors[19] > 0
     assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
+
+
+@pytest.mark.parametrize("clients_per_round", [1, 0])
+def test_a_clients_lr_schedule_follows_the_federations_clock_whatever_rounds_it_missed(tmp_path, monkeypatch,
+                                                                                        clients_per_round):
+    """A client that starts round r is at step r x local_epochs x its batches per epoch of a schedule over every
+    round: one sampled late decays its rate as much as one sampled in every round (with every client in every
+    round, these are the steps 0..total-1 each client always took)."""
+    from fedrepro.fl import engine as engine_module
+
+    steps_taken = []
+    monkeypatch.setattr(engine_module, "lr_factor",
+                        lambda step, total, warmup: steps_taken.append((step, total)) or lr_factor(step, total, warmup))
+    rounds, epochs = 4, 2
+    engine = make_engine(tmp_path, rounds=rounds, clients_per_round=clients_per_round, local_epochs=epochs)
+    engine.run()
+    expected = []
+    for record in engine.state.history:
+        for client in record["clients"]:
+            per_round = epochs * -(-SIZES[client] // 8)
+            expected += [((record["round"] - 1) * per_round + i, rounds * per_round) for i in range(per_round)]
+    assert steps_taken == expected
+    first_round = {}
+    for record in engine.state.history:
+        first_round.update({client: record["round"] for client in record["clients"] if client not in first_round})
+    assert max(first_round.values()) == (1 if clients_per_round == 0 else 3), "a client first sampled in round 3"
 
 
 def test_same_seed_gives_byte_identical_history(tmp_path):

@@ -2,7 +2,7 @@
 
 Layout of one checkpoint directory::
 
-    state.json               round reached, run fingerprint, history, client step counters, channel log
+    state.json               round reached, run fingerprint, history, channel log
     global.safetensors       the server's shared weights
     clients/<id>.safetensors each client's private tensors (private parameters + algorithm client state)
     server.safetensors       the algorithm's extra server state (may be empty)
@@ -31,7 +31,6 @@ class TrainingState:
     fingerprint: str
     next_round: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    client_steps: dict[str, int] = field(default_factory=dict)
     messages: list[list[Any]] = field(default_factory=list)
     scalars: list[list[Any]] = field(default_factory=list)
     """The channel's log of scalars beside the tensors (Flower runs: client ids, sample counts, losses, metrics)."""
@@ -56,7 +55,6 @@ def save_checkpoint(root: Path, state: TrainingState) -> None:
             "fingerprint": state.fingerprint,
             "next_round": state.next_round,
             "history": state.history,
-            "client_steps": state.client_steps,
             "messages": state.messages,
         }
         if state.scalars:  # only runs with a network have them; the engine's checkpoints stay as they were
@@ -78,7 +76,6 @@ def load_checkpoint(root: Path, fingerprint: str) -> TrainingState | None:
         fingerprint=fingerprint,
         next_round=meta["next_round"],
         history=meta["history"],
-        client_steps=meta["client_steps"],
         messages=meta["messages"],
         scalars=meta.get("scalars", []),
         global_weights=load_file(str(directory / "global.safetensors")),

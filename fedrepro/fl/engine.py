@@ -8,8 +8,10 @@ functions with the clients on Flower nodes, so no algorithm and no step of the l
 Memory: one model lives in memory. The server keeps the shared weights (1x the shared part), each client
 keeps only its private tensors between rounds (FedPer: a head; individual: a whole model per client, as
 that method requires), and during aggregation the server holds the k uploads of the round (k x the shared
-part). Optimizer moments restart every round (as in most FedAvg implementations), while each client's
-learning-rate schedule (warm-up then linear decay) continues across rounds through its step counter.
+part). Optimizer moments restart every round (as in most FedAvg implementations). Each client's learning-rate
+schedule (warm-up then linear decay over ``rounds`` rounds) follows the federation's clock, not the client's own
+count of rounds: a client that starts round r is at step r x local_epochs x its batches per epoch, whatever rounds
+it was not sampled in, so a client sampled in 2 rounds of 5 decays its rate as much as one sampled in all 5.
 
 Determinism: every shuffle, dropout mask and client sample is seeded from (seed, round, client, epoch),
 so a run restarted from its last checkpoint replays exactly what an uninterrupted run would have done.
@@ -89,8 +91,6 @@ class ClientResult:
     trainer's next round, so the caller sends (copies) them at once."""
     stored: dict[str, torch.Tensor]
     """The client's private parameters (``param/``) and algorithm state (``state/``): never sent anywhere."""
-    steps: int
-    """The client's learning-rate schedule position after this round."""
     train_loss: float
     num_samples: int
 
@@ -133,24 +133,25 @@ class LocalTrainer:
         return stored
 
     def client_round(self, round_index: int, client_id: str, received: dict[str, torch.Tensor],
-                     stored: dict[str, torch.Tensor], steps: int) -> ClientResult:
+                     stored: dict[str, torch.Tensor]) -> ClientResult:
         """One client's part of a round: load, train locally, build the upload, keep the private rest."""
         context = LocalContext(round_index, client_id, received, self.load(received, stored))
-        loss, steps = self._train_local(client_id, round_index, context, steps)
+        loss = self._train_local(client_id, round_index, context)
         upload = {}
         if self.algorithm.federated:
             upload = self.algorithm.upload({n: self.params[n] for n in self.shared_names}, context)
-        return ClientResult(upload, self.stored_state(context.client_state), steps, loss, self.num_samples(client_id))
+        return ClientResult(upload, self.stored_state(context.client_state), loss, self.num_samples(client_id))
 
-    def _total_steps(self, client_id: str) -> int:
-        batches = math.ceil(self.num_samples(client_id) / self.settings.batch_size)
-        return self.settings.rounds * self.settings.local_epochs * batches
+    def steps_per_round(self, client_id: str) -> int:
+        """Local steps of one round: local_epochs passes over the client's batches."""
+        return self.settings.local_epochs * math.ceil(self.num_samples(client_id) / self.settings.batch_size)
 
-    def _train_local(self, client_id: str, round_index: int, context: LocalContext, step: int) -> tuple[float, int]:
+    def _train_local(self, client_id: str, round_index: int, context: LocalContext) -> float:
         settings, model = self.settings, self.model
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-        total = self._total_steps(client_id)
+        per_round = self.steps_per_round(client_id)
+        step, total = round_index * per_round, settings.rounds * per_round  # the federation's clock (module docstring)
         losses = []
         for epoch in range(settings.local_epochs):
             generator = torch.Generator().manual_seed(derive_seed(settings.seed, "shuffle", round_index, client_id, epoch))
@@ -170,7 +171,7 @@ class LocalTrainer:
                 losses.append(output.loss.item())
                 context.steps += 1
                 step += 1
-        return (float(np.mean(losses)) if losses else float("nan")), step
+        return float(np.mean(losses)) if losses else float("nan")
 
 
 class Engine:
@@ -265,14 +266,12 @@ class Engine:
         received = self.channel.broadcast(round_index, SERVER, sampled, outgoing) if federated else {}
         updates, losses = [], []
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
-            result = self.trainer.client_round(round_index, client_id, received, self.state.client_states.get(client_id, {}),
-                                               self.state.client_steps.get(client_id, 0))
+            result = self.trainer.client_round(round_index, client_id, received, self.state.client_states.get(client_id, {}))
             losses.append(result.train_loss)
             if federated:
                 arrived = self.channel.send(round_index, client_id, SERVER, result.upload)
                 updates.append(ClientUpdate(client_id, arrived, result.num_samples))
             self.state.client_states[client_id] = result.stored
-            self.state.client_steps[client_id] = result.steps
         return updates, losses
 
     def close_round(self, round_index: int, clients: list[str], updates: list[ClientUpdate],

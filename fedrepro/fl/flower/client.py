@@ -81,7 +81,7 @@ class NodeHandlers:
             cached, fingerprint = decode(context.state[STATE_KEY][STATE_BYTES])
             if fingerprint == self.recipe.fingerprint and on_disk is not None and cached.round_index == on_disk:
                 return cached
-        return store.latest_before(round_index) or NodeState(-1, {}, 0)
+        return store.latest_before(round_index) or NodeState(-1, {})
 
     def identify(self, message: Message, context: Context) -> Message:
         self._check_run(message.content[m.CONFIG])
@@ -95,10 +95,9 @@ class NodeHandlers:
         client_id = self.client_id(context)
         store = self.store(context, client_id)
         state = self.load_state(context, store, round_index)
-        result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]),
-                                      state.tensors, state.steps)
+        result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]), state.tensors)
         upload = m.to_record(result.upload)  # a copy, taken before anything else touches the model
-        blob = store.save(NodeState(round_index, result.stored, result.steps))
+        blob = store.save(NodeState(round_index, result.stored))
         context.state[STATE_KEY] = ConfigRecord({STATE_BYTES: blob})
         metrics = MetricRecord({m.NUM_SAMPLES: result.num_samples, m.TRAIN_LOSS: result.train_loss})
         return Message(RecordDict({m.TENSORS: upload, m.METRICS: metrics}), reply_to=message)

@@ -1,7 +1,7 @@
 """A client's private state on its own node: one safetensors file per round it trained, written atomically.
 
 What a client keeps between its rounds (private parameters, algorithm state such as SCAFFOLD's variate or
-MOON's previous model, its learning-rate step counter) never travels to the server. On Flower it lives in
+MOON's previous model) never travels to the server. On Flower it lives in
 the node's ``Context.state`` and, so that it survives a node restart or a server resumed from an older
 round, in the node's own directory. The file of round r holds the state *after* round r; a round r reads
 the newest file of an earlier round, so a round the server replays after a crash starts from exactly what
@@ -31,12 +31,11 @@ class NodeState:
 
     round_index: int
     tensors: dict[str, torch.Tensor]
-    steps: int
 
 
 def encode(state: NodeState, fingerprint: str) -> bytes:
-    """The safetensors bytes of a state; round, steps and the run's fingerprint ride in its metadata."""
-    metadata = {"round": str(state.round_index), "steps": str(state.steps), "fingerprint": fingerprint}
+    """The safetensors bytes of a state; its round and the run's fingerprint ride in its metadata."""
+    metadata = {"round": str(state.round_index), "fingerprint": fingerprint}
     return save_tensors({k: v.contiguous() for k, v in state.tensors.items()}, metadata=metadata)
 
 
@@ -49,7 +48,7 @@ def _metadata(header: bytes) -> dict[str, str]:
 def decode(blob: bytes) -> tuple[NodeState, str]:
     """A state and the fingerprint of the run that wrote it."""
     metadata = _metadata(blob)
-    return NodeState(int(metadata["round"]), load_tensors(blob), int(metadata["steps"])), metadata["fingerprint"]
+    return NodeState(int(metadata["round"]), load_tensors(blob)), metadata["fingerprint"]
 
 
 class NodeStateStore:
@@ -97,11 +96,10 @@ class NodeStateStore:
 
 
 def collect_node_states(engine, nodes_root: Path) -> None:
-    """Each client's final private state and step counter, read into ``engine.state`` from its node's directory:
+    """Each client's final private state, read into ``engine.state`` from its node's directory:
     what the harness does after a Flower run so a stage can score each client's own model on this machine, as
     each silo would. The Flower server never calls it."""
     for client_id in engine.train_ids:
         state = NodeStateStore(nodes_root / client_id, engine.fingerprint).latest_before(engine.settings.rounds)
         if state is not None:
             engine.state.client_states[client_id] = state.tensors
-            engine.state.client_steps[client_id] = state.steps
