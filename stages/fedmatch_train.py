@@ -19,6 +19,7 @@ from fedrepro.fedmatch.cells import SWEEPS, Cell, sweep_cells
 from fedrepro.io import atomic_dir, tree_digest, write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
+from fedrepro.models.patches import patch_norms
 from fedrepro.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
 
@@ -35,13 +36,15 @@ def parameter_counts(engine) -> dict[str, int]:
 
 
 def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path, digest: str) -> None:
-    """Train (or resume) one cell, then score each client's own model on its test candidates."""
+    """Train (or resume) one cell, then score each client's own model on its test candidates and measure how far
+    its private patch (if any) moved from its initial weights."""
     engine = build_cell(params, cell, MINED, TOKENIZER, digest, checkpoints)
     state = engine.run()
     (out / "trec").mkdir(parents=True)
-    per_client = {}
+    per_client, norms = {}, {}
     with torch.no_grad():
         for client_id, model in engine.client_models():
+            norms[client_id] = patch_norms(model.named_parameters(), engine.initial_private)
             qrels, run = qrels_and_run(engine.task.score(model, client_id, "test"))
             per_client[client_id] = ranking_metrics(qrels, run)
             qrels_text, run_text = trec_files(qrels, run, cell.name)
@@ -54,6 +57,7 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path, digest: s
         "channel": engine.channel.summary(),
         "memory_bytes": engine.memory_bytes(),
         "parameters": parameter_counts(engine),
+        **({"patch_norms": norms} if any(norms.values()) else {}),
     })
 
 

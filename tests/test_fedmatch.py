@@ -16,7 +16,7 @@ from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.algorithms.coverquery import with_cover_queries
 from fedrepro.fl.channel import SERVER
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.models.patches import PatchSpec
+from fedrepro.models.patches import PatchSpec, patch_norms
 from fedrepro.runs import algorithm_settings
 from test_config import RAW
 from toy import ToyQATask
@@ -87,6 +87,28 @@ def test_client_sampling_leaves_unsampled_patches_byte_identical(tmp_path):
             assert all(torch.equal(before[client][k], after[client][k]) for k in before[client])
             compared += 1
     assert compared > 0
+
+
+def test_each_client_trains_its_own_patch_across_rounds(tmp_path):
+    # The patch is trainable, in the optimizer and kept per client between rounds: after training every client's
+    # up-projection (zero at the start) has moved, the clients' patches differ, and the model a client is scored
+    # with carries its own patch.
+    engine = make_engine(tmp_path, "fedmatch", rounds=3, patch=PatchSpec("horizontal", "lr", size=8))
+    after_first = {}
+    engine.on_round_end = lambda record: after_first or after_first.update(
+        {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()})
+    engine.run()
+    norms, ups = {}, {}
+    with torch.no_grad():
+        for client, model in engine.client_models():
+            norms[client] = patch_norms(model.named_parameters(), engine.initial_private)
+            ups[client] = next(p.clone() for n, p in model.named_parameters() if n.endswith("patch.up.weight"))
+            stored = engine.state.client_states[client]
+            assert torch.equal(ups[client], next(v for k, v in stored.items() if k.endswith("patch.up.weight")))
+            first = next(v for k, v in after_first[client].items() if k.endswith("patch.up.weight"))
+            assert not torch.equal(first, ups[client])  # rounds 2-3 moved it on from where round 1 left it
+    assert all(n["up"] > 0 and n["down_change"] > 0 for n in norms.values())
+    assert not torch.equal(ups["a"], ups["b"])
 
 
 def test_a_killed_fedmatch_run_resumes_to_identical_results(tmp_path):

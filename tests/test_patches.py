@@ -11,7 +11,8 @@ from transformers.models.bert.modeling_bert import BertLayer
 from fedrepro.errors import ConfigError
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.models.patches import (
-    INSERTIONS, STRUCTURES, PatchSpec, encoder_layer_index, inject_patch, is_patch_parameter, patch_parameter_count,
+    INSERTIONS, STRUCTURES, PatchSpec, encoder_layer_index, inject_patch, is_patch_parameter, patch_norms,
+    patch_parameter_count,
 )
 
 HIDDEN, LAYERS = 32, 2
@@ -167,3 +168,22 @@ def test_inject_needs_an_unpatched_bert():
     _, patched, spec = models("vertical", "lr")
     with pytest.raises(ConfigError, match="already holds a patch"):
         inject_patch(patched, spec)
+
+
+def test_patch_norms_of_a_fresh_patch_and_after_a_change():
+    # inner = one patch per layer: the norms add up over the layers' patches (Frobenius over all of them)
+    _, patched, _ = models("inner", "lr")
+    initial = {n: p.detach().clone() for n, p in patched.named_parameters()}
+    fresh = patch_norms(patched.named_parameters(), initial)
+    downs = [p for n, p in patched.named_parameters() if n.endswith("patch.down.weight")]
+    assert len(downs) == LAYERS
+    assert fresh["up"] == fresh["up_change"] == fresh["down_change"] == 0.0
+    assert fresh["down"] == pytest.approx(float(sum(p.pow(2).sum() for p in downs)) ** 0.5)
+    with torch.no_grad():
+        for name, param in patched.named_parameters():
+            if name.endswith("patch.up.weight"):
+                param.fill_(0.5)  # 32 x 8 entries per layer
+    moved = patch_norms(patched.named_parameters(), initial)
+    assert moved["up"] == moved["up_change"] == pytest.approx(0.5 * (LAYERS * HIDDEN * 8) ** 0.5)
+    assert moved["down_change"] == 0.0
+    assert patch_norms(CrossEncoder(tiny_bert()).named_parameters(), {}) == {}

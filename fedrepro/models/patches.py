@@ -29,8 +29,9 @@ own once the ``.base`` segments are dropped.
 from __future__ import annotations
 
 import re
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -185,6 +186,25 @@ def encoder_layer_index(name: str) -> int | None:
     (``encoder.base.layer.{i}.``, as vertical/horizontal patches name it), else None."""
     match = _LAYER.search(name)
     return int(match.group(1)) if match else None
+
+
+_PROJECTION = re.compile(r"(?:^|\.)patch\.(down|up)\.weight$")
+
+
+def patch_norms(parameters: Iterable[tuple[str, torch.Tensor]], initial: dict[str, torch.Tensor]) -> dict[str, float]:
+    """How far a model's patches have moved: Frobenius norms over all its patches of the down- and up-projection
+    weights (``down``, ``up``), and of their change from ``initial`` (``down_change``, ``up_change``; the
+    up-projection starts at zero, so its norm is its change). Empty for a model without a patch."""
+    squares: dict[str, float] = {}
+    for name, value in parameters:
+        match = _PROJECTION.search(name)
+        if match is None:
+            continue
+        which, value = match.group(1), value.detach().float()
+        squares[which] = squares.get(which, 0.0) + float(value.pow(2).sum())
+        change = value - initial[name].float() if name in initial else value
+        squares[f"{which}_change"] = squares.get(f"{which}_change", 0.0) + float(change.pow(2).sum())
+    return {key: squares[key] ** 0.5 for key in sorted(squares)}
 
 
 def patch_parameter_count(hidden: int, spec: PatchSpec, num_layers: int) -> int:

@@ -222,6 +222,20 @@ def communication_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
     return frame
 
 
+def patch_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
+    """Per patched method and client (first seed): the Frobenius norms of the patch's up-projection (zero at the
+    start, so its norm is how far it moved) and of its down-projection's change, beside the down-projection's norm."""
+    table = {}
+    for row in rows:
+        norms = data.info.get(row, {}).get("patch_norms")
+        if norms:
+            table[LABELS.get(row, row)] = {client: f"{n['up']:.3g} / {n['down_change']:.3g} / {n['down']:.3g}"
+                                           for client, n in sorted(norms.items())}
+    frame = pd.DataFrame.from_dict(table, orient="index")
+    frame.index.name = "method: ‖up‖ / ‖Δdown‖ / ‖down‖"
+    return frame
+
+
 def results_frame(data: FedMatchResults) -> pd.DataFrame:
     return data.results.drop(columns="row")
 

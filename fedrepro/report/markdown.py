@@ -12,7 +12,8 @@ from fedrepro.fedmatch.methods import FIGURE_METHOD
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics
 from fedrepro.metrics.summary import overall
-from fedrepro.report.fedmatch import LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, training_caveats
+from fedrepro.report.fedmatch import (LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, patch_table,
+                                      training_caveats)
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
 from fedrepro.report.results import OVERALL, missed_clients_section, summary_table
 from fedrepro.tasks.qa import qrels_and_run
@@ -163,6 +164,13 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "The training loss is the mean over clients and seeds of each round's local hinge (or cross-entropy) loss. Bytes are counted by the channel (`fedrepro/fl/channel.py`); uploads happen once per round per sampled "
               "client; 'data bytes sent once' is CoverQuery's upload of (obfuscated) training text; private state is "
               "what the engine keeps per client between rounds.", "", communication_table(data, rows).to_markdown(), ""]
+    patches = patch_table(data, list(dict.fromkeys(fm.table2 + fm.table3)))
+    if not patches.empty:
+        lines += ["## Do the private patches learn?", "",
+                  "Each client's patch after training (first seed): Frobenius norm of its up-projection (zero-initialised, so "
+                  "this is how far it moved), of its down-projection's change from the initial weights, and of the "
+                  "down-projection itself; over all of a model's patches (inner/outer: one per layer).", "",
+                  patches.to_markdown(), ""]
     lines += missed_clients_section(data.missed)
     lines += ["## Figures", "", "![convergence](figures/convergence.png)", ""]
     for number, sweep in zip((5, 6, 7, 8), SWEEPS):
