@@ -20,6 +20,7 @@ from fedrepro.io import atomic_dir, tree_digest, write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
 from fedrepro.models.patches import patch_norms
+from fedrepro.report.fedmatch import history_health
 from fedrepro.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
 
@@ -53,6 +54,7 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path, digest: s
     write_json(out / "metrics.json", {
         "cell": {"method": cell.method, "seed": cell.seed, "sweep": cell.sweep, "value": cell.value},
         "history": state.history,
+        "health": history_health(state.history).as_dict(),
         "test": {"clients": per_client, "overall": overall(per_client)},
         "channel": engine.channel.summary(),
         "memory_bytes": engine.memory_bytes(),

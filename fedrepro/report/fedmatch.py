@@ -12,6 +12,7 @@ from scipy import stats
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
+from fedrepro.fl.health import Health, cell_health
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.results import OVERALL, load_cell, missed_clients, paired_test, verdict
 
@@ -31,6 +32,8 @@ class FedMatchResults:
     """row -> metrics.json of its first seed (parameters, memory, channel)."""
     missed: list[dict] = field(default_factory=list)
     """cell, round, client, reason: every client a round went on without."""
+    health: dict[str, dict[int, Health]] = field(default_factory=dict)
+    """row -> seed -> the cell's health by the shared rule (per-round training loss, validation MRR)."""
 
 
 def cell_folder(root: Path, cell: Cell) -> Path:
@@ -43,7 +46,7 @@ def row_name(cell: Cell) -> str:
 
 
 def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
-    results, questions, histories, info, missed = [], [], [], {}, []
+    results, questions, histories, info, missed, health = [], [], [], {}, [], {}
     for cell in table_cells(params) + sweep_cells(params):
         metrics, per_question = load_cell(cell_folder(root, cell))
         row = row_name(cell)
@@ -57,8 +60,42 @@ def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
             histories.append({**base, "round": record["round"], "train_loss": record["train_loss"],
                               "bytes_up": record["bytes_up"], "bytes_down": record["bytes_down"]})
         missed += missed_clients(cell.name, metrics["history"])
+        health.setdefault(row, {})[cell.seed] = history_health(metrics["history"])
     return FedMatchResults(pd.DataFrame(results), pd.concat(questions, ignore_index=True), pd.DataFrame(histories), info,
-                           missed)
+                           missed, health)
+
+
+def history_health(history: list[dict]) -> Health:
+    """A cell's health from its history: the round's mean local training loss, and the validation MRR averaged
+    over the clients in the rounds that were evaluated (``train.eval_every``; none at 0, so convergence is unknown)."""
+    valid = [float(np.mean([m["mrr"] for m in r["valid"].values()])) for r in history if r.get("valid")]
+    return cell_health([r["train_loss"] for r in history], valid)
+
+
+def health_marker(data: FedMatchResults, row: str) -> str:
+    """'' for a sound row, else ' [diverged]' / ' [not converged]' (with 'k of n seeds' when not all are)."""
+    cells = list(data.health.get(row, {}).values())
+    for label in ("diverged", "not converged"):
+        count = sum(h.label == label for h in cells)
+        if count:
+            return f" [{label}]" if count == len(cells) else f" [{label}: {count} of {len(cells)} seeds]"
+    return ""
+
+
+def marked_labels(data: FedMatchResults) -> dict[str, str]:
+    """Row labels carrying their health marker, for every table of the report."""
+    return {row: LABELS.get(row, row) + health_marker(data, row) for row in data.health}
+
+
+def diverged_rows(data: FedMatchResults, rows: list[str]) -> list[str]:
+    return [r for r in rows if any(h.diverged for h in data.health.get(r, {}).values())]
+
+
+def health_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
+    """One line per table cell: its health by the shared rule and why."""
+    lines = [{"method": LABELS.get(row, row), "seed": seed, "health": h.label, "why": h.why}
+             for row in rows for seed, h in sorted(data.health.get(row, {}).items())]
+    return pd.DataFrame(lines, columns=["method", "seed", "health", "why"])
 
 
 # ----- claims ---------------------------------------------------------------------------------------------
@@ -79,10 +116,21 @@ def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list
     a = float(np.mean([_overall(data, r, metric) for r in better]))
     b = float(np.mean([_overall(data, r, metric) for r in worse]))
     name = lambda rows: " / ".join(LABELS.get(r, r) for r in rows)  # noqa: E731
-    return {"finding (paper)": finding,
-            "measured": f"{name(better)} {metric.upper()} {a:.3f} vs {name(worse)} {b:.3f} ({(a - b) / b:+.1%} relative)",
-            "verdict": verdict(diff, p_value),
-            "test": f"paired t-test over {n} test questions (per-question {metric.upper()}, mean over seeds): p = {p_value:.3g}"}
+    return _guarded(data, {
+        "finding (paper)": finding,
+        "measured": f"{name(better)} {metric.upper()} {a:.3f} vs {name(worse)} {b:.3f} ({(a - b) / b:+.1%} relative)",
+        "verdict": verdict(diff, p_value),
+        "test": f"paired t-test over {n} test questions (per-question {metric.upper()}, mean over seeds): p = {p_value:.3g}"},
+        better + worse)
+
+
+def _guarded(data: FedMatchResults, claim: dict, rows: list[str]) -> dict:
+    """No claim rests on a diverged cell: its verdict says so and keeps what the numbers alone would say."""
+    diverged = diverged_rows(data, rows)
+    if diverged:
+        names = ", ".join(LABELS.get(r, r) for r in diverged)
+        claim = {**claim, "verdict": f"no verdict: rests on diverged cells ({names}); the numbers alone: {claim['verdict']}"}
+    return claim
 
 
 def _sweep_series(data: FedMatchResults, sweep: str, client: str, metric: str, method: str = FIGURE_METHOD) -> pd.Series:
@@ -109,7 +157,7 @@ def claims_table(data: FedMatchResults, params: Params) -> pd.DataFrame:
         best = ranked[0] if ranked[0] != FIGURE_METHOD else ranked[1]
         row = _compare(data, "Table 2: H+LR is the best of the eight variants", [FIGURE_METHOD], [best])
         row["measured"] = f"best variant by overall MRR: {LABELS[ranked[0]]}; " + row["measured"]
-        if ranked[0] != FIGURE_METHOD:
+        if ranked[0] != FIGURE_METHOD and not row["verdict"].startswith("no verdict"):
             row["verdict"] = f"does not hold (vs the best: {row['verdict']})"
         rows.append(row)
         rows.append(_compare(data, "Table 2: H+PAL over O+PAL, about +1.27% relative MRR", ["fedmatch_h_pal"], ["fedmatch_o_pal"]))
@@ -151,9 +199,10 @@ def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> dict:
     else:
         measured = "no FiQA client at this scale"
         holds = "not applicable; " + ("individual wins on some client" if wins else "individual wins on no client")
-    return {"finding (paper)": "Table 3: individual BERT beats FedAvg on some collections (FiQA MAP, about +3.13% relative)",
-            "measured": measured + "; clients where individual MAP is higher: " + (", ".join(wins) or "none"),
-            "verdict": holds, "test": "per-client mean MAP over seeds (no significance test per client)"}
+    return _guarded(data, {
+        "finding (paper)": "Table 3: individual BERT beats FedAvg on some collections (FiQA MAP, about +3.13% relative)",
+        "measured": measured + "; clients where individual MAP is higher: " + (", ".join(wins) or "none"),
+        "verdict": holds, "test": "per-client mean MAP over seeds (no significance test per client)"}, ["individual", "fedavg"])
 
 
 def _not_run(finding: str, sweep: str) -> dict:
@@ -162,39 +211,45 @@ def _not_run(finding: str, sweep: str) -> dict:
 
 
 def _figure_claims(data: FedMatchResults) -> list[dict]:
+    """The sweeps' claims; each is guarded by the health of its own sweep's cells."""
+    sweep_rows = lambda sweep: [r for r in data.health if r.startswith(f"{sweep}=")]  # noqa: E731
+    return [_guarded(data, claim, sweep_rows(sweep)) for sweep, claim in _figure_claim_rows(data)]
+
+
+def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, dict]]:
     rows = []
     layers = _sweep_series(data, "shared_layers", OVERALL, "mrr")
     if len(layers) < 2:
-        rows.append(_not_run("Fig 5: overall MRR falls as fewer encoder layers are shared", "shared_layers"))
+        rows.append(("shared_layers", _not_run("Fig 5: overall MRR falls as fewer encoder layers are shared", "shared_layers")))
     else:
         rho = stats.spearmanr(layers.index, layers.values).statistic if len(set(layers.values)) > 1 else 0.0
-        rows.append({"finding (paper)": "Fig 5: overall MRR falls as fewer encoder layers are shared",
+        rows.append(("shared_layers", {"finding (paper)": "Fig 5: overall MRR falls as fewer encoder layers are shared",
                      "measured": ", ".join(f"{int(k)} shared: {v:.3f}" for k, v in layers.items()) + f"; Spearman rho = {rho:+.2f}",
                      "verdict": ("holds (direction)" if rho > 0 else "does not hold") + f" over {len(layers)} points",
-                     "test": "rank correlation of shared layers and overall MRR (few points: direction only)"})
+                     "test": "rank correlation of shared layers and overall MRR (few points: direction only)"}))
     if len(_sweep_series(data, "patch_size", OVERALL, "mrr")) < 2:
-        rows.append(_not_run("Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128)", "patch_size"))
+        rows.append(("patch_size", _not_run("Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128)", "patch_size")))
     for client in ("privacyqa", OVERALL):
         sizes = _sweep_series(data, "patch_size", client, "mrr")
         if len(sizes) >= 2:
             peak = int(sizes.idxmax())
-            rows.append({"finding (paper)": f"Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128); {client}",
+            rows.append(("patch_size", {"finding (paper)": f"Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128); {client}",
                          "measured": ", ".join(f"r={int(k)}: {v:.3f}" for k, v in sizes.items()) + f"; peak at r={peak}",
                          "verdict": ("holds (direction)" if peak not in (sizes.index.min(), sizes.index.max()) else "does not hold"),
-                         "test": "position of the maximum over the sweep (1 value per point: direction only)"})
+                         "test": "position of the maximum over the sweep (1 value per point: direction only)"}))
             break
     client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
     ours = _sweep_series(data, "data_ratio", client, "map", FIGURE_METHOD)
     theirs = _sweep_series(data, "data_ratio", client, "map", "individual")
     if len(ours) < 2 or len(theirs) < 2:
-        rows.append(_not_run("Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks", "data_ratio"))
+        rows.append(("data_ratio", _not_run("Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks", "data_ratio")))
     else:
         margin = (ours - theirs) / theirs
         low, high = margin.index.min(), margin.index.max()
-        rows.append({"finding (paper)": "Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks (2.60% at 100%, 7.23% at 20%)",
+        rows.append(("data_ratio", {"finding (paper)": "Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks (2.60% at 100%, 7.23% at 20%)",
                      "measured": f"{client}: margin {margin[high]:+.1%} at {high:.0%} of the data, {margin[low]:+.1%} at {low:.0%}",
                      "verdict": "holds (direction)" if margin[low] > margin[high] else "does not hold",
-                     "test": "relative MAP margins at the smallest and largest ratio (mean over sweep seeds)"})
+                     "test": "relative MAP margins at the smallest and largest ratio (mean over sweep seeds)"}))
     return rows
 
 

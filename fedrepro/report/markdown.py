@@ -7,13 +7,14 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro.config import Params
+from fedrepro.fl.health import RULE
 from fedrepro.fedmatch.cells import SWEEPS
 from fedrepro.fedmatch.methods import FIGURE_METHOD
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics
 from fedrepro.metrics.summary import overall
-from fedrepro.report.fedmatch import (LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, patch_table,
-                                      training_caveats)
+from fedrepro.report.fedmatch import (LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, health_table,
+                                      marked_labels, patch_table, training_caveats)
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
 from fedrepro.report.results import OVERALL, missed_clients_section, summary_table
 from fedrepro.tasks.qa import qrels_and_run
@@ -86,7 +87,7 @@ def _results_for(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
 
 def render_report(params: Params, data: FedMatchResults, chance: dict, partition: dict, mined: dict) -> str:
     fm, train, model, mine = params.fedmatch, params.train, params.model, params.data
-    settings = fm.settings
+    settings, labels = fm.settings, {**LABELS, **marked_labels(data)}
     clients = pd.DataFrame({
         client: {
             "train questions available": info["train_questions_available"],
@@ -134,6 +135,11 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         "",
         clients.to_markdown(),
         "",
+        f"Training health (every cell, shared rule): {RULE}. A row marked [diverged] or [not converged] is such a cell "
+        "(the section 'Training health' lists each with its numbers); no claim below rests on a diverged cell. "
+        + ("" if train.eval_every else "`train.eval_every` is 0 at this scale, so no validation MRR was recorded and "
+           "convergence is unknown; only divergence is judged."),
+        "",
         "## Table 2: the eight FedMatch variants",
         "",
         INSERTION_TEXT,
@@ -141,7 +147,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
     ]
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
-                  summary_table(_results_for(data, fm.table2), metric, fm.table2, LABELS, chance).to_markdown(), ""]
+                  summary_table(_results_for(data, fm.table2), metric, fm.table2, labels, chance).to_markdown(), ""]
     lines += ["## Table 3: FedMatch against the baselines", "",
               "RE2 and ESIM are trained per client from scratch on random word embeddings (no pretrained vectors can be "
               "loaded offline), over the backbone's WordPiece tokens. CoverQuery hides each real question among "
@@ -150,7 +156,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "bottom half of the encoder local. Centralised (pooled data, not private) is an extra reference row.", ""]
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
-                  summary_table(_results_for(data, fm.table3), metric, fm.table3, LABELS, chance).to_markdown(), ""]
+                  summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance).to_markdown(), ""]
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict "
               "follows the numbers whatever they are.", "", claims_table(data, params).to_markdown(index=False), ""]
@@ -164,6 +170,14 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "The training loss is the mean over clients and seeds of each round's local hinge (or cross-entropy) loss. Bytes are counted by the channel (`fedrepro/fl/channel.py`); uploads happen once per round per sampled "
               "client; 'data bytes sent once' is CoverQuery's upload of (obfuscated) training text; private state is "
               "what the engine keeps per client between rounds.", "", communication_table(data, rows).to_markdown(), ""]
+    lines += ["## Training health", "", f"Rule: {RULE}. Validation MRR is the mean over clients of each evaluated "
+              f"round (every {train.eval_every} rounds)." if train.eval_every else f"Rule: {RULE}. No validation "
+              "MRR at this scale (`train.eval_every` = 0): convergence is unknown.", "",
+              health_table(data, rows).to_markdown(index=False), ""]
+    sweep_health = health_table(data, [r for r in data.health if r not in rows])
+    unsound = sweep_health[sweep_health["health"].isin(["diverged", "not converged"])]
+    lines += [f"Figure (sweep) cells: {len(sweep_health)}, of which {len(unsound)} diverged or not converged"
+              + (":" if len(unsound) else "."), ""] + ([unsound.to_markdown(index=False), ""] if len(unsound) else [])
     patches = patch_table(data, list(dict.fromkeys(fm.table2 + fm.table3)))
     if not patches.empty:
         lines += ["## Do the private patches learn?", "",
@@ -196,7 +210,7 @@ def readme_block(params: Params, data: FedMatchResults, chance: dict) -> str:
     rows = params.fedmatch.table3
     overall_rows = data.results[data.results.row.isin(rows) & (data.results.client == OVERALL)]
     table = pd.DataFrame({
-        metric.upper(): summary_table(overall_rows, metric, rows, LABELS, chance)[OVERALL]
+        metric.upper(): summary_table(overall_rows, metric, rows, {**LABELS, **marked_labels(data)}, chance)[OVERALL]
         for metric in ("map", "mrr")
     })
     return "\n".join([

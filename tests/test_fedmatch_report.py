@@ -1,0 +1,65 @@
+"""FedMatch's report: health markers from each cell's history, no claim resting on a diverged cell, patch norms."""
+
+import pandas as pd
+
+from fedrepro.report.fedmatch import (FedMatchResults, _compare, health_table, history_health, marked_labels,
+                                      patch_table)
+
+CLIENTS = ("a", "b")
+
+
+def history(losses, valid_mrr=None):
+    records = []
+    for i, loss in enumerate(losses):
+        record = {"round": i + 1, "train_loss": loss, "bytes_up": 0, "bytes_down": 0}
+        if valid_mrr is not None:
+            record["valid"] = {c: {"map": valid_mrr[i], "mrr": valid_mrr[i] + (0.1 if c == "a" else -0.1)} for c in CLIENTS}
+        records.append(record)
+    return records
+
+
+def results(histories: dict[str, list[dict]], info: dict | None = None) -> FedMatchResults:
+    rows, questions = [], []
+    for index, row in enumerate(histories):
+        for client in CLIENTS + ("overall",):
+            rows += [{"row": row, "method": row, "seed": 0, "sweep": None, "point": None, "client": client, "metric": m,
+                      "value": 0.3 + 0.1 * index} for m in ("map", "mrr")]
+        questions += [{"row": row, "seed": 0, "client": c, "question": f"q{q}", "map": 0.3 + 0.1 * index + 0.01 * q,
+                       "mrr": 0.3 + 0.1 * index + 0.01 * q} for c in CLIENTS for q in range(4)]
+    health = {row: {0: history_health(h)} for row, h in histories.items()}
+    return FedMatchResults(pd.DataFrame(rows), pd.DataFrame(questions), pd.DataFrame(), info or {}, [], health)
+
+
+def test_health_from_the_history_uses_train_loss_and_the_clients_mean_validation_mrr():
+    assert history_health(history([0.9, 0.95])).label == "diverged"
+    assert history_health(history([0.9, float("nan")])).label == "diverged"
+    assert history_health(history([0.9, 0.6, 0.5])).label == "unknown"  # no validation recorded (eval_every = 0)
+    # the clients' mean MRR is the map value here: the last 2 of 0.3, 0.5, 0.7 gain 0.2 over the best before them
+    # (still improving); the last 2 of 0.3, 0.5, 0.505, 0.5 gain 0.005 (stopped)
+    assert history_health(history([0.9, 0.6, 0.5], [0.3, 0.5, 0.7])).label == "not converged"
+    assert history_health(history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5])).label == "converged"
+
+
+def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
+    data = results({"fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
+                    "individual": history([0.9, 1.2, 1.4], [0.3, 0.2, 0.1]),
+                    "fedprox": history([0.9, 0.6, 0.5], [0.3, 0.5, 0.7])})
+    labels = marked_labels(data)
+    assert labels == {"fedavg": "FedAvg", "individual": "BERT (individual) [diverged]",
+                      "fedprox": "FedProx [not converged]"}
+    claim = _compare(data, "FedAvg beats individual", ["fedavg"], ["individual"])
+    assert claim["verdict"].startswith("no verdict: rests on diverged cells (BERT (individual))")
+    assert not _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"])["verdict"].startswith("no verdict")
+    table = health_table(data, ["fedavg", "individual"])
+    assert table["health"].tolist() == ["converged", "diverged"]
+    assert "rose from 0.9 (round 1) to 1.4 (round 3)" in table["why"].iloc[1]
+
+
+def test_patch_table_shows_each_clients_up_norm_down_change_and_down_norm():
+    norms = {"a": {"down": 11.3, "down_change": 0.0451, "up": 0.125, "up_change": 0.125},
+             "b": {"down": 11.2, "down_change": 0.05, "up": 0.2, "up_change": 0.2}}
+    data = results({"fedavg": history([0.9, 0.5]), "fedmatch_h_lr": history([0.9, 0.5])},
+                   info={"fedavg": {}, "fedmatch_h_lr": {"patch_norms": norms}})
+    table = patch_table(data, ["fedavg", "fedmatch_h_lr"])
+    assert list(table.index) == ["FedMatch H+LR"]
+    assert table.loc["FedMatch H+LR", "a"] == "0.125 / 0.0451 / 11.3"
