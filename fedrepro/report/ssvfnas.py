@@ -54,6 +54,22 @@ class SSVFNASResults:
     skipped: list[dict]
 
 
+CURVE_COLUMNS = ["key", "step", "messages", "bytes", "test_accuracy", "epsilon", "alpha_entropy", "alpha_shift"]
+ALPHA_FIELDS = ("entropy_uniform", "entropy_start", "entropy_end", "max_shift", "max_shift_presearch", "parameter_free_edges",
+                "genotype_as_at_start")
+ALPHA_MOVED = 0.01
+"""alpha 'moved' when the search lowered the entropy of softmax(alpha) by more than this share of the uniform entropy."""
+
+
+def _alpha_fields(alpha: dict | None, folder: Path, cell: Cell) -> dict:
+    """The search's alpha summary (``alpha_<field>``); a search cell without one predates it and must be rerun."""
+    if cell.baseline:
+        return {f"alpha_{f}": float("nan") for f in ALPHA_FIELDS}
+    if alpha is None:
+        raise DataError(f"{folder}/metrics.json has no search.alpha (written by older code): rerun `dvc repro ssvfnas_table`")
+    return {f"alpha_{f}": float(alpha[f]) for f in ALPHA_FIELDS}
+
+
 def grid(params: Params) -> list[Cell]:
     return table_cells(params) + baseline_cells(params)
 
@@ -120,11 +136,11 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
             "presearch_loss_first": float(np.mean([v["first"] for v in losses.values()])) if losses else float("nan"),
             "presearch_loss_last": float(np.mean([v["last"] for v in losses.values()])) if losses else float("nan"),
             "retrain_loss_first": _num(retrain["loss_train"]["first"]), "retrain_loss_last": _num(retrain["loss_train"]["last"]),
+            **_alpha_fields(search.get("alpha"), folder, cell),
         })
         for point in search.get("curve", []):
-            curves.append({"key": key, "step": point["step"], "messages": point["messages"], "bytes": point["bytes"],
-                           "test_accuracy": point["test_accuracy"], "epsilon": _num(point["epsilon"])})
-    curve_frame = pd.DataFrame(curves, columns=["key", "step", "messages", "bytes", "test_accuracy", "epsilon"])
+            curves.append({"key": key, **{f: _num(point[f]) if f == "epsilon" else point[f] for f in CURVE_COLUMNS[1:]}})
+    curve_frame = pd.DataFrame(curves, columns=CURVE_COLUMNS)
     return SSVFNASResults(pd.DataFrame(rows), curve_frame, predictions, genotypes, folders, parts, overall.get("skipped", []))
 
 
@@ -333,6 +349,99 @@ def genotypes_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                          "party": f"party_{j}" + (" (labels)" if j == part["label_party"] else ""),
                          "space": genotype["kind"], "derived cell (node: op(input), ...)": genotype_text(genotype)})
     return pd.DataFrame(rows)
+
+
+def _kept_edges(genotype: dict) -> list[list[tuple[int, str]]]:
+    return [sorted((int(e["input"]), e["op"]) for e in node) for node in genotype["nodes"]]
+
+
+def alpha_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
+    """Per method: did the search move alpha? The entropy of softmax(alpha) (mean over edges and parties, nats) at the
+    search's start and end beside the uniform value, the largest |alpha - alpha_start|, the cells in which the entropy fell
+    by more than ``ALPHA_MOVED`` of the uniform value, the derived edges on parameter-free ops, and the cells whose
+    derived genotype is the one their starting alphas alone give."""
+    rows = []
+    for method in params.ssvfnas.methods:
+        sel = _select(data, method=method)
+        if sel.empty:
+            continue
+        drop = sel["alpha_entropy_start"] - sel["alpha_entropy_end"]
+        moved = int((drop > ALPHA_MOVED * sel["alpha_entropy_uniform"]).sum())
+        row = {"method": _label(method), "cells": len(sel),
+               "entropy uniform": f"{sel['alpha_entropy_uniform'].mean():.4f}",
+               "entropy at search start": f"{sel['alpha_entropy_start'].mean():.4f}",
+               "entropy at end": f"{sel['alpha_entropy_end'].mean():.4f}",
+               "α shift, max / mean over cells": f"{sel['alpha_max_shift'].max():.4f} / {sel['alpha_max_shift'].mean():.4f}",
+               "α moved (cells)": f"{moved} of {len(sel)}",
+               "derived edges on parameter-free ops": f"{100 * sel['alpha_parameter_free_edges'].mean():.0f}%",
+               "genotype = the starting α's (cells)": f"{int(sel['alpha_genotype_as_at_start'].sum())} of {len(sel)}"}
+        if METHODS[method][1]:
+            row["pre-search α shift (max)"] = f"{sel['alpha_max_shift_presearch'].max():.4f}"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("-")
+
+
+def rule_agreement(data: SSVFNASResults, params: Params) -> list[dict]:
+    """For each pre-search choice, VFNAS-1 (DARTS) against VFNAS-2 (MiLeNAS) on matched cells (same dataset-K, DP level,
+    seed): the mean and largest |difference| of the supernets' test accuracy over the curve points, and the cells whose
+    derived genotypes (every party's) are identical."""
+    out = []
+    for one, two in (("vfnas1", "vfnas2"), ("ss_vfnas1", "ss_vfnas2")):
+        if not {one, two} <= set(params.ssvfnas.methods):
+            continue
+        pairs = _pairs(data, one, two, params.ssvfnas.dp_levels)
+        gaps, same = [], 0
+        for a, b in pairs:
+            ca = data.curves[data.curves.key == a.key].set_index("step")["test_accuracy"]
+            cb = data.curves[data.curves.key == b.key].set_index("step")["test_accuracy"]
+            gaps += (ca - cb).abs().dropna().tolist()
+            same += [_kept_edges(g) for g in data.genotypes[a.key]] == [_kept_edges(g) for g in data.genotypes[b.key]]
+        if pairs:
+            out.append({"pair": (one, two), "pairs": len(pairs), "mean_gap": float(np.mean(gaps)), "max_gap": float(np.max(gaps)),
+                        "same_genotypes": same})
+    return out
+
+
+def _alpha_moved(frame: pd.DataFrame) -> pd.Series:
+    return frame["alpha_entropy_start"] - frame["alpha_entropy_end"] > ALPHA_MOVED * frame["alpha_entropy_uniform"]
+
+
+def _alpha_lines(data: SSVFNASResults, params: Params) -> list[str]:
+    s = params.ssvfnas.search
+    search = data.cells[data.cells.method != BASELINE]
+    lines = [f"Entropy of softmax(α), mean over edges and parties, in nats (uniform = ln(ops)); α_start = α when the search "
+             "begins (after the pre-search for the SS- methods); α shift = the largest absolute change of any α entry since "
+             "α_start (the pre-search's: since the random initialisation). Every curve point records the entropy and the "
+             "shift (`alpha_entropy`, `alpha_shift` in each cell's curve.csv). 'α moved': the entropy fell by more than "
+             f"{100 * ALPHA_MOVED:g}% of the uniform value.", "",
+             alpha_table(data, params).to_markdown(index=False, disable_numparse=True), ""]
+    if search.empty:
+        return lines
+    moved = _alpha_moved(search)
+    bound = s.steps * s.arch_lr
+    notes = [f"Adam moves each α by about its learning rate a step whatever the gradient's size, so {s.steps} steps at arch lr "
+             f"{s.arch_lr:g} move it by at most about {bound:.3g} (measured: at most {search['alpha_max_shift'].max():.4f}); "
+             f"α moved in {int(moved.sum())} of {len(search)} search cells."]
+    if moved.mean() < 0.5:
+        notes.append(f"Where α did not move, softmax weights stay within about {100 * (math.exp(2 * bound) - 1):.1f}% of uniform: "
+                     "the derived genotype is the ranking of these tiny shifts, i.e. of the sign of the early α gradients, "
+                     "not a choice the mixture has made.")
+    same = int(search["alpha_genotype_as_at_start"].sum())
+    notes.append(f"{same} of {len(search)} derived genotypes equal the genotype of the starting α alone (DARTS's 1e-3 random "
+                 "initialisation, or the pre-search's α)" + (", so most are the initial ties" if same > len(search) / 2 else
+                                                            ", so the search, not the initial ties, set them") +
+                 f"; {100 * search['alpha_parameter_free_edges'].mean():.0f}% of the derived edges are parameter-free ops "
+                 "(pooling, skip, identity), the ops a supernet leans on while its parametric ops are still untrained.")
+    for row in rule_agreement(data, params):
+        one, two = row["pair"]
+        still = not _alpha_moved(search[search.method.isin([one, two])]).any()
+        notes.append(f"{_label(one)} vs {_label(two)} over {row['pairs']} matched cells: supernet test accuracy differs by "
+                     f"{100 * row['mean_gap']:.2f} points on average over the curve points (at most {100 * row['max_gap']:.2f}); "
+                     f"{row['same_genotypes']} of {row['pairs']} derive identical genotypes." +
+                     (" α stayed near its start in every one of them, and the two rules differ only in how they update α: "
+                      "they train the same weights from the same initialisation on the same batches, so their curves "
+                      "coincide." if still else ""))
+    return lines + ["- " + n for n in notes] + [""]
 
 
 def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
@@ -803,6 +912,8 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         f"Each party's derived cell, at {_level_text(ss.dp_levels[0])}, seed {ss.seeds[0]}.", "",
         genotypes_table(data, params).to_markdown(index=False, disable_numparse=True), "",
         *_figure_links(data, params),
+        "## Architecture weights: did α move?", "",
+        *_alpha_lines(data, params),
         "## The hand-designed baseline", "",
         "Its rows are in the main table (`hand-designed`); parameters of the bottom networks, summed over parties:", "",
         parameters_table(data, params).to_markdown(disable_numparse=True), "",

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
@@ -47,9 +48,12 @@ from fedrepro.vfl.moco import MoCo, pretrain
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon
 from fedrepro.vfl.protocol import Party, VerticalProtocol, exchange_count, party_name
 from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, load_state, make_optimizers, save_state
-from fedrepro.vfl.spaces import CONV_OPS, MLP_OPS, build_derived, count_parameters, draw_genotype, hand_designed, supernet
+from fedrepro.vfl.spaces import (CONV_OPS, MLP_OPS, PARAMETER_FREE, Supernet, build_derived, count_parameters, derive_genotype,
+                                  draw_genotype, edge_entropy, hand_designed, supernet)
 
 EVAL_BATCH = 512
+CURVE_FIELDS = ("test_accuracy", "test_loss", "messages", "bytes", "epsilon", "alpha_entropy", "alpha_shift")
+"""What each point of a search cell's curve records (curve.csv and metrics.json's search.curve)."""
 
 
 # ----- the partition as tensors ---------------------------------------------------------------------------
@@ -327,13 +331,48 @@ def run_steps(search: Search, train: torch.Tensor, valid: torch.Tensor | None, b
             save_state(folder, search)
 
 
-def _curve_point(protocol: VerticalProtocol, test: torch.Tensor, delta: float) -> Callable[[], dict[str, Any]]:
+def _curve_point(protocol: VerticalProtocol, test: torch.Tensor, delta: float, supernets: list[Supernet],
+                 alpha_start: list[torch.Tensor]) -> Callable[[], dict[str, Any]]:
+    """A curve point: the supernets' test accuracy, what crossed so far, epsilon so far, and the architecture weights:
+    the entropy of softmax(alpha) (mean over edges, then over parties) and the largest |alpha - alpha at the search's
+    start| over parties, so a search that leaves alpha where it started shows it."""
     def point() -> dict[str, Any]:
         result = protocol.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False)
         messages = protocol.channel.messages
         return {"test_accuracy": result["accuracy"], "test_loss": result["loss"], "messages": len(messages),
-                "bytes": sum(m.nbytes for m in messages), "epsilon": finite(worst(protocol.epsilon(delta)))}
+                "bytes": sum(m.nbytes for m in messages), "epsilon": finite(worst(protocol.epsilon(delta))),
+                "alpha_entropy": float(np.mean([net.arch_entropy() for net in supernets])),
+                "alpha_shift": max(float((net.alphas.detach() - a).abs().max()) for net, a in zip(supernets, alpha_start))}
     return point
+
+
+def _kept_edges(genotype: dict[str, Any]) -> list[list[tuple[int, str]]]:
+    return [sorted((int(e["input"]), e["op"]) for e in node) for node in genotype["nodes"]]
+
+
+def alpha_summary(supernets: list[Supernet], alpha_init: list[torch.Tensor], alpha_start: list[torch.Tensor]) -> dict[str, Any]:
+    """How far the search (and, for ss_ methods, the pre-search) moved each party's alphas: the entropy of softmax(alpha)
+    (mean over edges, nats; ``entropy_uniform`` = ln(ops) is the untouched value) when built, at the search's start and
+    at its end; the largest |alpha_end - alpha_start| and |alpha_start - alpha_init|; the mean mixture weight of each op
+    at the end; the share of the derived edges on parameter-free ops; and whether the derived genotype is the one the
+    starting alphas alone would give (if so, the search's alpha updates changed nothing that the retraining sees)."""
+    parties = []
+    for net, init, start in zip(supernets, alpha_init, alpha_start):
+        derived = net.genotype()
+        from_start = derive_genotype(F.softmax(start, dim=-1), net.ops, net.skeleton["nodes"])
+        kept = [e["op"] for node in derived["nodes"] for e in node]
+        parties.append({"entropy_uniform": math.log(len(net.ops)), "entropy_init": edge_entropy(init),
+                        "entropy_start": edge_entropy(start), "entropy_end": net.arch_entropy(),
+                        "max_shift": float((net.alphas.detach() - start).abs().max()),
+                        "max_shift_presearch": float((start - init).abs().max()),
+                        "genotype_as_at_start": _kept_edges(derived) == _kept_edges(from_start),
+                        "parameter_free_edges": sum(op in PARAMETER_FREE for op in kept) / len(kept),
+                        "mean_weights": {op: float(w) for op, w in zip(net.ops, net.edge_weights().detach().mean(dim=0))}})
+    return {"entropy_uniform": float(np.mean([p["entropy_uniform"] for p in parties])),
+            **{key: float(np.mean([p[key] for p in parties])) for key in ("entropy_init", "entropy_start", "entropy_end")},
+            "max_shift": max(p["max_shift"] for p in parties), "max_shift_presearch": max(p["max_shift_presearch"] for p in parties),
+            "genotype_as_at_start": all(p["genotype_as_at_start"] for p in parties),
+            "parameter_free_edges": float(np.mean([p["parameter_free_edges"] for p in parties])), "parties": parties}
 
 
 def _channel(protocol: VerticalProtocol, search: Search) -> dict[str, Any]:
@@ -373,28 +412,27 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     parameters: dict[str, Any] = {}
     if not cell.baseline:
         bottoms = build_supernets(params, data, cell.seed)
+        alpha_init = [b.alphas.detach().clone() for b in bottoms]
         top = build_top(params, data, cell.seed, "search")
         protocol = make_protocol(params, cell, data, bottoms, top, cell.seed, {"train": len(train), "val": len(valid)})
         search = make_search(params, cell.rule, protocol, ss.search.lr)
-        losses = None
-        if cell.presearch and not (checkpoints / "search" / "state.json").exists():
-            losses = run_presearch(params, cell, data, bottoms, checkpoints / "presearch", presearch_cache)
-        elif cell.presearch:
-            losses = read_json(checkpoints / "presearch" / "presearch.json")["losses"]
+        # a finished pre-search only loads its saved weights here, so a resumed cell knows the alphas its search began at
+        losses = run_presearch(params, cell, data, bottoms, checkpoints / "presearch", presearch_cache) if cell.presearch else None
+        alpha_start = [b.alphas.detach().clone() for b in bottoms]
         run_steps(search, train, valid, ss.search.batch_size, ss.search.steps, ss.search.lr, ss.search.lr_min,
-                  ss.search.eval_every, ss.search.checkpoint_every, checkpoints / "search", _curve_point(protocol, test, delta))
+                  ss.search.eval_every, ss.search.checkpoint_every, checkpoints / "search",
+                  _curve_point(protocol, test, delta, bottoms, alpha_start))
         genotypes = [b.genotype() for b in bottoms]
         search_ledger = protocol.ledger
         epsilon = protocol.epsilon(delta)
-        curve = [{"step": r["step"] + 1, **{k: r[k] for k in ("test_accuracy", "test_loss", "messages", "bytes", "epsilon")}}
-                 for r in search.history if "test_accuracy" in r]
+        curve = [{"step": r["step"] + 1, **{k: r[k] for k in CURVE_FIELDS}} for r in search.history if "test_accuracy" in r]
         metrics["presearch"] = None if losses is None else {
             "steps": ss.moco.steps, "loss": {p: {"first": v[0], "last": v[-1]} for p, v in losses.items()}, "losses": losses}
         metrics["search"] = {"rule": cell.rule, **_channel(protocol, search), "curve": curve,
                              "test_accuracy": curve[-1]["test_accuracy"], "loss_train": _losses(search.history, "loss_train"),
                              "loss_val": _losses(search.history, "loss_val"),
                              "epsilon": {p: finite(v) for p, v in epsilon.items()}, "epsilon_max": finite(worst(epsilon)),
-                             "epsilon_status": epsilon_status(epsilon)}
+                             "epsilon_status": epsilon_status(epsilon), "alpha": alpha_summary(bottoms, alpha_init, alpha_start)}
         metrics["genotypes"] = genotypes
         parameters["supernet"] = [count_parameters(b) for b in bottoms]
         nets = derived_networks(params, data, cell.seed, genotypes)

@@ -43,6 +43,8 @@ from torch.nn import functional as F
 CONV_OPS = ("none", "skip_connect", "max_pool_3x3", "avg_pool_3x3", "sep_conv_3x3", "dil_conv_3x3")
 MLP_OPS = ("none", "identity", "linear_relu", "linear_tanh", "bottleneck_relu")
 KINDS = ("conv", "mlp")
+PARAMETER_FREE = frozenset({"skip_connect", "max_pool_3x3", "avg_pool_3x3", "identity"})
+"""Ops without weights: useful to a supernet before its parametric ops have trained (DARTS's known early bias)."""
 EDGES_PER_NODE = 2  # DARTS keeps two incoming edges per intermediate node
 
 
@@ -222,6 +224,11 @@ class Supernet(_Skeleton):
         """softmax(alpha) per edge: the MixedOp weights, shape (edges, ops)."""
         return F.softmax(self.alphas, dim=-1)
 
+    def arch_entropy(self) -> float:
+        """Mean over edges of the entropy (nats) of softmax(alpha): ln(ops) while the mixture is uniform, 0 once every
+        edge has picked one op; tells whether the search moved alpha at all."""
+        return edge_entropy(self.alphas.detach())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         weights = self.edge_weights()
@@ -239,6 +246,12 @@ class Supernet(_Skeleton):
     def genotype(self) -> dict[str, Any]:
         gene = derive_genotype(self.edge_weights().detach().cpu(), self.ops, self.skeleton["nodes"])
         return {"kind": self.kind, "ops": list(self.ops), **gene, "skeleton": dict(self.skeleton)}
+
+
+def edge_entropy(alphas: torch.Tensor) -> float:
+    """Mean over edges (rows) of the entropy in nats of softmax(row)."""
+    logp = F.log_softmax(alphas.detach().double(), dim=-1)
+    return float(-(logp.exp() * logp).sum(dim=-1).mean())
 
 
 def derive_genotype(weights: torch.Tensor, ops: tuple[str, ...] | list[str], nodes: int) -> dict[str, Any]:
