@@ -167,6 +167,32 @@ def test_delivered_activations_and_gradients_respect_the_clip(k, label):
 
 
 @pytest.mark.parametrize("k,label", SETUPS)
+def test_what_the_channel_delivers_is_the_clipped_value_plus_noise_of_std_sigma_times_clip(k, label):
+    """With sigma > 0 every delivered embedding and gradient differs from its clipped value by fresh Gaussian noise of
+    std sigma * C (a protocol that clipped and forgot the noise would pass the sigma = 0 clip test above)."""
+    forward, backward = GaussianMechanism(0.5, 2.0), GaussianMechanism(0.05, 1.5)
+    protocol = build(k, label, forward=forward, backward=backward)
+    rows = torch.arange(N)
+    p = protocol.forward({"train": rows, "val": rows})
+    exact = {s: dict(zip(protocol.others, torch.autograd.grad(p.losses[s], [p.received[s][j] for j in protocol.others],
+                                                              retain_graph=True))) for s in p.batches}
+    protocol.backward(p)
+    noises = []
+    for mechanism, delivered, clean in ((forward, p.received, p.outputs), (backward, p.delivered_gradients, exact)):
+        for s in p.batches:
+            for j in protocol.others:
+                noise = delivered[s][j].detach() - mechanism.clip_tensor(clean[s][j].detach())
+                assert abs(float(noise.std()) / mechanism.noise_std - 1) < 0.25, (s, j, float(noise.std()))
+                assert abs(float(noise.mean())) < 0.25 * mechanism.noise_std
+                noises.append(noise.flatten())
+    # a fresh draw for every party, split and direction: no two releases share their noise
+    for a in range(len(noises)):
+        for b in range(a + 1, len(noises)):
+            if len(noises[a]) == len(noises[b]):
+                assert abs(float(torch.corrcoef(torch.stack([noises[a], noises[b]]))[0, 1])) < 0.3
+
+
+@pytest.mark.parametrize("k,label", SETUPS)
 def test_messages_per_step_match_the_stated_counts(k, label):
     """Per step, with S = K-1 senders: DARTS 1st order 4S msgs / 4 exchanges; 2nd order 12S / 12 (10S / 10
     with a fixed radius); MiLeNAS 2S / 2 (4S / 4 unbundled)."""
