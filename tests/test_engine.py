@@ -5,9 +5,11 @@ import json
 import pytest
 import torch
 
+from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.algorithm import AlgorithmSettings, ClientUpdate, LocalContext, TaskOutput
 from fedrepro.fl.algorithms import build_algorithm
-from fedrepro.fl.channel import SERVER, Channel
+from fedrepro.fl.algorithms.fedavg import FedAvg
+from fedrepro.fl.channel import SERVER, Channel, upload_problem
 from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
 from toy import ToyTask
 
@@ -211,3 +213,76 @@ def test_memory_accounting_follows_what_each_algorithm_keeps(tmp_path):
                                      "private_all_clients": len(SIZES) * head}
     assert individual.memory_bytes()["server_shared"] == 0
     assert individual.memory_bytes()["private_all_clients"] == len(SIZES) * model
+
+
+# ----- non-finite uploads and training ----------------------------------------------------------------------
+def test_an_upload_is_refused_naming_the_client_and_the_field_when_malformed_or_not_finite():
+    server = {"encoder.w": torch.zeros(2, 3), "head.b": torch.zeros(1), "control/encoder.w": torch.zeros(2, 3)}
+    shared = ["encoder.w", "head.b"]
+    good = {"encoder.w": torch.ones(2, 3), "head.b": torch.ones(1)}
+    assert upload_problem("a", good, server, shared) is None
+    assert "client b: upload field 'patch.x'" in upload_problem("b", {**good, "patch.x": torch.ones(1)}, server, shared)
+    assert "client c: upload lacks field 'head.b'" in upload_problem("c", {"encoder.w": torch.ones(2, 3)}, server, shared)
+    wrong = upload_problem("d", {**good, "encoder.w": torch.ones(3, 2)}, server, shared)
+    assert "client d: upload field 'encoder.w' is (3, 2)" in wrong and "expected (2, 3)" in wrong
+    poisoned = torch.tensor([[1.0, float("nan"), 1.0], [float("inf"), 1.0, -float("inf")]])
+    assert upload_problem("e", {**good, "encoder.w": poisoned}, server, shared) == \
+        "client e: upload field 'encoder.w' holds 3 non-finite values (NaN or Inf) of 6"
+    control = {**good, "control/encoder.w": torch.full((2, 3), float("nan"))}
+    assert "client f: upload field 'control/encoder.w' holds 6 non-finite" in upload_problem("f", control, server, shared)
+
+
+class NanUploadFedAvg(FedAvg):
+    """Client b uploads one NaN in its head's bias every round (its own training stays finite)."""
+
+    def upload(self, shared, context):
+        if context.client_id != "b":
+            return shared
+        return {**shared, "head.bias": torch.full_like(shared["head.bias"], float("nan"))}
+
+
+def test_the_engine_refuses_a_non_finite_upload_and_records_it_as_that_clients_miss(tmp_path):
+    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
+    engine = Engine(ToyTask(SIZES), NanUploadFedAvg(AlgorithmSettings()), settings, tmp_path, "nan-upload", progress=False)
+    engine.run()
+    for record in engine.state.history:
+        assert record["clients"] == ["a", "c"]
+        assert record["missed"] == {"b": "rejected: client b: upload field 'head.bias' holds 1 non-finite values "
+                                          "(NaN or Inf) of 1"}
+    assert all(bool(torch.isfinite(t).all()) for t in engine.state.global_weights.values())
+    assert "b" not in {m.sender for m in engine.channel.messages}, "a refused upload never crosses the channel"
+
+
+class NanClientTask(ToyTask):
+    """Client c's training inputs are NaN: its first local step's loss is NaN."""
+
+    def __init__(self, sizes):
+        super().__init__(sizes)
+        x, y = self.data["c"]
+        self.data["c"] = (torch.full_like(x, float("nan")), y)
+
+
+def test_a_client_whose_own_training_goes_non_finite_stops_the_run_naming_client_round_and_step(tmp_path):
+    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
+    engine = Engine(NanClientTask(SIZES), build_algorithm("fedavg", AlgorithmSettings()), settings, tmp_path,
+                    "nan-training", progress=False)
+    with pytest.raises(TrainingDiverged, match=r"client c diverged in round 1 at local step 1 of 1 \(schedule step 1 "
+                                               r"of 2\): training loss nan"):
+        engine.run()
+    assert engine.state.next_round == 0, "nothing of the diverged round was kept"
+
+
+def test_a_client_without_training_batches_trains_nothing_and_the_round_loss_is_over_the_others(tmp_path):
+    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
+    engine = Engine(ToyTask({"a": 16, "empty": 0}), build_algorithm("fedavg", AlgorithmSettings(weighting="size")),
+                    settings, tmp_path, "empty-client", progress=False)
+    result = engine.trainer.client_round(0, "empty", engine.state.global_weights, {})
+    assert result.train_loss is None and result.num_samples == 0
+    alone = engine.trainer.client_round(0, "a", engine.state.global_weights, {}).train_loss
+    engine.run()
+    assert engine.state.history[0]["train_loss"] == pytest.approx(alone)
+    assert all(record["clients"] == ["a", "empty"] for record in engine.state.history)
+

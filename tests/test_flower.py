@@ -122,18 +122,22 @@ def test_a_killed_server_resumes_from_its_checkpoint_to_the_uninterrupted_run(ru
         assert resume["resumed"][key] == resume["straight"][key], key
 
 
-def test_a_malformed_upload_is_refused_naming_the_client_and_the_field():
+def test_an_upload_that_crossed_flower_is_checked_as_the_engine_checks_it():
+    """The server refuses what the engine refuses (test_engine: names, shapes, NaN/Inf) with the same function; an
+    upload that crossed as Flower arrays passes it unchanged, and a NaN survives the crossing to be refused."""
     pytest.importorskip("flwr", reason="the flower extra is not installed")
-    from fedrepro.fl.flower.messages import to_record, to_tensors, upload_problem
+    from fedrepro.fl.channel import upload_problem
+    from fedrepro.fl.flower import server
+    from fedrepro.fl.flower.messages import to_record, to_tensors
 
-    server = {"encoder.w": torch.zeros(2, 3), "head.b": torch.zeros(1), "control/encoder.w": torch.zeros(2, 3)}
+    assert server.upload_problem is upload_problem
+    tensors = {"encoder.w": torch.zeros(2, 3), "head.b": torch.zeros(1)}
     shared = ["encoder.w", "head.b"]
     good = {"encoder.w": torch.ones(2, 3), "head.b": torch.ones(1)}
-    assert upload_problem("a", to_tensors(to_record(good)), server, shared) is None
-    assert "client b: upload field 'patch.x'" in upload_problem("b", {**good, "patch.x": torch.ones(1)}, server, shared)
-    assert "client c: upload lacks field 'head.b'" in upload_problem("c", {"encoder.w": torch.ones(2, 3)}, server, shared)
-    wrong = upload_problem("d", {**good, "encoder.w": torch.ones(3, 2)}, server, shared)
-    assert "client d: upload field 'encoder.w' is (3, 2)" in wrong and "expected (2, 3)" in wrong
+    assert upload_problem("a", to_tensors(to_record(good)), tensors, shared) is None
+    poisoned = to_tensors(to_record({**good, "head.b": torch.tensor([float("nan")])}))
+    assert upload_problem("b", poisoned, tensors, shared) == \
+        "client b: upload field 'head.b' holds 1 non-finite values (NaN or Inf) of 1"
 
 
 # ----- on a real deployment: SuperLink and SuperNodes as processes, TLS, node authentication ------------------

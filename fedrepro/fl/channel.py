@@ -1,7 +1,8 @@
 """The only way tensors cross a client/server (or party) boundary: every message is counted and recorded.
 
 Privacy claims are checked here: ``names_received(party)`` says exactly which parameters a party ever
-saw, and tests assert that private names never appear in an upload.
+saw, and tests assert that private names never appear in an upload. What a server may aggregate is checked
+here too (``upload_problem``), by every runtime, before an upload crosses.
 """
 
 from __future__ import annotations
@@ -35,6 +36,31 @@ class Message:
 
 def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def upload_problem(client_id: str, upload: dict[str, torch.Tensor], server_tensors: dict[str, torch.Tensor],
+                   required: list[str]) -> str | None:
+    """Why a server must not aggregate an upload (a name it does not hold, a missing shared parameter, a wrong
+    shape or dtype, a NaN or Inf value), naming the client and the field; None when it may.
+
+    The engine and the Flower server both call it on every upload, so the same upload is refused on every
+    runtime: one NaN averaged into the global weights spreads to every client in the next round."""
+    unknown = sorted(set(upload) - set(server_tensors))
+    if unknown:
+        return f"client {client_id}: upload field {unknown[0]!r} is not a tensor the server holds ({len(unknown)} unknown)"
+    missing = [name for name in required if name not in upload]
+    if missing:
+        return f"client {client_id}: upload lacks field {missing[0]!r} ({len(missing)} shared parameters missing)"
+    for name, tensor in upload.items():
+        expected = server_tensors[name]
+        if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
+            return (f"client {client_id}: upload field {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
+                    f"expected {tuple(expected.shape)} {expected.dtype}")
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            return (f"client {client_id}: upload field {name!r} holds {int((~finite).sum())} non-finite values "
+                    f"(NaN or Inf) of {tensor.numel()}")
+    return None
 
 
 class Channel:

@@ -20,6 +20,7 @@ so a run restarted from its last checkpoint replays exactly what an uninterrupte
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +31,16 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate, LocalContext, TaskOutput
-from fedrepro.fl.channel import SERVER, Channel, Message, tensor_bytes
+from fedrepro.fl.channel import SERVER, Channel, Message, tensor_bytes, upload_problem
 from fedrepro.fl.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from fedrepro.seeding import derive_seed
 
 POOLED = "pooled"
 GLOBAL = "global"
 PARAM, STATE = "param/", "state/"
+log = logging.getLogger(__name__)
 
 
 class FederatedTask(Protocol):
@@ -91,7 +94,8 @@ class ClientResult:
     trainer's next round, so the caller sends (copies) them at once."""
     stored: dict[str, torch.Tensor]
     """The client's private parameters (``param/``) and algorithm state (``state/``): never sent anywhere."""
-    train_loss: float
+    train_loss: float | None
+    """The mean local loss of the round; None for a client without training batches (it did not train)."""
     num_samples: int
 
 
@@ -146,7 +150,9 @@ class LocalTrainer:
         """Local steps of one round: local_epochs passes over the client's batches."""
         return self.settings.local_epochs * math.ceil(self.num_samples(client_id) / self.settings.batch_size)
 
-    def _train_local(self, client_id: str, round_index: int, context: LocalContext) -> float:
+    def _train_local(self, client_id: str, round_index: int, context: LocalContext) -> float | None:
+        """Train one round; the mean task loss over its steps (None: the client has no training batch). A non-finite
+        loss stops the run (``TrainingDiverged``) before its gradients reach the weights."""
         settings, model = self.settings, self.model
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
@@ -163,15 +169,21 @@ class LocalTrainer:
                     output = self.task.forward(model, batch)
                     output.rerun = functools.partial(self.task.forward, batch=batch)
                     objective = self.algorithm.local_objective(model, output, context)
+                loss = output.loss.item()
+                if not (math.isfinite(loss) and bool(torch.isfinite(objective.detach()))):
+                    raise TrainingDiverged(
+                        f"client {client_id} diverged in round {round_index + 1} at local step {context.steps + 1} "
+                        f"of {per_round} (schedule step {step + 1} of {total}): training loss {loss}, objective "
+                        f"{objective.item()} (lr {settings.lr:g}, max_grad_norm {settings.max_grad_norm:g})")
                 optimizer.zero_grad(set_to_none=True)
                 objective.backward()
                 self.algorithm.after_backward(model, context)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
                 optimizer.step()
-                losses.append(output.loss.item())
+                losses.append(loss)
                 context.steps += 1
                 step += 1
-        return float(np.mean(losses)) if losses else float("nan")
+        return float(np.mean(losses)) if losses else None
 
 
 class Engine:
@@ -249,8 +261,8 @@ class Engine:
 
     def _run_round(self, round_index: int) -> dict[str, Any]:
         sampled, outgoing = self.open_round(round_index)
-        updates, losses = self.train_clients(round_index, sampled, outgoing)
-        return self.close_round(round_index, sampled, updates, losses)
+        updates, losses, missed = self.train_clients(round_index, sampled, outgoing)
+        return self.close_round(round_index, [c for c in sampled if c not in missed], updates, losses, missed)
 
     def open_round(self, round_index: int) -> tuple[list[str], dict[str, torch.Tensor]]:
         """The server's first step: which clients train this round, and what it sends each of them."""
@@ -259,26 +271,41 @@ class Engine:
         outgoing = {**self.state.global_weights, **extras} if self.algorithm.federated else {}
         return sampled, outgoing
 
-    def train_clients(self, round_index: int, sampled: list[str],
-                      outgoing: dict[str, torch.Tensor]) -> tuple[list[ClientUpdate], list[float]]:
-        """In process: each sampled client trains in turn on the one model; the engine keeps its private state."""
+    def train_clients(self, round_index: int, sampled: list[str], outgoing: dict[str, torch.Tensor]
+                      ) -> tuple[list[ClientUpdate], list[float | None], dict[str, str]]:
+        """In process: each sampled client trains in turn on the one model; the engine keeps its private state (as
+        a Flower node keeps its own). An upload the server must not aggregate is refused and is the client's miss."""
         federated = self.algorithm.federated
         received = self.channel.broadcast(round_index, SERVER, sampled, outgoing) if federated else {}
-        updates, losses = [], []
+        updates, losses, missed = [], [], {}
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
             result = self.trainer.client_round(round_index, client_id, received, self.state.client_states.get(client_id, {}))
-            losses.append(result.train_loss)
+            self.state.client_states[client_id] = result.stored
             if federated:
+                problem = upload_problem(client_id, result.upload, self.state.global_weights, self.shared_names)
+                if problem is not None:
+                    log.error("round %d: rejected %s", round_index + 1, problem)
+                    missed[client_id] = f"rejected: {problem}"
+                    continue
                 arrived = self.channel.send(round_index, client_id, SERVER, result.upload)
                 updates.append(ClientUpdate(client_id, arrived, result.num_samples))
-            self.state.client_states[client_id] = result.stored
-        return updates, losses
+            losses.append(result.train_loss)
+        return updates, losses, missed
 
     def close_round(self, round_index: int, clients: list[str], updates: list[ClientUpdate],
-                    losses: list[float]) -> dict[str, Any]:
-        """The server's last step: aggregate the uploads that arrived, record the round, evaluate when due."""
+                    losses: list[float | None], missed: dict[str, str]) -> dict[str, Any]:
+        """The server's last step: aggregate the uploads that arrived, record the round, evaluate when due.
+
+        ``clients`` are those that delivered; ``missed`` says why each other sampled client did not. The round's
+        train_loss is the mean over the clients that trained (None when none had a batch)."""
         algorithm = self.algorithm
-        record: dict[str, Any] = {"round": round_index + 1, "clients": clients, "train_loss": float(np.mean(losses))}
+        if algorithm.federated and not updates:
+            raise FederationError(f"round {round_index + 1}: no client delivered an update ({missed})")
+        trained = [loss for loss in losses if loss is not None]
+        record: dict[str, Any] = {"round": round_index + 1, "clients": clients,
+                                  "train_loss": float(np.mean(trained)) if trained else None}
+        if missed:
+            record["missed"] = missed
         if algorithm.federated:
             diagnose = getattr(self.task, "diagnose_round", None)
             if diagnose is not None:

@@ -99,7 +99,8 @@ class NodeHandlers:
         upload = m.to_record(result.upload)  # a copy, taken before anything else touches the model
         blob = store.save(NodeState(round_index, result.stored))
         context.state[STATE_KEY] = ConfigRecord({STATE_BYTES: blob})
-        metrics = MetricRecord({m.NUM_SAMPLES: result.num_samples, m.TRAIN_LOSS: result.train_loss})
+        metrics = MetricRecord({m.NUM_SAMPLES: result.num_samples,  # no train_loss: the client had no batch to train on
+                                **({} if result.train_loss is None else {m.TRAIN_LOSS: result.train_loss})})
         return Message(RecordDict({m.TENSORS: upload, m.METRICS: metrics}), reply_to=message)
 
     def evaluate(self, message: Message, context: Context) -> Message:

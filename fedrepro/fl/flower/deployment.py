@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tqdm.auto import tqdm
 
+from fedrepro.errors import FederationError
 from fedrepro.fl.algorithm import Algorithm
 from fedrepro.fl.channel import Message
 from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
@@ -45,7 +46,6 @@ from fedrepro.fl.engine import Engine, FederatedTask
 from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.apps import CHECKPOINT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY, write_recipe_spec
 from fedrepro.fl.flower.node_state import collect_node_states
-from fedrepro.fl.flower.server import FederationError
 from fedrepro.fl.flower.simulation import quiet_environment
 from fedrepro.fl.runtime import CellRecipe
 from fedrepro.io import read_json

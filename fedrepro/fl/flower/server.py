@@ -7,9 +7,10 @@ it. Every tensor of every message passes the channel (names and bytes) exactly a
 scalars beside them (a node's client id, sample counts, losses, metrics) pass its scalar log.
 
 Nodes are told apart by the client id they answer to a first query, so sampling picks the same clients
-as the engine's. A node that does not answer, answers with an error, or uploads tensors the server cannot
-aggregate (unknown or missing names, wrong shapes) is left out of that round; the round's record says
-which client missed and why, and the global model is built from the others only.
+as the engine's. A node that does not answer, answers with an error (its own training diverged, say), or
+uploads tensors the server must not aggregate (unknown or missing names, wrong shapes, NaN or Inf: the check
+the engine makes too) is left out of that round; the round's record says which client missed and why, and
+the global model is built from the others only.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any, Callable
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedrepro.errors import FedreproError
+from fedrepro.errors import FederationError
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate
-from fedrepro.fl.channel import SERVER
+from fedrepro.fl.channel import SERVER, upload_problem
 from fedrepro.fl.engine import Engine, FederatedTask
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.runtime import CellRecipe
@@ -32,10 +33,6 @@ from fedrepro.fl.runtime import CellRecipe
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.02
 """How often the server asks the Grid for replies it is still waiting for."""
-
-
-class FederationError(FedreproError):
-    """The federation cannot go on: nodes missing or answering for the wrong clients, or a round with no update."""
 
 
 class FlowerServer(Engine):
@@ -144,7 +141,7 @@ class FlowerServer(Engine):
                 missed[client_id] = "no reply" if reply is None else f"node error: {reply.error.reason}"
                 continue
             upload = m.to_tensors(reply.content[m.TENSORS])
-            problem = m.upload_problem(client_id, upload, self.state.global_weights, self.shared_names)
+            problem = upload_problem(client_id, upload, self.state.global_weights, self.shared_names)
             if problem is not None:
                 log.error("round %d: rejected %s", round_index + 1, problem)
                 missed[client_id] = f"rejected: {problem}"
@@ -152,13 +149,8 @@ class FlowerServer(Engine):
             arrived = self.channel.send(round_index, client_id, SERVER, upload)
             scalars = self.channel.send_scalars(round_index, client_id, SERVER, dict(reply.content[m.METRICS]))
             updates.append(ClientUpdate(client_id, arrived, int(scalars[m.NUM_SAMPLES])))
-            losses.append(float(scalars[m.TRAIN_LOSS]))
-        if not updates:
-            raise FederationError(f"round {round_index + 1}: no client delivered an update ({missed})")
-        record = self.close_round(round_index, [u.client_id for u in updates], updates, losses)
-        if missed:
-            record["missed"] = missed
-        return record
+            losses.append(float(scalars[m.TRAIN_LOSS]) if m.TRAIN_LOSS in scalars else None)
+        return self.close_round(round_index, [u.client_id for u in updates], updates, losses, missed)
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each node scores its client's own model (the global shared weights it is sent plus its private state)
