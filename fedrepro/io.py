@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -47,11 +48,31 @@ def atomic_file(target: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
         raise
 
 
+def _first_non_finite(obj: Any, where: str = "") -> str | None:
+    """Where in ``obj`` the first NaN or Inf float sits (``history[2].train_loss``), or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "the value"
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _first_non_finite(value, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Deterministic JSON (sorted keys, fixed indent) so identical runs give identical bytes."""
+    """Deterministic, strict JSON (sorted keys, fixed indent) so identical runs give identical bytes. NaN and
+    Infinity are refused: they are not JSON (Python writes them as bare tokens most parsers reject), and a
+    missing number is written as None (null)."""
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except ValueError as error:
+        where = _first_non_finite(obj)
+        if where is None:
+            raise
+        raise ValueError(f"{path}: {where} is not a finite number; JSON has no NaN or Infinity (write None)") from error
     with atomic_file(path) as handle:
-        json.dump(obj, handle, indent=2, sort_keys=True, ensure_ascii=False)
-        handle.write("\n")
+        handle.write(text + "\n")
 
 
 def read_json(path: str | os.PathLike) -> Any:

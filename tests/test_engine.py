@@ -11,6 +11,7 @@ from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.algorithms.fedavg import FedAvg
 from fedrepro.fl.channel import SERVER, Channel, upload_problem
 from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
+from fedrepro.io import write_json
 from toy import ToyTask
 
 SIZES = {"a": 40, "b": 20, "c": 8}
@@ -285,4 +286,39 @@ def test_a_client_without_training_batches_trains_nothing_and_the_round_loss_is_
     engine.run()
     assert engine.state.history[0]["train_loss"] == pytest.approx(alone)
     assert all(record["clients"] == ["a", "empty"] for record in engine.state.history)
+
+
+# ----- strict JSON ----------------------------------------------------------------------------------------------
+def test_write_json_refuses_nan_and_inf_naming_the_file_and_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"state.json: history\[1\].train_loss is not a finite number"):
+        write_json(tmp_path / "state.json", {"history": [{"train_loss": 1.0}, {"train_loss": float("nan")}]})
+    with pytest.raises(ValueError, match=r"valid.a.mse is not a finite number"):
+        write_json(tmp_path / "other.json", {"valid": {"a": {"mse": float("inf")}}})
+    assert not list(tmp_path.iterdir()), "nothing half-written"
+    write_json(tmp_path / "fine.json", {"b": None, "a": [1, 2.5]})
+    assert (tmp_path / "fine.json").read_text() == '{\n  "a": [\n    1,\n    2.5\n  ],\n  "b": null\n}\n'
+
+
+class NanScoreTask(ToyTask):
+    """Client b has nothing to score (its metric is NaN), and client empty has no training batch."""
+
+    def evaluate(self, model, client_id, split):
+        return {"mse": float("nan")} if client_id == "b" else super().evaluate(model, client_id, split)
+
+
+def test_the_checkpoint_state_is_strict_json_with_null_for_what_is_no_number(tmp_path):
+    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=1, lr=0.01, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
+    engine = Engine(NanScoreTask({"a": 16, "b": 8, "empty": 0}), build_algorithm("fedavg", AlgorithmSettings()), settings,
+                    tmp_path, "nan-scores", progress=False)
+    engine.run()
+
+    def refuse(token):
+        raise AssertionError(f"state.json holds a bare {token}")
+
+    state = json.loads((tmp_path / "latest" / "state.json").read_text(), parse_constant=refuse)
+    assert state["history"][0]["clients"] == ["empty"]
+    assert state["history"][0]["train_loss"] is None, "a round whose only client had no batch trained nothing"
+    assert all(record["valid"]["b"]["mse"] is None for record in state["history"])
+    assert state["history"] == engine.state.history
 

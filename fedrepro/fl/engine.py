@@ -77,6 +77,18 @@ class EngineSettings:
     """The split scored every ``eval_every`` rounds (FedCMC's Fig 3 plots test F1 per round; nothing is selected on it)."""
 
 
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or Inf float in it (in dicts, lists, tuples) replaced by None: a round's record goes
+    into the checkpoint's strict JSON, and a score with nothing to score (NaN) is no number."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(finite_or_none(item) for item in value)
+    return value
+
+
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
     """Linear warm-up over the first ``warmup_fraction`` of steps, then linear decay to zero (the paper's schedule)."""
     warmup = int(total * warmup_fraction)
@@ -315,7 +327,7 @@ class Engine:
         record.update({f"bytes_{k}": v for k, v in self.channel.round_bytes(round_index).items()})
         if self.settings.eval_every and (round_index + 1) % self.settings.eval_every == 0:
             record[self.settings.eval_split] = self.evaluate(self.settings.eval_split)
-        return record
+        return finite_or_none(record)
 
     # ----- evaluation ----------------------------------------------------------------------------------
     def client_models(self) -> Iterator[tuple[str, nn.Module]]:
