@@ -12,6 +12,7 @@ from fedrepro.fl.algorithms.fedavg import FedAvg
 from fedrepro.fl.channel import SERVER, Channel, upload_problem
 from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
 from fedrepro.io import write_json
+from scaffold_invariant import control_variate_gap, largest_control
 from toy import ToyTask
 
 SIZES = {"a": 40, "b": 20, "c": 8}
@@ -322,3 +323,20 @@ def test_the_checkpoint_state_is_strict_json_with_null_for_what_is_no_number(tmp
     assert all(record["valid"]["b"]["mse"] is None for record in state["history"])
     assert state["history"] == engine.state.history
 
+
+# ----- SCAFFOLD's bookkeeping -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("clients_per_round", [2, 0])
+def test_scaffold_server_variate_stays_the_mean_of_every_clients_variate(tmp_path, clients_per_round):
+    """c == mean over all N clients of c_k after every round (see ``scaffold_invariant``): it holds only if clients
+    upload their change c_k+ - c_k and the server adds |S|/N of the mean change. With 2 of 3 clients sampled a
+    client trains in some rounds and not others, so an upload of c_k+ itself would break it in round 2."""
+    engine = make_engine(tmp_path, algorithm="scaffold", rounds=3, clients_per_round=clients_per_round)
+    gaps = []
+    engine.on_round_end = lambda record: gaps.append(
+        control_variate_gap(engine.state.global_weights, engine.state.client_states, engine.train_ids))
+    engine.run()
+    sampled = [record["clients"] for record in engine.state.history]
+    assert clients_per_round == 0 or any(set(a) != set(b) for a, b in zip(sampled, sampled[1:]))
+    scale = max(largest_control(state) for state in engine.state.client_states.values())
+    assert scale > 1e-3, "the variates moved (else the invariant is trivially true)"
+    assert max(gaps) <= 1e-5 * scale, (gaps, scale)
