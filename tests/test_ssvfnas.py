@@ -194,6 +194,7 @@ def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
     assert len(predictions) == saved["test"]["samples"] and (predictions.label == predictions.predicted).mean() == pytest.approx(
         saved["test"]["accuracy"])
     assert {g["kind"] for g in saved["genotypes"]} == {"mlp"}
+    assert 0 <= saved["test"]["accuracy_label_party_only"] <= 1 and set(saved["retrain"]["top_weight_norms"]) == {"party_0", "party_1"}
     assert metrics["parameters"]["bottom"] == [runs.count_parameters(runs.build_derived(g)) for g in saved["genotypes"]]
     # the baseline: retraining only, sized before any search, epsilon of the retraining alone
     base = _run(params, Cell(BASELINE, "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "base", tmp_path / "base_ckpt")
@@ -316,9 +317,12 @@ def fake_grid(root: Path, params) -> None:
         folder.mkdir(parents=True)
         pd.DataFrame({"sample_id": np.arange(n_test), "label": labels, "predicted": predicted}).to_csv(folder / "predictions.csv", index=False)
         eps = 2.0 if noisy else None
-        metrics = {"cell": {"name": cell.name}, "test": {"accuracy": float(right.mean()), "samples": n_test},
+        metrics = {"cell": {"name": cell.name}, "label_party": cell.parties - 1,
+                   "test": {"accuracy": float(right.mean()), "samples": n_test, "accuracy_label_party_only": 0.5},
                    "retrain": {"steps": ss.retrain.steps, "messages": 2 * (cell.parties - 1) * ss.retrain.steps,
-                               "bytes": 1000 * ss.retrain.steps, "loss_train": {"first": 2.3, "last": 1.0}},
+                               "bytes": 1000 * ss.retrain.steps, "loss_train": {"first": 2.3, "last": 1.0},
+                               "top_weight_norms": {f"party_{j}": 1.0 if j == cell.parties - 1 else (0.2 if noisy else 1.0)
+                                                    for j in range(cell.parties)}},
                    "epsilon_total_max": None if eps is None else eps + 0.5,
                    "epsilon_status": "accounted (RDP)" if noisy else "unbounded (a release without noise)",
                    "parameters": {"bottom": [500] * cell.parties, "top": 50}}
@@ -359,11 +363,14 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     for heading in ("## Setup", "## Partitions", "## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes",
                     "## Accuracy vs ε", "## Messages per step: DARTS vs MiLeNAS", "## The searched cells",
                     "## The hand-designed baseline", "## Claims checked at this scale", "## What this run can and cannot say",
-                    "## Architecture weights: did α move?"):
+                    "## Architecture weights: did α move?", "## What the label party carries alone"):
         assert heading in report
     alpha = report[report.index("## Architecture weights"):report.index("## The hand-designed baseline")]
     assert "α moved in 32 of 32 search cells" in alpha  # fake entropy falls from 1.7917 to 1.71
     assert "8 of 8 derive identical genotypes" in alpha  # every fake cell has the same genotype
+    from fedrepro.report.ssvfnas import reliance_table
+    reliance = reliance_table(data, params).set_index(["dataset-K", "DP"])["top weight share on the other parties"]
+    assert reliance[("digits-k2", "no DP")] == "0.50" and reliance[("digits-k2", "σ1 = 1, σ2 = 1")] == "0.17"
     assert "hand-designed" in report and "Poisson" in report and "BatchNorm" in report and "released_code" in report
     claims = claims_table(data, params).set_index("finding (paper)")
     verdicts = claims["verdict"]

@@ -193,6 +193,22 @@ def test_what_the_channel_delivers_is_the_clipped_value_plus_noise_of_std_sigma_
 
 
 @pytest.mark.parametrize("k,label", SETUPS)
+def test_the_label_party_alone_reads_only_its_own_rows_and_sends_nothing(k, label):
+    protocol = build(k, label, forward=GaussianMechanism(5.0, 1.0))
+    hub = protocol.parties[label]
+    with torch.no_grad():
+        own = hub.bottom(hub.features[VAL])
+        d = own.shape[1]
+        logits = own @ hub.top.weight[:, label * d:(label + 1) * d].T + hub.top.bias
+    expected = float((logits.argmax(dim=1) == hub.labels[VAL]).float().mean())
+    for party in protocol.parties:  # the other parties' rows are never read
+        if party.index != label:
+            party.features = torch.full_like(party.features, math.nan)
+    assert protocol.evaluate_label_party_alone(VAL, batch_size=10) == pytest.approx(expected)
+    assert not protocol.channel.messages and not protocol.eval_channel.messages and protocol.ledger.history == {}
+
+
+@pytest.mark.parametrize("k,label", SETUPS)
 def test_messages_per_step_match_the_stated_counts(k, label):
     """Per step, with S = K-1 senders: DARTS 1st order 4S msgs / 4 exchanges; 2nd order 12S / 12 (10S / 10
     with a fixed radius); MiLeNAS 2S / 2 (4S / 4 unbundled)."""

@@ -70,6 +70,18 @@ def _alpha_fields(alpha: dict | None, folder: Path, cell: Cell) -> dict:
     return {f"alpha_{f}": float(alpha[f]) for f in ALPHA_FIELDS}
 
 
+def _reliance_fields(metrics: dict, folder: Path, cell: Cell) -> dict:
+    """The label party's accuracy alone (other embeddings zeroed) and the top network's weight share on the other parties."""
+    norms = metrics["retrain"].get("top_weight_norms")
+    if norms is None or "accuracy_label_party_only" not in metrics["test"]:
+        raise DataError(f"{folder}/metrics.json has no test.accuracy_label_party_only / retrain.top_weight_norms (written by "
+                        "older code): rerun `dvc repro ssvfnas_table`")
+    label = f"party_{metrics['label_party']}"
+    others = sum(v for k, v in norms.items() if k != label)
+    return {"label_only_accuracy": float(metrics["test"]["accuracy_label_party_only"]),
+            "top_share_others": others / max(others + norms[label], 1e-12)}
+
+
 def grid(params: Params) -> list[Cell]:
     return table_cells(params) + baseline_cells(params)
 
@@ -137,6 +149,7 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
             "presearch_loss_last": float(np.mean([v["last"] for v in losses.values()])) if losses else float("nan"),
             "retrain_loss_first": _num(retrain["loss_train"]["first"]), "retrain_loss_last": _num(retrain["loss_train"]["last"]),
             **_alpha_fields(search.get("alpha"), folder, cell),
+            **_reliance_fields(metrics, folder, cell),
         })
         for point in search.get("curve", []):
             curves.append({"key": key, **{f: _num(point[f]) if f == "epsilon" else point[f] for f in CURVE_COLUMNS[1:]}})
@@ -349,6 +362,53 @@ def genotypes_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                          "party": f"party_{j}" + (" (labels)" if j == part["label_party"] else ""),
                          "space": genotype["kind"], "derived cell (node: op(input), ...)": genotype_text(genotype)})
     return pd.DataFrame(rows)
+
+
+def reliance_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
+    """Per dataset-K and DP level, over every method's cells and the baseline's: the retrained test accuracy, the label
+    party's accuracy with every other party's embedding zeroed, and the top network's weight share on the other parties."""
+    rows = []
+    for point in _points(params):
+        for level in params.ssvfnas.dp_levels:
+            sel = _select(data, partition=point, dp=dp_name(level))
+            if sel.empty:
+                continue
+            rows.append({"dataset-K": point, "DP": _level_text(level), "cells": len(sel),
+                         "test accuracy (%)": _fmt(sel["accuracy"].tolist()),
+                         "label party alone (%)": _fmt(sel["label_only_accuracy"].tolist()),
+                         "top weight share on the other parties": f"{sel['top_share_others'].mean():.2f}",
+                         "test rows (1 error =)": f"{int(sel['test_samples'].iloc[0])} ({100 / sel['test_samples'].iloc[0]:.2f} points)"})
+    return pd.DataFrame(rows)
+
+
+def _reliance_lines(data: SSVFNASResults, params: Params) -> list[str]:
+    lines = ["The retrained networks (every method and the baseline) evaluated once more on the test rows with every other "
+             "party's embedding replaced by zeros (`test.accuracy_label_party_only`; the top network is linear, so this drops "
+             "exactly their terms of the logits), and the share of the top network's weight norm on the other parties' "
+             "embeddings (`retrain.top_weight_norms`). Under DP the label party receives embeddings drowned in noise of std "
+             f"σ1 × C1 per entry (C1 = {params.ssvfnas.dp.clip_forward:g} on the whole embedding): the top network learns to turn "
+             "them down and to decide from the label party's own features, so a DP cell's accuracy is close to the label "
+             "party's alone.", "", reliance_table(data, params).to_markdown(index=False, disable_numparse=True), ""]
+    clear = [lvl for lvl in params.ssvfnas.dp_levels if lvl[0] == 0 and lvl[1] == 0]
+    notes = []
+    for point in _points(params):
+        if not clear:
+            break
+        base = _select(data, partition=point, dp=dp_name(clear[0]))
+        for level in _noisy_levels(params):
+            noisy = _select(data, partition=point, dp=dp_name(level))
+            if base.empty or noisy.empty or noisy["accuracy"].mean() < base["accuracy"].mean():
+                continue
+            n = int(noisy["test_samples"].iloc[0])
+            errors = lambda f: (1 - f["accuracy"]).mean() * n  # noqa: E731
+            notes.append(f"{point}, {_level_text(level)}: no lower than without DP ({_pct(noisy['accuracy'].mean())}% vs "
+                         f"{_pct(base['accuracy'].mean())}%, {errors(noisy):.2f} vs {errors(base):.2f} errors a cell on {n} test "
+                         f"rows). The label party alone scores {_pct(noisy['label_only_accuracy'].mean())}% under DP "
+                         f"({_pct(base['label_only_accuracy'].mean())}% without) and the top network's weight share on the other "
+                         f"parties falls from {base['top_share_others'].mean():.2f} to {noisy['top_share_others'].mean():.2f}: "
+                         "DP here measures the label party's own features, which suffice on this test set, not a federation "
+                         "that gains from noise.")
+    return lines + ["- " + n for n in notes] + ([""] if notes else [])
 
 
 def _kept_edges(genotype: dict) -> list[list[tuple[int, str]]]:
@@ -914,6 +974,8 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         *_figure_links(data, params),
         "## Architecture weights: did α move?", "",
         *_alpha_lines(data, params),
+        "## What the label party carries alone", "",
+        *_reliance_lines(data, params),
         "## The hand-designed baseline", "",
         "Its rows are in the main table (`hand-designed`); parameters of the bottom networks, summed over parties:", "",
         parameters_table(data, params).to_markdown(disable_numparse=True), "",

@@ -130,6 +130,13 @@ def build_top(params: Params, data: PartitionData, seed: int, phase: str) -> nn.
     return nn.Linear(data.parties * params.ssvfnas.search.out_dim, data.classes)
 
 
+def top_weight_norms(top: nn.Linear, parties: int) -> dict[str, float]:
+    """L2 norm of the top network's weights on each party's slice of [N_0 .. N_{K-1}]: how much it listens to each party
+    (under DP it learns to turn down the noisy embeddings it receives)."""
+    slices = top.weight.detach().chunk(parties, dim=1)
+    return {party_name(k): float(w.norm()) for k, w in enumerate(slices)}
+
+
 def retrain_overrides(params: Params) -> dict[str, int]:
     r = params.ssvfnas.retrain
     return {k: v for k, v in (("width", r.width), ("cells", r.cells)) if v is not None}
@@ -454,7 +461,9 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     metrics["retrain"] = {**_channel(retrain, training), "loss_train": _losses(training.history, "loss_train"),
                           "accuracy_train": _losses(training.history, "accuracy_train"),
                           "epsilon": {p: finite(v) for p, v in retrain_eps.items()}}
-    metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test)}
+    metrics["retrain"]["top_weight_norms"] = top_weight_norms(top, data.parties)
+    metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test),
+                       "accuracy_label_party_only": retrain.evaluate_label_party_alone(test, EVAL_BATCH)}
     metrics["epsilon_total"] = {p: finite(v) for p, v in total.items()}
     metrics["epsilon_total_max"] = finite(worst(total))
     metrics["epsilon_status"] = epsilon_status(total)

@@ -342,6 +342,29 @@ class VerticalProtocol:
             result["predicted"] = torch.cat(predicted) if predicted else torch.zeros(0, dtype=torch.long)
         return result
 
+    def evaluate_label_party_alone(self, indices: torch.Tensor, batch_size: int = 256) -> float:
+        """Accuracy of the label party's own decision with every other party's embedding replaced by zeros (eval mode;
+        nothing crosses, nothing is released): how much of the network's accuracy the label party's features carry. With
+        a linear top network this drops exactly the other parties' terms of the logits. Every party's embedding has the
+        label party's shape (one embedding size for all)."""
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        hub = self.parties[self.label]
+        modes = [(m, m.training) for m in hub.modules().values()]
+        for m, _ in modes:
+            m.eval()
+        correct = 0
+        try:
+            with torch.no_grad():
+                for start in range(0, len(indices), batch_size):
+                    batch = indices[start:start + batch_size]
+                    own = hub.bottom(hub.features[batch])
+                    parts = [own if k == self.label else torch.zeros_like(own) for k in range(len(self.parties))]
+                    correct += int((hub.top(self.combine(parts)).argmax(dim=1) == hub.labels[batch]).sum())
+        finally:
+            for m, mode in modes:
+                m.train(mode)
+        return correct / max(len(indices), 1)
+
     # ---- what it cost and what it revealed --------------------------------------------------------------------
     def step_cost(self, step: int, channel: Channel | None = None) -> dict[str, int]:
         """Messages, bytes and sequential exchanges of one step, from the channel's log."""
