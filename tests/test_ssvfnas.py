@@ -190,6 +190,10 @@ def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
     eps = saved["search"]["curve"]
     assert 0 < eps[0]["epsilon"] < eps[-1]["epsilon"] <= saved["epsilon_total_max"] < math.inf
     assert saved["epsilon_status"] == "accounted (RDP)" and saved["presearch"]["steps"] == 3
+    # the headline holds without amplification; the paper's Poisson-amplified figure sits beside it, smaller
+    assert 0 < saved["epsilon_total_amplified_max"] < saved["epsilon_total_max"] and set(saved["epsilon_accounting"]) == {
+        "headline", "amplified", "both"}
+    assert all(0 < p["epsilon_amplified"] <= p["epsilon"] for p in eps)
     predictions = pd.read_csv(out / "predictions.csv")
     assert len(predictions) == saved["test"]["samples"] and (predictions.label == predictions.predicted).mean() == pytest.approx(
         saved["test"]["accuracy"])
@@ -324,6 +328,7 @@ def fake_grid(root: Path, params) -> None:
                                "top_weight_norms": {f"party_{j}": 1.0 if j == cell.parties - 1 else (0.2 if noisy else 1.0)
                                                     for j in range(cell.parties)}},
                    "epsilon_total_max": None if eps is None else eps + 0.5,
+                   "epsilon_total_amplified_max": None if eps is None else eps / 4,
                    "epsilon_status": "accounted (RDP)" if noisy else "unbounded (a release without noise)",
                    "parameters": {"bottom": [500] * cell.parties, "top": 50}}
         if cell.baseline:
@@ -333,12 +338,13 @@ def fake_grid(root: Path, params) -> None:
             per_step = (4 if darts else 2) * (cell.parties - 1)
             reach = (2 if cell.presearch else 4) + cell.seed
             curve = [{"step": s, "messages": per_step * s, "bytes": 4000 * s, "test_accuracy": target + (0.05 if s >= reach else -0.1),
-                      "test_loss": 1.0, "epsilon": None if eps is None else 0.1 * s, "alpha_entropy": 1.79 - 0.01 * s,
+                      "test_loss": 1.0, "epsilon": None if eps is None else 0.1 * s,
+                      "epsilon_amplified": None if eps is None else 0.02 * s, "alpha_entropy": 1.79 - 0.01 * s,
                       "alpha_shift": 0.003 * s} for s in range(1, ss.search.steps + 1)]
             metrics["search"] = {"steps": ss.search.steps, "messages": per_step * ss.search.steps, "bytes": 4000 * ss.search.steps,
                                  "exchanges": (4 if darts else 2) * ss.search.steps, "messages_per_step": per_step,
                                  "exchanges_per_step": 4 if darts else 2, "bytes_per_step": 4000, "test_accuracy": target + 0.05,
-                                 "epsilon_max": eps, "curve": curve,
+                                 "epsilon_max": eps, "epsilon_amplified_max": None if eps is None else eps / 4, "curve": curve,
                                  "alpha": {"entropy_uniform": 1.7918, "entropy_start": 1.7917, "entropy_end": 1.79 - 0.01 * ss.search.steps,
                                            "max_shift": 0.003 * ss.search.steps, "max_shift_presearch": 0.02 if cell.presearch else 0.0,
                                            "parameter_free_edges": 1.0, "genotype_as_at_start": False}}
@@ -388,7 +394,12 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     for name in ("accuracy_vs_bytes_digits-k2.png", "accuracy_vs_epsilon_digits-k4.png", "messages_per_step.png",
                  "accuracy_vs_bytes_ss_vfnas1.csv", "accuracy_vs_epsilon_vfnas2.csv", "messages_per_step.csv"):
         assert (figures / name).stat().st_size > 0, name
-    assert set(summary_metrics(data, params)["accuracy"]) == {"vfnas1", "vfnas2", "ss_vfnas1", "ss_vfnas2", BASELINE}
+    summary = summary_metrics(data, params)
+    assert set(summary["accuracy"]) == {"vfnas1", "vfnas2", "ss_vfnas1", "ss_vfnas2", BASELINE}
+    assert summary["epsilon_total"]["headline"] == "no_amplification"
+    assert summary["epsilon_total"]["no_amplification"]["dp1-1"]["digits-k2"] == 2.5  # the fake cells' eps + 0.5
+    assert summary["epsilon_total"]["amplified_poisson_assumed"]["dp1-1"]["digits-k2"] == 0.5
+    assert "ε total, amplified (Poisson assumed)" in report and "no amplification" in report
     assert len(results_frame(data, params)) == len(all_cells(params))
     # a missing cell names its folder and the stage that writes it
     gone = [c for c in table_cells(params) if c.method == "vfnas2"][-1]

@@ -8,7 +8,8 @@ import torch
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 
-from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon, privacy_spent
+from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon, epsilon_of, gaussian_epsilon, privacy_spent
+from fedrepro.vfl.search import batch_at
 
 MNIST, BATCH, DELTA = 60000, 256, 1e-5
 
@@ -80,23 +81,54 @@ def test_epsilon_grows_with_steps_and_rate_and_shrinks_with_noise():
 def test_ledger_pools_one_batch_composes_steps_and_takes_the_max_over_disjoint_splits():
     sigma = GaussianMechanism(1.0, 1.2)
     ledger = PrivacyLedger()
+    batch, other = torch.arange(0, 4), torch.arange(10, 14)
     for _ in range(10):  # per step: the same batch released twice (e.g. DARTS second order's train passes)
-        ledger.release("a", "train", "batch", sigma, 0.05)
-        ledger.release("a", "train", "batch", sigma, 0.05)
-        ledger.release("a", "val", "other", sigma, 0.05)
+        ledger.release("a", "train", batch, sigma, 0.05)
+        ledger.release("a", "train", batch, sigma, 0.05)
+        ledger.release("a", "val", other, sigma, 0.05)
         ledger.end_step()
     pooled = privacy_spent(1.2 / math.sqrt(2), 0.05, 10, DELTA)
     assert ledger.history["a"]["train"] == [[pytest.approx(1.2 / math.sqrt(2)), 0.05, 10]]
-    assert ledger.epsilon("a", DELTA) == pytest.approx(pooled)  # max(train, val), val is smaller
+    assert ledger.epsilon_amplified("a", DELTA) == pytest.approx(pooled)  # max(train, val): train's is larger
     assert pooled > privacy_spent(1.2, 0.05, 20, DELTA)  # reusing a batch costs more than fresh batches
-    ledger.release("b", "train", "x", None, 0.05)  # no mechanism: nothing is guaranteed
-    ledger.release("c", "train", "x", GaussianMechanism(1.0, 1.0, per_sample=False, released_code=True), 0.05)
+    # no amplification: each of `batch`'s samples took part in 20 releases at sigma 1.2
+    assert ledger.max_releases("a") == 20 and ledger.epsilon("a", DELTA) == pytest.approx(privacy_spent(1.2, 1.0, 20, DELTA))
+    ledger.release("b", "train", batch, None, 0.05)  # no mechanism: nothing is guaranteed
+    ledger.release("c", "train", batch, GaussianMechanism(1.0, 1.0, per_sample=False, released_code=True), 0.05)
     ledger.end_step()
-    assert ledger.epsilon("b", DELTA) == math.inf and math.isnan(ledger.epsilon("c", DELTA))
-    assert ledger.epsilon("nobody", DELTA) == 0.0
+    for of in (ledger.epsilon, ledger.epsilon_amplified):
+        assert of("b", DELTA) == math.inf and math.isnan(of("c", DELTA)) and of("nobody", DELTA) == 0.0
     restored = PrivacyLedger()
     restored.load(json.loads(json.dumps(ledger.state())))
     assert restored.state() == ledger.state() and restored.epsilon("a", DELTA) == ledger.epsilon("a", DELTA)
+    assert restored.epsilon_amplified("a", DELTA) == ledger.epsilon_amplified("a", DELTA)
+
+
+def test_the_headline_epsilon_counts_each_samples_releases_without_amplification():
+    """Fixed-size batches from seeded shuffles whose ids every party sees: no subsampling amplification. 64 rows in
+    batches of 16 for 10 steps: every sample is in 2 or 3 batches, so the headline is opacus' accountant at sample rate 1
+    over 3 releases, far above the Poisson-amplified figure at rate 1/4 over 10 steps (what the ledger used to report)."""
+    rows_, batch, steps, sigma = torch.arange(64), 16, 10, GaussianMechanism(1.0, 2.0)
+    ledger = PrivacyLedger()
+    counts = torch.zeros(64, dtype=torch.long)
+    for step in range(steps):
+        drawn = batch_at(rows_, batch, step, 0, "train")
+        counts[drawn] += 1
+        ledger.release("a", "train", drawn, sigma, batch / len(rows_))
+        ledger.end_step()
+    assert set(counts.tolist()) == {2, 3} and ledger.max_releases("a") == 3
+    unamplified = RDPAccountant()
+    unamplified.history = [(2.0, 1.0, 3)]
+    assert ledger.epsilon("a", DELTA) == pytest.approx(float(unamplified.get_epsilon(DELTA)))
+    assert ledger.epsilon_amplified("a", DELTA) == pytest.approx(privacy_spent(2.0, 0.25, steps, DELTA))
+    assert ledger.epsilon("a", DELTA) > 1.5 * ledger.epsilon_amplified("a", DELTA)  # 4.01 vs 2.28
+    # a second run on the same rows (the retraining) adds each sample's releases: 3 + 1 for the samples in both
+    again = PrivacyLedger()
+    most = int(torch.argmax(counts))
+    again.release("a", "train", torch.tensor([most]), GaussianMechanism(1.0, 1.0), 1 / 64)
+    again.end_step()
+    assert epsilon_of([ledger, again], "a", DELTA) == pytest.approx(gaussian_epsilon(3 / 2.0**2 + 1.0, DELTA))
+    assert gaussian_epsilon(3 / 2.0**2 + 1.0, DELTA) == pytest.approx(privacy_spent((3 / 4 + 1) ** -0.5, 1.0, 1, DELTA))
 
 
 @pytest.mark.parametrize("history", [[(1.0, 0.01, 1000)], [(0.7, 0.05, 40), (1.3, 0.02, 7), (0.7, 0.05, 3)], [(2.0, 1.0, 5)]])

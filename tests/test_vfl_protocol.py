@@ -378,6 +378,7 @@ def test_evaluate_can_leave_test_rows_out_of_the_ledger_and_return_predictions()
     assert (measured["predicted"] == labels).float().mean().item() == pytest.approx(measured["accuracy"])
     protocol.evaluate(VAL, batch_size=20, split="test")
     assert protocol.ledger.history["party_0"]["test"] == [[1.0, 1.0, 1]]
+    assert protocol.ledger.max_releases("party_0") == 1 and set(protocol.ledger.participation["party_0"]) == set(VAL.tolist())
 
 
 def test_split_training_of_fixed_networks_costs_one_pass_a_step_and_resumes(tmp_path):

@@ -20,8 +20,20 @@ What is released, and whose data it depends on (``PrivacyLedger`` records it whi
 * the train and validation halves are disjoint, so a sample is only ever in one of them and a party's
   epsilon is the maximum over the splits (parallel composition), each split composed over all its steps.
 
-The accountant assumes Poisson sampling at rate batch/split size; batches drawn from shuffled epochs are the
-usual approximation (as opacus and TF Privacy report it).
+Two epsilons, both from opacus' RDP accountant:
+
+* the headline, without amplification (``PrivacyLedger.epsilon``): every party knows which sample ids each batch holds
+  (split learning aligns them by id) and the batches are fixed-size draws from seeded shuffles, so subsampling hides
+  nothing and amplifies nothing. A release of a batch is a Gaussian mechanism (rate 1) for each sample in it and does
+  not touch the others, so the ledger counts, per sample, the releases it took part in; Gaussian mechanisms compose
+  exactly into one of noise multiplier (sum 1/sigma_i^2)^(-1/2), and a party's epsilon is that of its most-released
+  sample. Composing with another run on the same rows (the retraining after the search) adds the per-sample sums.
+* the amplified one (``PrivacyLedger.epsilon_amplified``), what the paper's accounting gives: it assumes Poisson
+  sampling at rate batch/split size, hidden from the adversary, and composes every step at that rate.
+
+Both treat a release as depending on a sample only through that sample's own row (the paper's accounting): a
+party's weights are trained on its own un-noised rows, so later releases also depend on earlier samples, which
+neither figure covers.
 
 ``released_code=True`` (with ``per_sample=False``) reproduces the authors' ``add_dp_to_list``: the whole batch
 is divided by one factor, max(largest L2 norm along dim 1, clip)/clip, and noise with std = ``sigma`` (the
@@ -34,7 +46,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -130,28 +142,56 @@ def privacy_spent(noise_multiplier: float, sample_rate: float, steps: int, delta
     return compose_epsilon([(noise_multiplier, sample_rate, steps)], delta)
 
 
+def gaussian_epsilon(inverse_variance: float, delta: float) -> float:
+    """Epsilon at ``delta`` of Gaussian mechanisms (rate 1) whose 1/sigma^2 sum to ``inverse_variance``: one mechanism of
+    noise multiplier inverse_variance^(-1/2), through opacus' RDP accountant (0 when nothing was released)."""
+    if inverse_variance <= 0:
+        return 0.0
+    return compose_epsilon([(inverse_variance ** -0.5, 1.0, 1)], delta)
+
+
 class PrivacyLedger:
-    """Per party and split: the (noise multiplier, sample rate, steps) history of every release that touched
-    that party's data. Releases of one batch within a step are pooled (``release``) and folded into the
-    history at ``end_step``; JSON-serialisable through ``state``/``load``."""
+    """Per party, what its data released. For the amplified epsilon, per split the (noise multiplier, sample rate, steps)
+    history, releases of one batch within a step pooled (``release``) and folded in at ``end_step``. For the headline
+    epsilon, per sample (row index) the number of releases it took part in and their summed 1/sigma^2. A release without
+    noise makes the party's epsilon infinite (``noiseless``); a released-code mechanism makes it NaN (``unaccounted``).
+    JSON-serialisable through ``state``/``load``."""
 
     def __init__(self) -> None:
         self.history: dict[str, dict[str, list[list[float]]]] = {}
+        self.participation: dict[str, dict[int, list[float]]] = {}
+        """party -> sample -> [releases, sum of 1/sigma^2]"""
         self.unaccounted: set[str] = set()
+        self.noiseless: set[str] = set()
         self._pending: dict[tuple[str, str, str], list[float]] = {}
 
-    def release(self, party: str, split: str, batch_key: str, mechanism: GaussianMechanism | None,
+    def release(self, party: str, split: str, samples: torch.Tensor, mechanism: GaussianMechanism | None,
                 sample_rate: float) -> None:
-        """One release of ``party``'s data on the batch ``batch_key`` of ``split`` in the current step."""
-        if mechanism is not None and not mechanism.accountable:
-            self.unaccounted.add(party)
+        """One release of ``party``'s data on the batch ``samples`` (row indices) of ``split`` in the current step."""
+        if not self.record(party, samples, mechanism):
             return
         sigma = 0.0 if mechanism is None else mechanism.sigma
-        pooled = self._pending.setdefault((party, split, batch_key), [0.0, float(sample_rate)])
+        key = (party, split, str(tuple(torch.as_tensor(samples).tolist())))
+        pooled = self._pending.setdefault(key, [0.0, float(sample_rate)])
         pooled[0] += math.inf if sigma == 0 else 1.0 / sigma**2
 
+    def record(self, party: str, samples: torch.Tensor, mechanism: GaussianMechanism | None) -> bool:
+        """Count one release for each of ``samples``; False (nothing counted) for a mechanism that cannot be accounted."""
+        if mechanism is not None and not mechanism.accountable:
+            self.unaccounted.add(party)
+            return False
+        if mechanism is None or mechanism.sigma == 0:
+            self.noiseless.add(party)
+            return True
+        rows, weight = self.participation.setdefault(party, {}), 1.0 / mechanism.sigma**2
+        for sample in torch.as_tensor(samples).tolist():
+            entry = rows.setdefault(int(sample), [0, 0.0])
+            entry[0] += 1
+            entry[1] += weight
+        return True
+
     def add(self, party: str, split: str, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
-        """Append ``steps`` releases to the history (merged with the last entry when identical, as opacus)."""
+        """Append ``steps`` releases to the amplified history (merged with the last entry when identical, as opacus)."""
         entries = self.history.setdefault(party, {}).setdefault(split, [])
         if entries and entries[-1][0] == noise_multiplier and entries[-1][1] == sample_rate:
             entries[-1][2] += steps
@@ -164,20 +204,46 @@ class PrivacyLedger:
         self._pending.clear()
 
     def epsilon(self, party: str, delta: float) -> float:
-        """Max over disjoint splits of the composed epsilon; NaN when a non-calibrated mechanism was used,
-        inf when something was released without noise, 0 when nothing was released."""
+        """The headline: no amplification, the epsilon of ``party``'s most-released sample (``epsilon_of``)."""
+        return epsilon_of([self], party, delta)
+
+    def epsilon_amplified(self, party: str, delta: float) -> float:
+        """Assuming Poisson subsampling: max over disjoint splits of the composed history; NaN when a non-calibrated
+        mechanism was used, inf when something was released without noise, 0 when nothing was released."""
         if party in self.unaccounted:
             return math.nan
         splits = self.history.get(party, {})
         return max((compose_epsilon(entries, delta) for entries in splits.values()), default=0.0)
 
+    def max_releases(self, party: str) -> int:
+        """The most releases any one sample of ``party`` took part in (noisy ones)."""
+        return max((int(n) for n, _ in self.participation.get(party, {}).values()), default=0)
+
     def state(self) -> dict:
         if self._pending:
             raise RuntimeError("PrivacyLedger.state() in the middle of a step: call end_step() first")
-        return {"history": self.history, "unaccounted": sorted(self.unaccounted)}
+        return {"history": self.history, "unaccounted": sorted(self.unaccounted), "noiseless": sorted(self.noiseless),
+                "participation": {p: [[i, *v] for i, v in sorted(rows.items())] for p, rows in sorted(self.participation.items())}}
 
     def load(self, state: dict) -> None:
         self.history = {p: {s: [list(e) for e in es] for s, es in splits.items()}
                         for p, splits in state["history"].items()}
         self.unaccounted = set(state["unaccounted"])
+        self.noiseless = set(state["noiseless"])
+        self.participation = {p: {int(i): [int(n), float(w)] for i, n, w in rows} for p, rows in state["participation"].items()}
         self._pending.clear()
+
+
+def epsilon_of(ledgers: Sequence[PrivacyLedger], party: str, delta: float) -> float:
+    """Epsilon without amplification of ``party`` over runs on the same rows (e.g. the search, then the retraining): each
+    sample's 1/sigma^2 summed over every ledger, the worst sample's epsilon. NaN if any release was not accountable, inf
+    if any was noiseless, 0 if nothing was released."""
+    if any(party in ledger.unaccounted for ledger in ledgers):
+        return math.nan
+    if any(party in ledger.noiseless for ledger in ledgers):
+        return math.inf
+    totals: dict[int, float] = {}
+    for ledger in ledgers:
+        for sample, (_, weight) in ledger.participation.get(party, {}).items():
+            totals[sample] = totals.get(sample, 0.0) + weight
+    return gaussian_epsilon(max(totals.values(), default=0.0), delta)

@@ -214,7 +214,7 @@ class VerticalProtocol:
                     if mechanism is not None:
                         out = mechanism.apply(out, self._generator(noise_key, "forward", j, split))
                     if account:
-                        self.ledger.release(party_name(j), split, _batch_key(batch), mechanism, self._rate(split, batch))
+                        self.ledger.release(party_name(j), split, batch, mechanism, self._rate(split, batch))
                     payload[f"{ACTIVATION}{party_name(j)}/{split}"] = out
                 delivered = channel.send(self.step, party_name(j), self.hub, payload)
                 for split in batches:  # a fresh leaf on the label party's side: backprop stops here
@@ -250,7 +250,7 @@ class VerticalProtocol:
                 if mechanism is not None:
                     gj = mechanism.apply(gj, self._generator(noise_key, "backward", j, split))
                 # the gradient to party j depends on the label party's labels: its release, K-1 per pass
-                self.ledger.release(self.hub, split, _batch_key(batch), mechanism, self._rate(split, batch))
+                self.ledger.release(self.hub, split, batch, mechanism, self._rate(split, batch))
                 payload[f"{GRADIENT}{party_name(j)}/{split}"] = gj
             delivered = self.channel.send(self.step, self.hub, party_name(j), payload)
             party = self.parties[j]
@@ -304,7 +304,7 @@ class VerticalProtocol:
                  predictions: bool = False) -> dict[str, Any]:
         """Forward only (eval mode, the forward mechanism still applies since N_j still crosses), logged on
         ``eval_channel`` at the current step: K-1 messages per batch. Each sample crosses once per call, so
-        the ledger records one release at rate 1 per party on ``split`` (``account=False`` leaves it out: an
+        the ledger records one release at rate 1 per party on ``split`` (and one for each of its samples) (``account=False`` leaves it out: an
         experimenter's measurement on held-out test rows, not a release of training data). ``predictions``
         adds ``"predicted"``: the label party's argmax class per sample, in the order of ``indices``."""
         indices = torch.as_tensor(indices, dtype=torch.long)
@@ -330,9 +330,7 @@ class VerticalProtocol:
                 m.train(mode)
         for j in self.others if account else []:
             mechanism = self.forward_mechanisms[j]
-            if mechanism is not None and not mechanism.accountable:
-                self.ledger.unaccounted.add(party_name(j))
-            else:
+            if self.ledger.record(party_name(j), indices, mechanism):
                 self.ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
         self.evaluations += 1
         result: dict[str, Any] = {"loss": total_loss / max(count, 1)}
@@ -372,13 +370,11 @@ class VerticalProtocol:
         return {"messages": len(messages), "bytes": sum(m.nbytes for m in messages),
                 "exchanges": exchange_count(messages, self.hub)}
 
-    def epsilon(self, delta: float) -> dict[str, float]:
-        """Each party's epsilon at ``delta`` so far (NaN: released-code mechanism, inf: no noise)."""
-        return {p.name: self.ledger.epsilon(p.name, delta) for p in self.parties}
-
-
-def _batch_key(batch: torch.Tensor) -> str:
-    return str(derive_seed(tuple(batch.tolist())))
+    def epsilon(self, delta: float, amplified: bool = False) -> dict[str, float]:
+        """Each party's epsilon at ``delta`` so far (NaN: released-code mechanism, inf: no noise): without amplification
+        (the headline, ``PrivacyLedger.epsilon``) or assuming Poisson subsampling (``amplified``)."""
+        of = self.ledger.epsilon_amplified if amplified else self.ledger.epsilon
+        return {p.name: of(p.name, delta) for p in self.parties}
 
 
 def _grad(output: torch.Tensor, inputs: list[torch.Tensor], grad_output: torch.Tensor | None = None) -> list[torch.Tensor]:
