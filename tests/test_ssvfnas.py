@@ -407,3 +407,50 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     missing.unlink()
     with pytest.raises(DataError, match=r"ssvfnas_table"):
         load_ssvfnas(tmp_path / "data", params)
+
+
+# ----- the training-sanity protocol ---------------------------------------------------------------------------
+def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_test(toy_partition, tmp_path):
+    from fedrepro.ssvfnas.sanity import HELD_OUT, SanitySettings, majority_accuracy, sanity_data, sanity_partition, write_ssvfnas_sanity
+
+    params = tiny_params()
+    data = runs.load_partition(toy_partition)
+    held = sanity_data(data, 0.25, 0)
+    test = set(data.splits["test"].tolist())
+    assert set(held.splits) == {"train", "valid", HELD_OUT} and not test & set(torch.cat(list(held.splits.values())).tolist())
+    assert set(held.splits["train"].tolist()) | set(held.splits[HELD_OUT].tolist()) == set(data.splits["train"].tolist())
+    assert not set(held.splits["train"].tolist()) & set(held.splits[HELD_OUT].tolist())
+    counts = torch.bincount(data.labels[torch.cat([held.splits["train"], held.splits["valid"]])])
+    assert majority_accuracy(held) == pytest.approx(float((data.labels[held.splits[HELD_OUT]] == counts.argmax()).float().mean()))
+    for k in range(data.parties):  # the test rows are never read: poison them
+        data.features[k][data.splits["test"]] = math.nan
+    settings = SanitySettings(lrs=(0.1,), arch_lrs=(3e-4, 0.3), search_steps=(2,), margin=0.01, eval_every=2)
+    reference, sweep = sanity_partition(params, data, settings, tmp_path / "work")
+    assert reference.settings == ["lr"] and list(reference.sweep["round"]) == [2, 4]  # retraining: 4 steps
+    assert reference.sweep[["train_loss", "valid"]].notna().all().all()
+    assert set(reference.baselines) == {"majority class", "label party alone (best lr and step)"}
+    assert sweep.settings == ["arch_lr", "search_steps"] and len(sweep.sweep) == 2 * 2
+    assert any("arch lr 0.3, 2 steps" in note for note in sweep.notes)
+    again, _ = sanity_partition(params, data, settings, tmp_path / "work")  # cached run by run
+    assert again.sweep.equals(reference.sweep)
+    out = write_ssvfnas_sanity({"toy-k2": (reference, sweep)}, settings, (3e-4, 2), 0.005, tmp_path / "out", "embedded")
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"sanity.md", "sanity.csv", "sanity.json"}
+    assert out["arch_choice"]["arch_lr"] in (3e-4, 0.3) and "toy-k2" in out["partitions"]
+    assert "## SS-VFNAS (toy-k2): pooled reference" in (tmp_path / "out" / "sanity.md").read_text()
+
+
+def test_the_arch_choice_keeps_the_preset_unless_another_setting_is_clearly_better():
+    from fedrepro.report.sanity import SanityResult
+    from fedrepro.ssvfnas.sanity import arch_choice
+
+    def sweep(scores):
+        rows = [{"arch_lr": a, "search_steps": s, "round": r, "train_loss": 1.0, "valid": v - (0.1 if r == 1 else 0)}
+                for (a, s), v in scores.items() for r in (1, 2)]
+        return SanityResult("x", "accuracy", 0.01, pd.DataFrame(rows), ["arch_lr", "search_steps"], {"m": 0.1})
+
+    close = {"a": sweep({(3e-4, 100): 0.80, (3e-2, 100): 0.803}), "b": sweep({(3e-4, 100): 0.70, (3e-2, 100): 0.703})}
+    assert arch_choice(close, (3e-4, 100), 0.005)[1]["arch_lr"] == 3e-4  # within the tolerance: the preset stays
+    clear = {"a": sweep({(3e-4, 100): 0.80, (3e-2, 100): 0.85, (3e-2, 200): 0.85})}
+    choice = arch_choice(clear, (3e-4, 100), 0.005)[1]
+    assert (choice["arch_lr"], choice["search_steps"]) == (3e-2, 100)  # tied with 200 steps: the cheaper one
+    assert choice["mean_valid"] == pytest.approx(0.85)  # the last retraining step is scored
