@@ -157,7 +157,7 @@ class FedCMCSettings(_Strict):
     local_epochs: int = Field(ge=1)
     lr: float = Field(gt=0)
     batch_size: int = Field(ge=1)
-    eval_every: int = Field(ge=0, description="rounds between test F1 of the global model (Fig 3); 0 = none")
+    eval_every: int = Field(ge=0, description="rounds between valid and test F1 of the global model (convergence rule, Fig 3); 0 = none")
     partition: Literal["dirichlet", "iid", "quantity"]
     balance: bool = Field(description="NIID-Bench's balance trick in the Dirichlet draw")
     min_client_size: int = Field(ge=0, description="training sentences every client must get (bounded redraws); 0 = none")

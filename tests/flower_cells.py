@@ -61,7 +61,7 @@ def recipe(case: str, rounds: int = 2) -> CellRecipe:
     relation = family in ("relation", "resume")
     settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=2, lr=1e-3, batch_size=8 if relation else 4,
                               warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
-                              eval_split="test" if relation else "valid")
+                              eval_splits=("valid", "test") if relation else ("valid",))
     build = relation_task if relation else functools.partial(ToyQATask, QA_SIZES)
     return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs, settings=settings,
                       fingerprint=f"{case}-{rounds}", threads=1,

@@ -51,7 +51,7 @@ def make_task(corpus, tokenizer, clients=3, alpha=0.5, negative=()):
 def run_engine(task, method, tmp_path, rounds=2, **settings):
     algorithm = build_algorithm(method, AlgorithmSettings(weighting="size", **settings))
     engine_settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=0, lr=1e-3, batch_size=8,
-                                     warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_split="test")
+                                     warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_splits=("valid", "test"))
     engine = Engine(task, algorithm, engine_settings, tmp_path / method, f"fp-{method}", progress=False)
     engine.run()
     return engine
@@ -201,7 +201,7 @@ def test_a_killed_run_resumes_to_identical_results(corpus, tokenizer, tmp_path, 
 
     def engine(on_round_end=None):
         settings = EngineSettings(rounds=3, local_epochs=1, clients_per_round=0, lr=1e-3, batch_size=8,
-                                  warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_split="test")
+                                  warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_splits=("valid", "test"))
         return Engine(task, build_algorithm(method, AlgorithmSettings(weighting="size", **knobs)), settings,
                       tmp_path / "run", "fp", progress=False, on_round_end=on_round_end)
 

@@ -73,7 +73,7 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
     engine_settings = EngineSettings(
         rounds=settings.rounds, local_epochs=cell.local_epochs, clients_per_round=0, lr=settings.lr,
         batch_size=settings.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
-        seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_split="test",
+        seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_splits=("valid", "test"),
     )
     folders = (Path(prepared_dir).resolve(), Path(partitions_dir).resolve(), Path(tokenizer_dir).resolve())
     spec = {"factory": "fedrepro.fedcmc.runs:spec_recipe", "kwargs": {

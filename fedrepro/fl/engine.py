@@ -73,8 +73,9 @@ class EngineSettings:
     """Rounds between validation passes over every client (0: none; the test is scored after training anyway)."""
     precision: str = "fp32"
     """``bf16``: training forward passes under bfloat16 autocast (weights, optimizer and evaluation stay fp32)."""
-    eval_split: str = "valid"
-    """The split scored every ``eval_every`` rounds (FedCMC's Fig 3 plots test F1 per round; nothing is selected on it)."""
+    eval_splits: tuple[str, ...] = ("valid",)
+    """The splits scored every ``eval_every`` rounds: valid for the convergence rule (``fedrepro.fl.health``), and
+    test where a paper plots it per round (FedCMC's Fig 3; nothing is selected on it)."""
 
 
 def finite_or_none(value: Any) -> Any:
@@ -326,7 +327,8 @@ class Engine:
             record.update(algorithm.round_notes())
         record.update({f"bytes_{k}": v for k, v in self.channel.round_bytes(round_index).items()})
         if self.settings.eval_every and (round_index + 1) % self.settings.eval_every == 0:
-            record[self.settings.eval_split] = self.evaluate(self.settings.eval_split)
+            for split in self.settings.eval_splits:
+                record[split] = self.evaluate(split)
         return finite_or_none(record)
 
     # ----- evaluation ----------------------------------------------------------------------------------
