@@ -12,6 +12,7 @@ def test_non_finite_or_rising_loss_is_diverged():
     assert cell_health([1.0, math.nan, 0.5]).diverged
     assert cell_health([1.16, 3.0, 9.7]).diverged
     assert not cell_health([1.16, 0.9, 0.8]).diverged
+    assert not cell_health([1.16, None, 0.8]).diverged  # a round in which no client had a batch trained nothing
 
 
 def test_converged_when_the_last_points_stop_improving():
@@ -36,3 +37,11 @@ def test_choice_skips_diverged_settings_and_checks_the_margin(tmp_path):
     assert not _result(0.5).verdict()["passed"]
     text = render_sanity(_result(0.5))
     assert "FAILED" in text and "diverged" in text
+
+
+def test_a_sweep_with_no_sound_setting_chooses_nothing_and_fails(tmp_path):
+    rows = [{"lr": 1e-2, "round": r + 1, "train_loss": loss, "valid": 0.1} for r, loss in enumerate([1.0, 5.0])]
+    result = SanityResult("toy", "F1", 0.1, pd.DataFrame(rows), ["lr"], {"majority": 0.3})
+    verdict = write_sanity(result, tmp_path)
+    assert verdict["choice"] == {} and verdict["margin"] is None and not verdict["passed"]
+    assert "nothing chosen" in (tmp_path / "sanity.md").read_text()

@@ -39,15 +39,16 @@ class Health:
 
 def cell_health(train_losses: Sequence[float], valid_scores: Sequence[float] = (), window: int = WINDOW,
                 tolerance: float = TOLERANCE) -> Health:
-    """Judge one cell from its per-round training losses and its validation scores (higher is better)."""
-    losses = [float(x) for x in train_losses]
+    """Judge one cell from its per-round training losses and its validation scores (higher is better). A round's
+    loss is None when none of its clients had a training batch (nothing trained): it is skipped, not counted."""
+    losses = [float(x) for x in train_losses if x is not None]
     bad = [i + 1 for i, x in enumerate(losses) if not math.isfinite(x)]
     if bad:
         return Health(True, None, f"non-finite training loss in round(s) {bad}")
     if len(losses) >= 2 and losses[-1] > losses[0]:
         return Health(True, None, f"training loss rose from {losses[0]:.4g} (round 1) to {losses[-1]:.4g} "
                                   f"(round {len(losses)})")
-    scores = [float(x) for x in valid_scores]
+    scores = [float(x) for x in valid_scores if x is not None]
     if len(scores) < window + 1:
         return Health(False, None, f"{len(scores)} validation point(s), fewer than {window + 1}")
     before, last = max(scores[:-window]), max(scores[-window:])

@@ -153,7 +153,7 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
             raise DataError(f"{folder}: its clients are not the partition's non-empty clients ({cell.partition} changed since "
                             f"the cell ran): rerun `dvc repro {stage}`")
         predictions[key] = frame
-        health = cell_health([r.get("train_loss") if r.get("train_loss") is not None else np.nan for r in metrics["history"]],
+        health = cell_health([r.get("train_loss") for r in metrics["history"]],
                              [r["valid"]["global"]["micro_f1"] for r in metrics["history"] if r.get("valid")])
         rows.append({"key": key, "group": group, **{f: getattr(cell, f) for f in CELL_FIELDS},
                      **{m: metrics["test"][m] for m in ("micro_f1", "macro_f1", "accuracy")},

@@ -62,9 +62,9 @@ class SanityResult:
         choice = self.choice()
         name, value = max(self.baselines.items(), key=lambda kv: kv[1])
         reference = choice.get("valid", math.nan)
+        margin = reference - value if choice else None  # no sound setting: no reference to measure a margin of
         return {"choice": choice, "best_baseline": name, "best_baseline_valid": value,
-                "margin_required": self.margin, "margin": reference - value,
-                "passed": bool(choice) and reference - value >= self.margin}
+                "margin_required": self.margin, "margin": margin, "passed": margin is not None and margin >= self.margin}
 
 
 def render_sanity(result: SanityResult) -> str:
@@ -95,8 +95,9 @@ def render_sanity(result: SanityResult) -> str:
         lines.append(f"- Chosen: {chosen} (valid {result.metric} {verdict['choice']['valid']:.4f}).")
     else:
         lines.append("- No setting trained soundly: nothing can be chosen.")
+    margin = "none (nothing chosen)" if verdict["margin"] is None else f"{verdict['margin']:+.4f}"
     lines.append(f"- Margin over the best trivial baseline ({verdict['best_baseline']}, "
-                 f"{verdict['best_baseline_valid']:.4f}): {verdict['margin']:+.4f}, required {result.margin:+.4f}: "
+                 f"{verdict['best_baseline_valid']:.4f}): {margin}, required {result.margin:+.4f}: "
                  f"**{'passed' if verdict['passed'] else 'FAILED'}**.")
     lines += [f"- {note}" for note in result.notes]
     lines += ["", "## Every evaluation point", "", result.sweep.to_markdown(index=False, floatfmt=".4f"), ""]
