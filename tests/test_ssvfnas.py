@@ -429,6 +429,11 @@ def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_tes
     assert reference.settings == ["lr"] and list(reference.sweep["round"]) == [2, 4]  # retraining: 4 steps
     assert reference.sweep[["train_loss", "valid"]].notna().all().all()
     assert set(reference.baselines) == {"majority class", "label party alone (best lr and step)"}
+    cached = json.loads((tmp_path / "work" / "toy-k2" / "pooled-lr0.1.json").read_text())["result"]["points"]
+    alone = json.loads((tmp_path / "work" / "toy-k2" / "label-lr0.1.json").read_text())["result"]["points"]
+    assert reference.sweep["valid"].tolist() == [p["valid"] for p in cached]  # the pooled runs, not the label party's
+    assert reference.baselines["label party alone (best lr and step)"] == max(p["valid"] for p in alone)
+    assert [p["train_loss"] for p in cached] != [p["train_loss"] for p in alone]
     assert sweep.settings == ["arch_lr", "search_steps"] and len(sweep.sweep) == 2 * 2
     assert any("arch lr 0.3, 2 steps" in note for note in sweep.notes)
     again, _ = sanity_partition(params, data, settings, tmp_path / "work")  # cached run by run

@@ -192,14 +192,14 @@ def sanity_partition(params: Params, data: PartitionData, settings: SanitySettin
                 "held_out": settings.held_out_fraction, "eval_every": settings.eval_every, "seed": settings.seed,
                 "code": code_digest()}
     everyone, label = list(range(data.parties)), [data.label_party]
-    reference, alone = [], []
+    runs: dict[str, list[dict]] = {"pooled": [], "label": []}
     for lr in settings.lrs:
-        for rows, parties, name in ((reference, everyone, "pooled"), (alone, label, "label")):
-            progress(f"{data.name}: {name} lr {lr:g}")
-            points = _cached(work, f"{name}-lr{lr:g}", {**base_key, "run": name, "lr": lr}, lambda folder, parties=parties, lr=lr:
+        for run, parties in (("pooled", everyone), ("label", label)):
+            progress(f"{data.name}: {run} lr {lr:g}")
+            points = _cached(work, f"{run}-lr{lr:g}", {**base_key, "run": run, "lr": lr}, lambda folder, parties=parties, lr=lr:
                              {"points": train_and_score(params, one_party(params, data, parties, settings.seed), data, lr,
                                                         settings.eval_every, folder)})["points"]
-            rows += [{"lr": lr, **p} for p in points]
+            runs[run] += [{"lr": lr, **p} for p in points]
     sweep, notes = [], []
     for arch_lr in settings.arch_lrs:
         for steps in settings.search_steps:
@@ -213,7 +213,7 @@ def sanity_partition(params: Params, data: PartitionData, settings: SanitySettin
             notes.append(f"arch lr {arch_lr:g}, {steps} steps: entropy of softmax(α) {a['entropy_start']:.4f} -> "
                          f"{a['entropy_end']:.4f} (uniform {a['entropy_uniform']:.4f}), α shift {a['max_shift']:.4f}, "
                          f"{100 * a['parameter_free_edges']:.0f}% of the derived edges parameter-free.")
-    alone_frame = pd.DataFrame(alone)
+    alone_frame = pd.DataFrame(runs["label"])
     baselines = {"majority class": majority_accuracy(data),
                  "label party alone (best lr and step)": float(alone_frame["valid"].max())}
     rows_note = (f"Rows: fit {len(data.splits['train'])}, search-valid {len(data.splits['valid'])}, held-out "
@@ -229,10 +229,9 @@ def sanity_partition(params: Params, data: PartitionData, settings: SanitySettin
     sweep_notes = [rows_note, "VFNAS-2 (MiLeNAS), no DP: the search at each setting, then the derived networks retrained "
                    f"from scratch at lr {params.ssvfnas.retrain.lr:g} for {params.ssvfnas.retrain.steps} steps; 'round' is "
                    "the retraining step."] + notes
-    name = data.name
-    return (SanityResult(f"SS-VFNAS ({name}): pooled reference", METRIC, settings.margin, pd.DataFrame(rows), ["lr"], baselines,
-                         reference_notes),
-            SanityResult(f"SS-VFNAS ({name}): VFNAS-2 architecture lr and search steps", METRIC, settings.margin,
+    return (SanityResult(f"SS-VFNAS ({data.name}): pooled reference", METRIC, settings.margin, pd.DataFrame(runs["pooled"]),
+                         ["lr"], baselines, reference_notes),
+            SanityResult(f"SS-VFNAS ({data.name}): VFNAS-2 architecture lr and search steps", METRIC, settings.margin,
                          pd.DataFrame(sweep), ["arch_lr", "search_steps"], baselines, sweep_notes))
 
 
@@ -286,7 +285,7 @@ def write_ssvfnas_sanity(results: dict[str, tuple[SanityResult, SanityResult]], 
              "Held-out accuracy of VFNAS-2's retrained networks at the last retraining step, per partition, and their mean. Rule "
              f"(stated before the run): the best mean; among the settings within {tolerance:g} of it (one seed: closer is "
              "noise), the current preset if it is one, else the fewest search steps, then the smallest arch lr.", "",
-             table.to_markdown(index=False, floatfmt=".4f"), "",
+             _arch_markdown(table), "",
              f"- Chosen: arch lr {choice['arch_lr']:g}, {choice['search_steps']} search steps (mean held-out accuracy "
              f"{choice['mean_valid']:.4f}; best {choice['best_mean_valid']:.4f}); current preset: arch lr {current[0]:g}, "
              f"{current[1]} steps.", ""]
@@ -303,6 +302,15 @@ def write_ssvfnas_sanity(results: dict[str, tuple[SanityResult, SanityResult]], 
                   "baselines": {name: ref.baselines for name, (ref, _) in results.items()}})
     write_json(folder / "sanity.json", out)
     return out
+
+
+def _arch_markdown(table: pd.DataFrame) -> str:
+    shown = table.copy()
+    shown["arch_lr"] = shown["arch_lr"].map(lambda x: f"{x:g}")
+    shown["search_steps"] = shown["search_steps"].map(str)
+    for column in shown.columns[2:]:
+        shown[column] = shown[column].map(lambda x: f"{x:.4f}")
+    return shown.to_markdown(index=False, disable_numparse=True)
 
 
 def _demoted(markdown: str) -> str:
