@@ -100,7 +100,8 @@ def render_sanity(result: SanityResult) -> str:
                  f"{verdict['best_baseline_valid']:.4f}): {margin}, required {result.margin:+.4f}: "
                  f"**{'passed' if verdict['passed'] else 'FAILED'}**.")
     lines += [f"- {note}" for note in result.notes]
-    lines += ["", "## Every evaluation point", "", result.sweep.to_markdown(index=False, floatfmt=".4f"), ""]
+    points = result.sweep.astype({"round": int}).astype({"round": str})  # a round number, not a 4-decimal float
+    lines += ["", "## Every evaluation point", "", points.to_markdown(index=False, floatfmt=".4f"), ""]
     return "\n".join(lines)
 
 
