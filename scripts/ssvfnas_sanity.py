@@ -1,5 +1,6 @@
 """SS-VFNAS's training-sanity protocol: per dataset-K the pooled reference against the majority class and the label
-party alone, and VFNAS-2's architecture lr x search steps sweep, all on a held-out share of train (never test).
+party alone, and VFNAS-2's architecture lr x search steps x retraining lr sweep, all on a held-out share of train
+(never test).
 
 Run it in a checkout whose `ssvfnas_partition` stage ran at the scale being checked (e.g. a CPU clone on the mirror),
 then commit what it writes:
@@ -22,7 +23,7 @@ from fedrepro.config import load_params
 from fedrepro.errors import ConfigError
 from fedrepro.ssvfnas.cells import partitions
 from fedrepro.ssvfnas.runs import load_partition
-from fedrepro.ssvfnas.sanity import SanitySettings, sanity_partition, write_ssvfnas_sanity
+from fedrepro.ssvfnas.sanity import SanitySettings, preset, sanity_partition, write_ssvfnas_sanity
 
 PARTITIONS = Path("data/ssvfnas/partitions")
 
@@ -33,6 +34,7 @@ def main() -> None:
                         help="learning rates of the pooled reference and of the label party alone")
     parser.add_argument("--arch-lrs", type=float, nargs="+", default=[3e-4, 3e-3, 3e-2])
     parser.add_argument("--search-steps", type=int, nargs="+", default=[100, 200])
+    parser.add_argument("--retrain-lrs", type=float, nargs="+", default=[0.05, 0.2], help="VFNAS-2's retraining lr")
     parser.add_argument("--margin", type=float, default=0.01, help="accuracy the reference must beat the best trivial baseline by")
     parser.add_argument("--tolerance", type=float, default=0.005,
                         help="mean held-out accuracy within which two sweep settings count as tied")
@@ -43,8 +45,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     params = load_params()
-    settings = SanitySettings(tuple(args.lrs), tuple(args.arch_lrs), tuple(args.search_steps), args.margin, args.held_out,
-                              args.eval_every)
+    settings = SanitySettings(tuple(args.lrs), tuple(args.arch_lrs), tuple(args.search_steps), tuple(args.retrain_lrs),
+                              args.margin, args.held_out, args.eval_every)
     names = [f"{dataset}-k{k}" for dataset, k, _ in partitions(params)]
     unknown = sorted(set(args.partitions or []) - set(names))
     if unknown:
@@ -59,8 +61,7 @@ def main() -> None:
     if set(results) != set(names):
         progress(f"ran {sorted(results)} only: files not written (every partition of the grid is needed)")
         return
-    current = (params.ssvfnas.search.arch_lr, params.ssvfnas.search.steps)
-    out = write_ssvfnas_sanity(results, settings, current, args.tolerance, args.out, params.scale)
+    out = write_ssvfnas_sanity(results, settings, preset(params), args.tolerance, args.out, params.scale)
     progress(f"wrote {args.out}/sanity.md: choice {out['arch_choice']}")
 
 

@@ -424,7 +424,7 @@ def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_tes
     assert majority_accuracy(held) == pytest.approx(float((data.labels[held.splits[HELD_OUT]] == counts.argmax()).float().mean()))
     for k in range(data.parties):  # the test rows are never read: poison them
         data.features[k][data.splits["test"]] = math.nan
-    settings = SanitySettings(lrs=(0.1,), arch_lrs=(3e-4, 0.3), search_steps=(2,), margin=0.01, eval_every=2)
+    settings = SanitySettings(lrs=(0.1,), arch_lrs=(3e-4, 0.3), search_steps=(2,), retrain_lrs=(0.1,), margin=0.01, eval_every=2)
     reference, sweep = sanity_partition(params, data, settings, tmp_path / "work")
     assert reference.settings == ["lr"] and list(reference.sweep["round"]) == [2, 4]  # retraining: 4 steps
     assert reference.sweep[["train_loss", "valid"]].notna().all().all()
@@ -434,11 +434,11 @@ def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_tes
     assert reference.sweep["valid"].tolist() == [p["valid"] for p in cached]  # the pooled runs, not the label party's
     assert reference.baselines["label party alone (best lr and step)"] == max(p["valid"] for p in alone)
     assert [p["train_loss"] for p in cached] != [p["train_loss"] for p in alone]
-    assert sweep.settings == ["arch_lr", "search_steps"] and len(sweep.sweep) == 2 * 2
+    assert sweep.settings == ["arch_lr", "search_steps", "retrain_lr"] and len(sweep.sweep) == 2 * 2
     assert any("arch lr 0.3, 2 steps" in note for note in sweep.notes)
     again, _ = sanity_partition(params, data, settings, tmp_path / "work")  # cached run by run
     assert again.sweep.equals(reference.sweep)
-    out = write_ssvfnas_sanity({"toy-k2": (reference, sweep)}, settings, (3e-4, 2), 0.005, tmp_path / "out", "embedded")
+    out = write_ssvfnas_sanity({"toy-k2": (reference, sweep)}, settings, (3e-4, 2, 0.1), 0.005, tmp_path / "out", "embedded")
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"sanity.md", "sanity.csv", "sanity.json"}
     assert out["arch_choice"]["arch_lr"] in (3e-4, 0.3) and "toy-k2" in out["partitions"]
     assert "## SS-VFNAS (toy-k2): pooled reference" in (tmp_path / "out" / "sanity.md").read_text()
@@ -449,13 +449,14 @@ def test_the_arch_choice_keeps_the_preset_unless_another_setting_is_clearly_bett
     from fedrepro.ssvfnas.sanity import arch_choice
 
     def sweep(scores):
-        rows = [{"arch_lr": a, "search_steps": s, "round": r, "train_loss": 1.0, "valid": v - (0.1 if r == 1 else 0)}
-                for (a, s), v in scores.items() for r in (1, 2)]
-        return SanityResult("x", "accuracy", 0.01, pd.DataFrame(rows), ["arch_lr", "search_steps"], {"m": 0.1})
+        rows = [{"arch_lr": a, "search_steps": s, "retrain_lr": lr, "round": r, "train_loss": 1.0,
+                 "valid": v - (0.1 if r == 1 else 0)} for (a, s, lr), v in scores.items() for r in (1, 2)]
+        return SanityResult("x", "accuracy", 0.01, pd.DataFrame(rows), ["arch_lr", "search_steps", "retrain_lr"], {"m": 0.1})
 
-    close = {"a": sweep({(3e-4, 100): 0.80, (3e-2, 100): 0.803}), "b": sweep({(3e-4, 100): 0.70, (3e-2, 100): 0.703})}
-    assert arch_choice(close, (3e-4, 100), 0.005)[1]["arch_lr"] == 3e-4  # within the tolerance: the preset stays
-    clear = {"a": sweep({(3e-4, 100): 0.80, (3e-2, 100): 0.85, (3e-2, 200): 0.85})}
-    choice = arch_choice(clear, (3e-4, 100), 0.005)[1]
-    assert (choice["arch_lr"], choice["search_steps"]) == (3e-2, 100)  # tied with 200 steps: the cheaper one
+    close = {"a": sweep({(3e-4, 100, 0.05): 0.80, (3e-2, 100, 0.05): 0.803}),
+             "b": sweep({(3e-4, 100, 0.05): 0.70, (3e-2, 100, 0.05): 0.703})}
+    assert arch_choice(close, (3e-4, 100, 0.05), 0.005)[1]["arch_lr"] == 3e-4  # within the tolerance: the preset stays
+    clear = {"a": sweep({(3e-4, 100, 0.05): 0.80, (3e-2, 100, 0.2): 0.85, (3e-2, 200, 0.05): 0.85})}
+    choice = arch_choice(clear, (3e-4, 100, 0.05), 0.005)[1]
+    assert (choice["arch_lr"], choice["search_steps"], choice["retrain_lr"]) == (3e-2, 100, 0.2)  # tied: fewer steps
     assert choice["mean_valid"] == pytest.approx(0.85)  # the last retraining step is scored

@@ -7,8 +7,9 @@ Before any federated cell at a scale is trusted:
   retraining's optimiser and steps, one run per learning rate -- must beat, by a margin stated before the run,
 * the trivial baselines: the training rows' majority class, and the label party trained alone on its own features
   (its own bottom and a linear top, the same sweep, its best point counted: the generous reading);
-* and the search's architecture learning rate and steps are chosen from a small sweep of VFNAS-2 (no DP, one seed):
-  search on the fit rows (w) and search-valid (alpha), retrain the derived networks as the grid does, score them.
+* and the search's architecture learning rate and steps, with the retraining's learning rate, are chosen from a small
+  sweep of VFNAS-2 (no DP, one seed): search on the fit rows (w) and search-valid (alpha), retrain the derived networks
+  as the grid does, score them.
 
 Rows: the partition's test split is left out entirely; a stratified, seeded share of its train split is held out
 (``held_out``) and every score here is on it; the rest of train is the fit split, so the search sees fit + search-valid
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import tempfile
@@ -124,9 +126,8 @@ def train_and_score(params: Params, protocol: VerticalProtocol, data: PartitionD
     return points
 
 
-def vfnas2_search(params: Params, data: PartitionData, seed: int, eval_every: int, folder: Path) -> dict[str, Any]:
-    """VFNAS-2 without DP: search on fit (w) and search-valid (alpha), then the derived networks retrained on fit +
-    search-valid like the grid's; the retraining's held-out points and the alpha summary."""
+def vfnas2_search(params: Params, data: PartitionData, seed: int, folder: Path) -> dict[str, Any]:
+    """VFNAS-2 without DP on fit (w) and search-valid (alpha): each party's derived genotype and the alpha summary."""
     ss = params.ssvfnas
     cell = Cell("vfnas2", data.summary["dataset"], data.parties, 0.0, 0.0, seed)
     bottoms = build_supernets(params, data, seed)
@@ -136,15 +137,19 @@ def vfnas2_search(params: Params, data: PartitionData, seed: int, eval_every: in
                              {"train": len(train), "val": len(valid)})
     search = make_search(params, cell.rule, protocol, ss.search.lr)
     run_steps(search, train, valid, ss.search.batch_size, ss.search.steps, ss.search.lr, ss.search.lr_min, ss.search.steps,
-              ss.search.steps, folder / "search")
+              ss.search.steps, folder)
     alpha = alpha_summary(bottoms, alpha_init, alpha_init)
-    genotypes = [b.genotype() for b in bottoms]
-    nets = derived_networks(params, data, seed, genotypes)
+    return {"alpha": {k: v for k, v in alpha.items() if k != "parties"}, "genotypes": [b.genotype() for b in bottoms]}
+
+
+def retrain_derived(params: Params, data: PartitionData, seed: int, genotypes: list[dict], eval_every: int,
+                    folder: Path) -> dict[str, Any]:
+    """The derived networks retrained from scratch on fit + search-valid like the grid's (no DP); the held-out points."""
+    cell = Cell("vfnas2", data.summary["dataset"], data.parties, 0.0, 0.0, seed)
     rows = fitted_rows(data)
-    retrain = make_protocol(params, cell, data, nets, build_top(params, data, seed, "retrain"), derive_seed(seed, "retrain"),
-                            {"train": len(rows)})
-    points = train_and_score(params, retrain, data, ss.retrain.lr, eval_every, folder / "retrain")
-    return {"points": points, "alpha": {k: v for k, v in alpha.items() if k != "parties"}, "genotypes": genotypes}
+    retrain = make_protocol(params, cell, data, derived_networks(params, data, seed, genotypes),
+                            build_top(params, data, seed, "retrain"), derive_seed(seed, "retrain"), {"train": len(rows)})
+    return {"points": train_and_score(params, retrain, data, params.ssvfnas.retrain.lr, eval_every, folder)}
 
 
 # ----- the sweep ---------------------------------------------------------------------------------------------------
@@ -156,6 +161,8 @@ class SanitySettings:
     """learning rates of the pooled reference and of the label party alone (the retraining's steps and schedule)"""
     arch_lrs: tuple[float, ...]
     search_steps: tuple[int, ...]
+    retrain_lrs: tuple[float, ...]
+    """the retraining's learning rates in VFNAS-2's sweep (derived networks; the baseline is retrained the same way)"""
     margin: float
     """accuracy the pooled reference (and VFNAS-2's chosen setting) must beat max(majority, label party alone) by"""
     held_out_fraction: float = 0.25
@@ -175,10 +182,20 @@ def _cached(work: Path, name: str, key: dict[str, Any], run: Callable[[Path], di
     return result
 
 
-def _variant(params: Params, arch_lr: float, steps: int) -> Params:
+SWEPT = ("arch_lr", "search_steps", "retrain_lr")
+"""VFNAS-2's sweep: search.arch_lr, search.steps and retrain.lr of the scale's preset."""
+
+
+def _variant(params: Params, arch_lr: float, steps: int, retrain_lr: float) -> Params:
     ss = params.ssvfnas
     search = ss.search.model_copy(update={"arch_lr": arch_lr, "steps": steps})
-    return params.model_copy(update={"ssvfnas": ss.model_copy(update={"search": search})})
+    retrain = ss.retrain.model_copy(update={"lr": retrain_lr})
+    return params.model_copy(update={"ssvfnas": ss.model_copy(update={"search": search, "retrain": retrain})})
+
+
+def preset(params: Params) -> tuple[float, int, float]:
+    """The scale's current values of ``SWEPT``."""
+    return params.ssvfnas.search.arch_lr, params.ssvfnas.search.steps, params.ssvfnas.retrain.lr
 
 
 def sanity_partition(params: Params, data: PartitionData, settings: SanitySettings, work: Path,
@@ -201,15 +218,19 @@ def sanity_partition(params: Params, data: PartitionData, settings: SanitySettin
                                                         settings.eval_every, folder)})["points"]
             runs[run] += [{"lr": lr, **p} for p in points]
     sweep, notes = [], []
-    for arch_lr in settings.arch_lrs:
-        for steps in settings.search_steps:
-            progress(f"{data.name}: VFNAS-2 arch lr {arch_lr:g}, {steps} search steps")
-            variant = _variant(params, arch_lr, steps)
-            result = _cached(work, f"vfnas2-arch{arch_lr:g}-steps{steps}", {**base_key, "run": "vfnas2", "arch_lr": arch_lr,
-                                                                            "steps": steps},
-                             lambda folder, variant=variant: vfnas2_search(variant, data, settings.seed, settings.eval_every, folder))
-            sweep += [{"arch_lr": arch_lr, "search_steps": steps, **p} for p in result["points"]]
-            a = result["alpha"]
+    for arch_lr, steps, retrain_lr in itertools.product(settings.arch_lrs, settings.search_steps, settings.retrain_lrs):
+        progress(f"{data.name}: VFNAS-2 arch lr {arch_lr:g}, {steps} search steps, retrain lr {retrain_lr:g}")
+        variant = _variant(params, arch_lr, steps, retrain_lr)
+        searched = _cached(work, f"vfnas2-arch{arch_lr:g}-steps{steps}", {**base_key, "run": "vfnas2", "arch_lr": arch_lr,
+                                                                         "steps": steps},
+                           lambda folder, variant=variant: vfnas2_search(variant, data, settings.seed, folder))
+        result = _cached(work, f"vfnas2-arch{arch_lr:g}-steps{steps}-retrain{retrain_lr:g}",
+                         {**base_key, "run": "vfnas2-retrain", "genotypes": searched["genotypes"], "retrain_lr": retrain_lr},
+                         lambda folder, variant=variant: retrain_derived(variant, data, settings.seed, searched["genotypes"],
+                                                                         settings.eval_every, folder))
+        sweep += [dict(zip(SWEPT, (arch_lr, steps, retrain_lr)), **p) for p in result["points"]]
+        if retrain_lr == settings.retrain_lrs[0]:  # the search does not depend on the retraining's lr
+            a = searched["alpha"]
             notes.append(f"arch lr {arch_lr:g}, {steps} steps: entropy of softmax(α) {a['entropy_start']:.4f} -> "
                          f"{a['entropy_end']:.4f} (uniform {a['entropy_uniform']:.4f}), α shift {a['max_shift']:.4f}, "
                          f"{100 * a['parameter_free_edges']:.0f}% of the derived edges parameter-free.")
@@ -227,40 +248,38 @@ def sanity_partition(params: Params, data: PartitionData, settings: SanitySettin
                        f"Label party alone: party {data.label_party}'s own network and features, the same sweep; its best "
                        f"point ({best_alone['valid']:.4f} at lr {best_alone['lr']:g}, step {int(best_alone['round'])}) is its score."]
     sweep_notes = [rows_note, "VFNAS-2 (MiLeNAS), no DP: the search at each setting, then the derived networks retrained "
-                   f"from scratch at lr {params.ssvfnas.retrain.lr:g} for {params.ssvfnas.retrain.steps} steps; 'round' is "
-                   "the retraining step."] + notes
+                   f"from scratch at each retrain lr for {params.ssvfnas.retrain.steps} steps; 'round' is the retraining "
+                   "step."] + notes
     return (SanityResult(f"SS-VFNAS ({data.name}): pooled reference", METRIC, settings.margin, pd.DataFrame(runs["pooled"]),
                          ["lr"], baselines, reference_notes),
             SanityResult(f"SS-VFNAS ({data.name}): VFNAS-2 architecture lr and search steps", METRIC, settings.margin,
-                         pd.DataFrame(sweep), ["arch_lr", "search_steps"], baselines, sweep_notes))
+                         pd.DataFrame(sweep), list(SWEPT), baselines, sweep_notes))
 
 
 # ----- the choice and the files ------------------------------------------------------------------------------------
-def arch_choice(sweeps: dict[str, SanityResult], current: tuple[float, int], tolerance: float) -> tuple[pd.DataFrame, dict]:
-    """One (arch lr, search steps) for every partition: the highest mean over partitions of the retrained networks'
-    held-out accuracy at the last retraining step (what the grid reports); among the settings within ``tolerance`` of
-    it (one seed: closer is noise), the current preset if it is one of them, else the fewest search steps, then the
-    smallest arch lr."""
+def arch_choice(sweeps: dict[str, SanityResult], current: tuple[float, int, float], tolerance: float) -> tuple[pd.DataFrame, dict]:
+    """One setting of ``SWEPT`` for every partition: the highest mean over partitions of the retrained networks'
+    held-out accuracy at the last retraining step (what the grid reports); among the settings within ``tolerance`` of it
+    (one seed: closer is noise), the current preset if it is one of them, else the fewest search steps, then the smallest
+    arch lr, then the smallest retrain lr."""
     frames = []
     for name, result in sweeps.items():
-        last = result.sweep.sort_values("round").groupby(result.settings, sort=True).tail(1)
+        last = result.sweep.sort_values("round").groupby(list(SWEPT), sort=True).tail(1)
         frames.append(last.assign(partition=name))
-    last = pd.concat(frames)
-    table = last.pivot_table(index=["arch_lr", "search_steps"], columns="partition", values="valid").reset_index()
+    table = pd.concat(frames).pivot_table(index=list(SWEPT), columns="partition", values="valid").reset_index()
     table["search_steps"] = table["search_steps"].astype(int)
     table["mean"] = table[list(sweeps)].mean(axis=1)
     best = float(table["mean"].max())
     near = table[table["mean"] >= best - tolerance]
-    keys = [(float(a), int(s)) for a, s in zip(near["arch_lr"], near["search_steps"])]
-    chosen = current if current in keys else min(keys, key=lambda k: (k[1], k[0]))
-    row = table[(table["arch_lr"] == chosen[0]) & (table["search_steps"] == chosen[1])].iloc[0]
-    return table, {"arch_lr": chosen[0], "search_steps": chosen[1], "mean_valid": float(row["mean"]), "best_mean_valid": best,
-                   "tolerance": tolerance, "current": {"arch_lr": current[0], "search_steps": current[1]},
-                   "within_tolerance": [{"arch_lr": a, "search_steps": s} for a, s in keys]}
+    keys = [(float(a), int(s), float(r)) for a, s, r in zip(near["arch_lr"], near["search_steps"], near["retrain_lr"])]
+    chosen = current if current in keys else min(keys, key=lambda k: (k[1], k[0], k[2]))
+    row = table[(table["arch_lr"] == chosen[0]) & (table["search_steps"] == chosen[1]) & (table["retrain_lr"] == chosen[2])].iloc[0]
+    return table, {**dict(zip(SWEPT, chosen)), "mean_valid": float(row["mean"]), "best_mean_valid": best, "tolerance": tolerance,
+                   "current": dict(zip(SWEPT, current)), "within_tolerance": [dict(zip(SWEPT, k)) for k in keys]}
 
 
 def write_ssvfnas_sanity(results: dict[str, tuple[SanityResult, SanityResult]], settings: SanitySettings,
-                         current: tuple[float, int], tolerance: float, folder: Path, scale: str) -> dict:
+                         current: tuple[float, int, float], tolerance: float, folder: Path, scale: str) -> dict:
     """sanity.md (every table, the protocol's shared format), sanity.csv (every point of every run) and sanity.json
     (each table's verdict and the architecture choice)."""
     folder = Path(folder)
@@ -279,16 +298,18 @@ def write_ssvfnas_sanity(results: dict[str, tuple[SanityResult, SanityResult]], 
              f"score is on a held-out {100 * settings.held_out_fraction:g}% of each partition's train split (stratified, seeded "
              f"by data.seed); the test split is never used. Learning rates of the reference and of the label party alone: "
              f"{', '.join(f'{x:g}' for x in settings.lrs)}; VFNAS-2 sweep: arch lr {', '.join(f'{x:g}' for x in settings.arch_lrs)} "
-             f"x search steps {', '.join(map(str, settings.search_steps))}; seed {settings.seed}.", "",
+             f"x search steps {', '.join(map(str, settings.search_steps))} x retrain lr "
+             f"{', '.join(f'{x:g}' for x in settings.retrain_lrs)}; seed {settings.seed}.", "",
              "## Summary", "", summary.to_markdown(index=False, floatfmt=".4f"), "",
-             "## The architecture learning rate and search steps for this scale", "",
+             "## The architecture learning rate, search steps and retraining learning rate for this scale", "",
              "Held-out accuracy of VFNAS-2's retrained networks at the last retraining step, per partition, and their mean. Rule "
              f"(stated before the run): the best mean; among the settings within {tolerance:g} of it (one seed: closer is "
-             "noise), the current preset if it is one, else the fewest search steps, then the smallest arch lr.", "",
+             "noise), the current preset if it is one, else the fewest search steps, then the smallest arch lr, then the "
+             "smallest retrain lr.", "",
              _arch_markdown(table), "",
-             f"- Chosen: arch lr {choice['arch_lr']:g}, {choice['search_steps']} search steps (mean held-out accuracy "
-             f"{choice['mean_valid']:.4f}; best {choice['best_mean_valid']:.4f}); current preset: arch lr {current[0]:g}, "
-             f"{current[1]} steps.", ""]
+             f"- Chosen: arch lr {choice['arch_lr']:g}, {choice['search_steps']} search steps, retrain lr "
+             f"{choice['retrain_lr']:g} (mean held-out accuracy {choice['mean_valid']:.4f}; best {choice['best_mean_valid']:.4f}); "
+             f"current preset: arch lr {current[0]:g}, {current[1]} steps, retrain lr {current[2]:g}.", ""]
     for ref, sweep in results.values():
         for result in (ref, sweep):
             lines += [_demoted(render_sanity(result)), ""]
@@ -308,7 +329,8 @@ def _arch_markdown(table: pd.DataFrame) -> str:
     shown = table.copy()
     shown["arch_lr"] = shown["arch_lr"].map(lambda x: f"{x:g}")
     shown["search_steps"] = shown["search_steps"].map(str)
-    for column in shown.columns[2:]:
+    shown["retrain_lr"] = shown["retrain_lr"].map(lambda x: f"{x:g}")
+    for column in shown.columns[len(SWEPT):]:
         shown[column] = shown[column].map(lambda x: f"{x:.4f}")
     return shown.to_markdown(index=False, disable_numparse=True)
 
