@@ -6,7 +6,8 @@ from sklearn.metrics import f1_score
 
 from fedrepro.fedcmc.sanity import trivial_baselines
 from fedrepro.metrics.classification import trivial_scores
-from tests.test_fedcmc import corpus, make_task, tokenizer  # noqa: F401 (fixtures)
+from fedrepro.fl.engine import GLOBAL
+from tests.test_fedcmc import corpus, make_task, run_engine, tokenizer  # noqa: F401 (fixtures)
 
 
 def test_trivial_baselines_match_sklearn_on_the_predictions_they_stand_for(corpus, tokenizer):  # noqa: F811
@@ -32,3 +33,11 @@ def test_trivial_baselines_match_sklearn_on_the_predictions_they_stand_for(corpu
     # per-class F1 is a ratio of small counts here (a few dozen sentences): the ratio of expectations is close, not exact
     assert abs(np.mean(macro_draws) - scores["stratified random"]["macro_f1"]) < 0.02
     assert 0 < baselines["stratified random"] < 1
+
+
+def test_the_pooled_reference_is_scored_as_the_global_model_every_round(corpus, tokenizer, tmp_path):  # noqa: F811
+    task = make_task(corpus, tokenizer)
+    engine = run_engine(task, "centralised", tmp_path)
+    last = engine.state.history[-1]
+    assert set(last["valid"]) == {GLOBAL}  # one global score, not one per client share
+    assert last["valid"][GLOBAL] == task.evaluate(engine.global_model(), GLOBAL, "valid")

@@ -13,12 +13,10 @@ import dataclasses
 from pathlib import Path
 
 import pandas as pd
-import torch
-
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import cell_recipe
-from fedrepro.fl.engine import GLOBAL, POOLED, Engine
+from fedrepro.fl.engine import GLOBAL, Engine
 from fedrepro.metrics.classification import trivial_scores
 from fedrepro.report.sanity import SanityResult
 from fedrepro.tasks.relation import RelationTask
@@ -36,23 +34,15 @@ def trivial_baselines(task: RelationTask, split: str = "valid") -> dict[str, flo
 
 def pooled_reference(params: Params, dataset: str, alpha: float, lr: float, rounds: int, folders: tuple[Path, Path, Path],
                      digest: str, checkpoint_dir: Path, seed: int = 0) -> tuple[list[dict], RelationTask]:
-    """Train the pooled reference at ``lr`` for ``rounds`` epochs; its training loss and valid score per round."""
+    """Train the pooled reference at ``lr`` for ``rounds`` epochs; its training loss and global valid micro-F1 per round."""
     cell = Cell("centralised", dataset, alpha, params.fedcmc.settings.clients, 1, seed)
     recipe = cell_recipe(params, cell, *folders, digest)
-    settings = dataclasses.replace(recipe.settings, lr=lr, rounds=rounds, eval_every=0)
+    settings = dataclasses.replace(recipe.settings, lr=lr, rounds=rounds, eval_every=1, eval_splits=("valid",))
     task, algorithm = recipe.build()
     engine = Engine(task, algorithm, settings, checkpoint_dir, f"{recipe.fingerprint}-sanity-{lr}-{rounds}", progress=True)
-    points = []
-
-    def score(record: dict) -> None:
-        engine.load_client(POOLED)
-        engine.model.eval()
-        with torch.no_grad():
-            valid = task.evaluate(engine.model, GLOBAL, "valid")
-        points.append({"lr": lr, "round": record["round"], "train_loss": record["train_loss"], "valid": valid["micro_f1"]})
-
-    engine.on_round_end = score
-    engine.run()
+    history = engine.run().history  # checkpointed every round: a killed sweep resumes with every score kept
+    points = [{"lr": lr, "round": r["round"], "train_loss": r["train_loss"], "valid": r["valid"][GLOBAL]["micro_f1"]}
+              for r in history]
     return points, task
 
 

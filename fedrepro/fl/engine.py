@@ -343,14 +343,18 @@ class Engine:
             yield client_id, self.model
 
     def global_model(self) -> nn.Module:
-        """The server's model (shared weights, initial private ones) in eval mode: what a non-personalised method ships."""
-        self.trainer.load(self.state.global_weights, {})
+        """The server's model (shared weights, initial private ones) in eval mode: what a non-personalised method ships.
+        A pooled run's one model stands in for it (a centralised reference is scored as the global model is)."""
+        if self.algorithm.pooled:
+            self.load_client(POOLED)
+        else:
+            self.trainer.load(self.state.global_weights, {})
         self.model.eval()
         return self.model
 
     def evaluates_global_model(self) -> bool:
-        """True when the task scores the server's model on one global set (so no client takes part)."""
-        return getattr(self.task, "evaluates_global_model", False) and self.algorithm.federated
+        """True when the task scores the server's (or the pooled) model on one global set (no client takes part)."""
+        return getattr(self.task, "evaluates_global_model", False) and (self.algorithm.federated or self.algorithm.pooled)
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each client's own model on its own ``split``; for a task scored on one global set, the global model on it."""
