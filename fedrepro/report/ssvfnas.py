@@ -397,10 +397,12 @@ def _reliance_lines(data: SSVFNASResults, params: Params) -> list[str]:
     lines = ["The retrained networks (every method and the baseline) evaluated once more on the test rows with every other "
              "party's embedding replaced by zeros (`test.accuracy_label_party_only`; the top network is linear, so this drops "
              "exactly their terms of the logits), and the share of the top network's weight norm on the other parties' "
-             "embeddings (`retrain.top_weight_norms`). Under DP the label party receives embeddings drowned in noise of std "
-             f"σ1 × C1 per entry (C1 = {params.ssvfnas.dp.clip_forward:g} on the whole embedding): the top network learns to turn "
-             "them down and to decide from the label party's own features, so a DP cell's accuracy is close to the label "
-             "party's alone.", "", reliance_table(data, params).to_markdown(index=False, disable_numparse=True), ""]
+             "embeddings (`retrain.top_weight_norms`). Under DP an embedding clipped to norm C1 = "
+             f"{params.ssvfnas.dp.clip_forward:g} carries about C1 / √{params.ssvfnas.search.out_dim} = "
+             f"{params.ssvfnas.dp.clip_forward / math.sqrt(params.ssvfnas.search.out_dim):.2f} per entry and arrives with "
+             f"noise of std σ1 × C1 = {params.ssvfnas.dp.clip_forward:g} σ1 per entry: where the top network learns to turn "
+             "such embeddings down, a DP cell decides from the label party's own features, and its accuracy approaches the "
+             "label party's alone.", "", reliance_table(data, params).to_markdown(index=False, disable_numparse=True), ""]
     clear = [lvl for lvl in params.ssvfnas.dp_levels if lvl[0] == 0 and lvl[1] == 0]
     notes = []
     for point in _points(params):
