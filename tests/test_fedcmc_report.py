@@ -15,9 +15,9 @@ from sklearn.metrics import f1_score
 from fedrepro.config import parse_params
 from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
-from fedrepro.report.fedcmc import (bootstrap_contrast, bootstrap_difference, chance_scores, claims_table, interval_verdict,
-                                    largest_holder_share, load_fedcmc, main_table, micro_f1, render_report, rounds_to_target,
-                                    summary_metrics, write_figures)
+from fedrepro.report.fedcmc import (bootstrap_contrast, bootstrap_difference, chance_scores, claims_table, identical_predictions,
+                                    interval_verdict, largest_holder_share, load_fedcmc, main_table, micro_f1, render_report,
+                                    rounds_to_target, summary_metrics, write_figures)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ["false", "rel0", "rel1", "rel2"]
@@ -221,6 +221,21 @@ def test_a_diverged_cell_is_marked_and_no_claim_rests_on_it(tmp_path):
     at_05 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.5" in f], "verdict"]
     assert at_05.tolist() == ["holds"]
     assert f"| {bad.name} | diverged" in render_report(params, data)
+
+
+def test_methods_that_predict_every_sentence_alike_are_named(grid):
+    params, data = grid
+    assert identical_predictions(data, params) == []  # the fake grid's methods differ
+    first = data.cells[(data.cells.group == "table") & (data.cells.method == "fedavg")]["key"].iloc[0]
+    twin = data.cells.set_index("key").loc[first]
+    rs = data.cells[(data.cells.group == "table") & (data.cells.method == "fedrs") & (data.cells.alpha == twin.alpha)
+                    & (data.cells.seed == twin.seed)]["key"].iloc[0]
+    saved = data.predictions[rs]
+    data.predictions[rs] = data.predictions[first]
+    try:
+        assert identical_predictions(data, params) == [f"synthetic-re α={twin.alpha:g} seed {twin.seed}: FedAvg, FedRS"]
+    finally:
+        data.predictions[rs] = saved
 
 
 def test_table2_is_mean_std_in_percent_with_the_trivial_baselines(grid):

@@ -359,6 +359,20 @@ def health_table(data: FedCMCResults) -> pd.DataFrame:
     return flagged[["name", "health", "health_why"]].rename(columns={"health_why": "why"}).sort_values("name")
 
 
+def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
+    """Main-table points where different methods' cells predicted every test sentence alike (same seed): different
+    algorithms rarely agree sentence for sentence unless their models collapsed onto the same few answers."""
+    groups = []
+    for dataset, alpha in main_points(params):
+        for seed in params.fedcmc.seeds:
+            cells = _select(data, TABLE, dataset=dataset, alpha=alpha, seed=seed)
+            alike: dict[tuple, list[str]] = {}
+            for key, method in zip(cells["key"], cells["method"]):
+                alike.setdefault(tuple(data.predictions[key]["predicted"]), []).append(_label(method))
+            groups += [f"{_point(dataset, alpha)} seed {seed}: {', '.join(m)}" for m in alike.values() if len(m) > 1]
+    return groups
+
+
 def _not_run(finding: str, why: str = "") -> dict:
     return {"finding (paper)": finding, "measured": "not run at this scale" + (f": {why}" if why else ""),
             "verdict": "not run at this scale", "test": "-"}
@@ -1121,6 +1135,11 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     if not flagged.empty:
         lines += ["Cells flagged by that rule (no claim rests on a diverged one):", "",
                   flagged.to_markdown(index=False), ""]
+    alike = identical_predictions(data, params)
+    if alike:
+        lines += ["Methods whose cells predicted every test sentence alike (different algorithms agree sentence for "
+                  "sentence only when their models collapsed onto the same few answers; their rows are equal, not "
+                  "close): " + "; ".join(alike) + ".", ""]
     # clients table
     lines += ["## The clients table (more clients)", ""]
     if sw.clients:
