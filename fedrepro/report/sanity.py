@@ -67,6 +67,17 @@ class SanityResult:
                 "margin_required": self.margin, "margin": margin, "passed": margin is not None and margin >= self.margin}
 
 
+def _markdown(table: pd.DataFrame, settings: list[str]) -> str:
+    """Setting values as written in params (5e-05, not a 4-decimal 0.0001 that hides which lr it was), scores to 4
+    decimals, round numbers as integers."""
+    def cell(column: str, value) -> str:
+        if isinstance(value, float) and not pd.isna(value):
+            return f"{value:g}" if column in settings else f"{value:.4f}"
+        return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+    shown = pd.DataFrame({c: [cell(c, v) for v in table[c]] for c in table.columns})
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
 def render_sanity(result: SanityResult) -> str:
     verdict = result.verdict()
     baselines = pd.DataFrame([{"trivial baseline": k, f"valid {result.metric}": v} for k, v in result.baselines.items()])
@@ -81,11 +92,11 @@ def render_sanity(result: SanityResult) -> str:
         "",
         "## Sweep (best validation point per setting)",
         "",
-        result.settings_table().to_markdown(index=False, floatfmt=".4f"),
+        _markdown(result.settings_table(), result.settings),
         "",
         "## Trivial baselines (validation)",
         "",
-        baselines.to_markdown(index=False, floatfmt=".4f"),
+        _markdown(baselines, []),
         "",
         "## Choice",
         "",
@@ -100,8 +111,7 @@ def render_sanity(result: SanityResult) -> str:
                  f"{verdict['best_baseline_valid']:.4f}): {margin}, required {result.margin:+.4f}: "
                  f"**{'passed' if verdict['passed'] else 'FAILED'}**.")
     lines += [f"- {note}" for note in result.notes]
-    points = result.sweep.astype({"round": int}).astype({"round": str})  # a round number, not a 4-decimal float
-    lines += ["", "## Every evaluation point", "", points.to_markdown(index=False, floatfmt=".4f"), ""]
+    lines += ["", "## Every evaluation point", "", _markdown(result.sweep.astype({"round": int}), result.settings), ""]
     return "\n".join(lines)
 
 
