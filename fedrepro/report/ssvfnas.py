@@ -19,6 +19,7 @@ from scipy import stats
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
+from fedrepro.hardware import describe
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.fedcmc import RESAMPLES, Bootstrap, bootstrap_contrast, interval_verdict
@@ -975,6 +976,8 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "every release a sample took part in, without amplification by subsampling (the headline; the amplified figure the "
         "paper's accounting gives is beside it, see below); a side with σ = 0 has no mechanism (ε = ∞).",
         *_deviations(params),
+        f"- Hardware the cells ran on: {describe([read_json(f / 'metrics.json').get('hardware') for f in data.folders.values()])}. "
+        "The same seed gives the same bits on the same machine type; another instruction set moves the numbers a little.",
         "",
         "## Partitions", "",
         "Made once by `ssvfnas_partition` (stratified, seeded by the dataset, so a dataset's K values share the same rows "

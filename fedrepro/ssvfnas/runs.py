@@ -41,6 +41,7 @@ from torch.nn import functional as F
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
+from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, code_digest, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
@@ -498,6 +499,7 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     metrics["delta"] = delta
     metrics["parameters"] = parameters
     metrics["label_party"] = data.label_party
+    metrics["hardware"] = machine_fingerprint()
     write_outputs(Path(out), cell, data, metrics, result["predicted"])
     return metrics
 
