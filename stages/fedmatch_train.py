@@ -16,6 +16,7 @@ import torch
 from fedrepro.cli import run_stage
 from fedrepro.config import Params, load_params
 from fedrepro.fedmatch.cells import SWEEPS, Cell, sweep_cells
+from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, tree_digest, write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
@@ -60,6 +61,7 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path, digest: s
         "memory_bytes": engine.memory_bytes(),
         "parameters": parameter_counts(engine),
         **({"patch_norms": norms} if any(norms.values()) else {}),
+        "hardware": machine_fingerprint(),
     })
 
 

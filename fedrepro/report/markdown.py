@@ -8,6 +8,7 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.fl.health import RULE
+from fedrepro.hardware import describe
 from fedrepro.fedmatch.cells import SWEEPS
 from fedrepro.fedmatch.methods import FIGURE_METHOD
 from fedrepro.io import read_table
@@ -114,6 +115,8 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         "",
         "## Setup",
         "",
+        f"- Hardware the cells ran on: {describe([i.get('hardware') for i in data.info.values()])}. The same seed gives the "
+        "same bits on the same machine type; another instruction set moves the numbers a little (README, Reproducibility).",
         f"- Data source `{params.data.source}`; caps: the largest client keeps {mine.max_questions_per_client or 'all'} training "
         f"questions, the others in proportion (at least {mine.min_questions_per_client}); {mine.max_eval_questions_per_client or 'all'} "
         f"valid and test questions per client; at most {params.mine.max_triples_per_client or 'all'} training triples per client.",
