@@ -106,6 +106,8 @@ class FedMatchSettings(_Strict):
     lg_local_layers: int | None = Field(ge=0, description="LG-FedAvg: bottom encoder layers kept local; null = half")
     matcher_dim: int = Field(ge=4, description="embedding and hidden size of RE2 and ESIM")
     matcher_lr: float = Field(gt=0, description="learning rate of RE2 and ESIM, trained from scratch (BERT's is train.lr)")
+    pooling: Literal["cls", "mean"] = Field(description="the cross-encoder's pair state: [CLS] (the paper) or the masked "
+                                                         "mean of the token states (what a sentence-transformer backbone is trained to give)")
 
 
 class FedMatchSweeps(_Strict):

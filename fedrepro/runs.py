@@ -33,12 +33,12 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
 
 def build_model_factory(params: Params, tokenizer, model: str):
     """A zero-argument builder of the matching model: the cross-encoder, or a non-BERT matcher (RE2, ESIM)."""
-    model_params = params.model
+    model_params, pooling = params.model, params.fedmatch.settings.pooling
     if model == "bert":
         def build() -> CrossEncoder:
             encoder = build_encoder(model_params.backbone, len(tokenizer), model_params.tiny.model_dump(),
                                     model_params.max_length, model_params.keep_layers)
-            return CrossEncoder(encoder)
+            return CrossEncoder(encoder, pooling)
         return build
     from fedrepro.models.matchers import MatcherSpec, build_matcher
 

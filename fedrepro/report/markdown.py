@@ -124,8 +124,10 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         f"b = {params.mine.b}: Elasticsearch's defaults, as the paper mined with Elasticsearch) from the client's training pool. "
         + ("Test candidates: the gold answers plus the top-" + str(params.mine.eval_negatives) + " non-gold BM25 answers."
            if params.mine.eval_pool == "bm25" else "Test candidates: the collection's official pools where it has them."),
-        f"- Model: cross-encoder `[CLS] q [SEP] a [SEP]` on {backbone}, max length {model.max_length}; "
-        f"{'pairwise hinge loss' if settings.fidelity == 'paper' else 'binary cross-entropy (the released code)'}; Adam, lr {train.lr}, "
+        f"- Model: cross-encoder `[CLS] q [SEP] a [SEP]` on {backbone}, max length {model.max_length}, scored from "
+        + ("the [CLS] state; " if settings.pooling == "cls" else "the mean of the token states (this backbone's [CLS] "
+           "is untrained: see `fedrepro/models/cross_encoder.py`); ")
+        + f"{'pairwise hinge loss' if settings.fidelity == 'paper' else 'binary cross-entropy (the released code)'}; Adam, lr {train.lr}, "
         f"{train.warmup_fraction:.0%} warm-up then linear decay, batch {train.batch_size} pairs, {train.precision} training steps.",
         f"- Federation: {train.rounds} rounds x {train.local_epochs} local epoch, all clients each round ({settings.clients_sampled} of "
         f"{len(clients)} for the _CS rows), {train.weighting} averaging; FedProx mu = {train.fedprox_mu}.",
