@@ -63,3 +63,33 @@ def test_patch_table_shows_each_clients_up_norm_down_change_and_down_norm():
     table = patch_table(data, ["fedavg", "fedmatch_h_lr"])
     assert list(table.index) == ["FedMatch H+LR"]
     assert table.loc["FedMatch H+LR", "a"] == "0.125 / 0.0451 / 11.3"
+
+
+def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_norms():
+    from fedrepro.config import parse_params
+    from fedrepro.fl.health import RULE
+    from fedrepro.report.markdown import render_report
+    from test_config import with_change
+
+    raw = with_change("fedmatch.methods", ["fedavg", "fedmatch_h_lr"])
+    for key, value in (("table2", ["fedmatch_h_lr"]), ("table3", ["fedavg", "fedmatch_h_lr"])):
+        raw["fedmatch"][key] = value
+    raw["fedmatch"]["sweeps"].update({k: [] for k in ("shared_layers", "patch_size", "aggregate_every", "data_ratio")})
+    params = parse_params(raw)
+    norms = {c: {"down": 3.3, "down_change": 0.2, "up": 0.25, "up_change": 0.25} for c in CLIENTS}
+    info = {row: {"channel": {"a->server": {"bytes": 10}}, "parameters": {"total": 5, "trainable": 5, "private": 0, "uploaded": 5},
+                  "memory_bytes": {"private_per_client_max": 0}, **({"patch_norms": norms} if row == "fedmatch_h_lr" else {})}
+            for row in ("fedavg", "fedmatch_h_lr")}
+    histories = {"fedavg": history([0.9, 1.1, 1.3]), "fedmatch_h_lr": history([0.9, 0.6, 0.5], [0.3, 0.5, 0.7])}
+    data = results(histories, info)
+    data.histories = pd.DataFrame([{"row": row, "method": row, "seed": 0, "sweep": None, "point": None, **r}
+                                   for row, h in histories.items() for r in h]).drop(columns="valid", errors="ignore")
+    chance = {"clients": {c: {"map": 0.2, "mrr": 0.25} for c in CLIENTS}, "overall": {"map": 0.2, "mrr": 0.25}}
+    partition = {"clients": {c: {"train_questions_available": 10, "questions": {"train": 5, "valid": 4, "test": 4},
+                                 "answer_pool": 30} for c in CLIENTS}}
+    mined = {c: {"triples": 20, "candidates": {"test": 40}} for c in CLIENTS}
+    report = render_report(params, data, chance, partition, mined)
+    assert RULE in report
+    assert "| FedAvg [diverged]" in report and "| FedMatch H+LR [not converged]" in report
+    assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
+    assert "no verdict: rests on diverged cells (FedAvg)" in report
