@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from fedrepro.errors import FedreproError
-from fedrepro.retrieval.bm25 import make_index, top_non_gold
+from fedrepro.retrieval.bm25 import make_index, score_candidates, top_non_gold
 
 DOCS = {
     "a01": "Term life insurance pays a death benefit if you die during the term",
@@ -227,3 +227,16 @@ def test_elasticsearch_unreachable_names_es_url():
     index = make_index("elasticsearch", es_url=f"http://127.0.0.1:{port}")
     with pytest.raises(FedreproError, match=r"mine\.es_url='http://127\.0\.0\.1:\d+' failed to delete"):
         index.build(["a"], ["text"])
+
+
+def test_score_candidates_gives_each_candidate_its_bm25_score_for_its_question():
+    answers = pd.DataFrame({"answer_id": list(DOCS), "answer": list(DOCS.values())})
+    # q3 ("Can I get income if I cannot work") shares no term with a02: score 0
+    candidates = pd.DataFrame({"question_id": ["q0", "q0", "q3", "q1"], "question": [QUERIES[0]] * 2 + [QUERIES[3], QUERIES[1]],
+                               "answer_id": ["a02", "a07", "a02", "a03"]})
+    scored = score_candidates(candidates, answers, k1=1.2, b=0.75)
+    index = make_index("bm25s", k1=1.2, b=0.75)
+    index.build(list(DOCS), list(DOCS.values()))
+    expected = {(q, d): s for q, text in (("q0", QUERIES[0]), ("q1", QUERIES[1])) for d, s in index.search([text], 100)[0]}
+    assert scored["score"].tolist() == pytest.approx([expected[("q0", "a02")], expected[("q0", "a07")], 0.0, expected[("q1", "a03")]])
+    assert scored["score"].iloc[0] > scored["score"].iloc[1] > 0  # a02 matches more of the question than a07

@@ -223,3 +223,19 @@ def top_non_gold(questions: dict[str, str], gold: dict[str, set[str]], answers: 
         rows += [(qid, a, rank, s) for rank, (a, s) in enumerate(kept, start=1)]
     frame = pd.DataFrame(rows, columns=["question_id", "answer_id", "rank", "score"])
     return frame.astype({"rank": "int64", "score": "float64"})
+
+
+def score_candidates(candidates: pd.DataFrame, answers: pd.DataFrame, backend: str = "bm25s", **index_opts) -> pd.DataFrame:
+    """``candidates`` (question_id, question, answer_id, ...) with a ``score`` column: each candidate's BM25 score
+    for its question over the index of ``answers`` (the pool the candidates were mined from, so the statistics
+    are the mining's); 0 for a candidate sharing no term with its question. A BM25-only ranking of the very
+    candidates a model ranks: the trivial baseline a trained matcher must beat.
+    """
+    answers = check_columns(answers, ANSWER_COLUMNS, "answers")
+    index = make_index(backend, **index_opts)
+    index.build(answers["answer_id"].astype(str).tolist(), answers["answer"].astype(str).tolist())
+    questions = candidates.drop_duplicates("question_id").set_index("question_id")["question"]
+    hits = index.search([str(q) for q in questions], len(answers))
+    scores = {(str(qid), doc): score for qid, q_hits in zip(questions.index, hits) for doc, score in q_hits}
+    keys = zip(candidates["question_id"].astype(str), candidates["answer_id"].astype(str))
+    return candidates.assign(score=[scores.get(key, 0.0) for key in keys])
