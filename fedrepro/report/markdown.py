@@ -158,7 +158,11 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "loaded offline), over the backbone's WordPiece tokens. CoverQuery hides each real question among "
               f"{settings.cover_queries} generated cover questions before a central trainer sees it "
               "(`fedrepro/fl/algorithms/coverquery.py` says what it is based on). LG-FedAvg keeps the embeddings and the "
-              "bottom half of the encoder local. Centralised (pooled data, not private) is an extra reference row.", ""]
+              "bottom half of the encoder local. Centralised (pooled data, not private) is an extra reference row: one "
+              "round is one sequential pass over every client's triples (sum of N_k / B steps), while a FedAvg round "
+              "averages the clients' own shorter passes (N_k / B steps each), so at the same rounds it fits its training "
+              "triples much further (see the training losses below) and on capped data it can overfit; the health "
+              "section shows its validation curve.", ""]
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance).to_markdown(), ""]
