@@ -340,3 +340,21 @@ def test_scaffold_server_variate_stays_the_mean_of_every_clients_variate(tmp_pat
     scale = max(largest_control(state) for state in engine.state.client_states.values())
     assert scale > 1e-3, "the variates moved (else the invariant is trivially true)"
     assert max(gaps) <= 1e-5 * scale, (gaps, scale)
+
+
+def test_every_evaluation_scores_each_evaluated_model_on_its_own_training_data(tmp_path):
+    """``fit_loss`` is the sample-weighted mean of each client's model on its own training batches: for FedPer
+    (a private head per client) it must be each client's own model, not the global one, in eval mode."""
+    engine = make_engine(tmp_path, algorithm="fedper", rounds=2)
+    history = engine.run().history
+    assert all("fit" in record and record["fit_loss"] is not None for record in history)
+    expected = {}
+    for client_id, model in engine.client_models():
+        losses = [engine.task.forward(model, b).loss.item()
+                  for b in engine.task.train_batches([client_id], torch.Generator().manual_seed(0))]
+        expected[client_id] = sum(losses) / len(losses)
+    fit = history[-1]["fit"]
+    assert {c: fit[c]["loss"] for c in fit} == pytest.approx(expected, rel=1e-6)
+    sizes = {c: fit[c]["samples"] for c in fit}
+    assert sizes == {c: n for c, n in SIZES.items()}
+    assert history[-1]["fit_loss"] == pytest.approx(sum(expected[c] * SIZES[c] for c in SIZES) / sum(SIZES.values()))

@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from fedrepro.fl.health import cell_health
+from fedrepro.fl.health import cell_health, training_losses
 from fedrepro.report.sanity import SanityResult, render_sanity, write_sanity
 
 
@@ -45,3 +45,16 @@ def test_a_sweep_with_no_sound_setting_chooses_nothing_and_fails(tmp_path):
     verdict = write_sanity(result, tmp_path)
     assert verdict["choice"] == {} and verdict["margin"] is None and not verdict["passed"]
     assert "nothing chosen" in (tmp_path / "sanity.md").read_text()
+
+
+def test_the_rule_reads_the_evaluated_models_training_loss_not_the_clients_mean_local_loss():
+    """Under label skew the clients' mean local loss rises (round 1 fits each client's own classes from scratch)
+    while the aggregate's loss on the same data falls: that cell trained, it did not diverge."""
+    history = [{"round": r + 1, "train_loss": local, "fit_loss": fit}
+               for r, (local, fit) in enumerate([(1.09, 3.50), (2.25, 3.19), (1.61, 1.46)])]
+    assert training_losses(history) == [3.50, 3.19, 1.46]
+    assert not cell_health(training_losses(history)).diverged
+    assert cell_health([r["train_loss"] for r in history]).diverged
+    rising = [{"round": 1, "train_loss": 1.0, "fit_loss": 1.2}, {"round": 2, "train_loss": 0.5, "fit_loss": 8.3}]
+    assert cell_health(training_losses(rising)).diverged
+    assert training_losses([{"round": 1, "train_loss": 0.7}]) == [0.7]  # not evaluated: the local loss stands in

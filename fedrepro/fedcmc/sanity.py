@@ -17,6 +17,7 @@ from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import cell_recipe
 from fedrepro.fl.engine import GLOBAL, Engine
+from fedrepro.fl.health import training_losses
 from fedrepro.metrics.classification import trivial_scores
 from fedrepro.report.sanity import SanityResult
 from fedrepro.tasks.relation import RelationTask
@@ -33,16 +34,17 @@ def trivial_baselines(task: RelationTask, split: str = "valid") -> dict[str, flo
 
 
 def pooled_reference(params: Params, dataset: str, alpha: float, lr: float, rounds: int, folders: tuple[Path, Path, Path],
-                     digest: str, checkpoint_dir: Path, seed: int = 0) -> tuple[list[dict], RelationTask]:
-    """Train the pooled reference at ``lr`` for ``rounds`` epochs; its training loss and global valid micro-F1 per round."""
-    cell = Cell("centralised", dataset, alpha, params.fedcmc.settings.clients, 1, seed)
+                     digest: str, checkpoint_dir: Path, seed: int = 0, method: str = "centralised") -> tuple[list[dict], RelationTask]:
+    """Train the pooled reference (or ``method``'s cell) at ``lr`` for ``rounds`` rounds; per round its loss on the
+    training data and the global model's valid micro-F1."""
+    cell = Cell(method, dataset, alpha, params.fedcmc.settings.clients, 1, seed)
     recipe = cell_recipe(params, cell, *folders, digest)
     settings = dataclasses.replace(recipe.settings, lr=lr, rounds=rounds, eval_every=1, eval_splits=("valid",))
     task, algorithm = recipe.build()
     engine = Engine(task, algorithm, settings, checkpoint_dir, f"{recipe.fingerprint}-sanity-{lr}-{rounds}", progress=True)
     history = engine.run().history  # checkpointed every round: a killed sweep resumes with every score kept
-    points = [{"lr": lr, "round": r["round"], "train_loss": r["train_loss"], "valid": r["valid"][GLOBAL]["micro_f1"]}
-              for r in history]
+    points = [{"alpha": alpha, "lr": lr, "round": r["round"], "train_loss": loss, "valid": r["valid"][GLOBAL]["micro_f1"]}
+              for r, loss in zip(history, training_losses(history))]
     return points, task
 
 
@@ -57,4 +59,27 @@ def run_sanity(params: Params, dataset: str, lrs: list[float], rounds: int, fold
     notes = [f"Corpus `{dataset}`: {task.num_train_samples(task.client_ids)} pooled training sentences, "
              f"{len(task.eval_sets['valid'][0])} validation sentences; backbone {params.fedcmc.settings.backbone}, "
              f"batch {params.fedcmc.settings.batch_size}, {rounds} epochs, warm-up then linear decay, seed 0."]
-    return SanityResult(f"FedCMC ({dataset})", METRIC, margin, pd.DataFrame(rows), ["lr"], trivial_baselines(task), notes)
+    sweep = pd.DataFrame(rows).drop(columns="alpha")  # the pooled sentences do not depend on the partition's alpha
+    return SanityResult(f"FedCMC ({dataset})", METRIC, margin, sweep, ["lr"], trivial_baselines(task), notes)
+
+
+def run_federated_sanity(params: Params, dataset: str, method: str, alphas: list[float], lrs: list[float], rounds: int,
+                         digests: dict[float, str], folders: tuple[Path, Path, Path], checkpoint_root: Path,
+                         margin: float) -> SanityResult:
+    """The federated reference: ``method`` (FedAvg) at every alpha of the grid for each lr, scored on valid. The
+    pooled reference says what the model can learn from these sentences; this says which lr and rounds let a
+    federation learn it under the grid's label skew without diverging, which the pooled run cannot tell."""
+    rows, task = [], None
+    for alpha in alphas:
+        for lr in lrs:
+            points, task = pooled_reference(params, dataset, alpha, lr, rounds, folders, digests[alpha],
+                                            checkpoint_root / f"{dataset}-a{alpha:g}-{method}-lr{lr:g}", method=method)
+            rows += points
+    notes = [f"Corpus `{dataset}`: {task.num_train_samples(task.client_ids)} training sentences over "
+             f"{params.fedcmc.settings.clients} clients (Dirichlet alpha {', '.join(f'{a:g}' for a in alphas)}), "
+             f"{len(task.eval_sets['valid'][0])} validation sentences; backbone {params.fedcmc.settings.backbone}, "
+             f"batch {params.fedcmc.settings.batch_size}, 1 local epoch, {rounds} rounds, seed 0. The training loss is the "
+             "global model's on the clients' training data after each round."]
+    return SanityResult(f"FedCMC ({dataset}, federated: {method})", METRIC, margin, pd.DataFrame(rows), ["alpha", "lr"],
+                        trivial_baselines(task), notes, reference=f"A federated reference ({method}, every client every "
+                        "round), trained on the same capped data and partitions as the grid's cells,", averaged=["alpha"])

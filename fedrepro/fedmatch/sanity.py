@@ -20,6 +20,7 @@ import pandas as pd
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell
 from fedrepro.fl.engine import Engine
+from fedrepro.fl.health import training_losses
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.report.sanity import SanityResult
@@ -53,10 +54,10 @@ def pooled_reference(params: Params, lr: float, rounds: int, mined_dir: Path, to
     settings = dataclasses.replace(recipe.settings, lr=lr, rounds=rounds, eval_every=1)
     task, algorithm = recipe.build()
     engine = Engine(task, algorithm, settings, checkpoint_dir, f"{recipe.fingerprint}-sanity-{lr}-{rounds}", progress=True)
-    points = []
-    for record in engine.run().history:
+    points, history = [], engine.run().history
+    for record, loss in zip(history, training_losses(history)):
         per_client = {client: values["map"] for client, values in sorted(record["valid"].items())}
-        points.append({"lr": lr, "round": record["round"], "train_loss": record["train_loss"],
+        points.append({"lr": lr, "round": record["round"], "train_loss": loss,
                        "valid": sum(per_client.values()) / len(per_client), **{f"valid {c}": v for c, v in per_client.items()}})
     return points
 

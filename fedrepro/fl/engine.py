@@ -39,6 +39,13 @@ from fedrepro.seeding import derive_seed
 
 POOLED = "pooled"
 GLOBAL = "global"
+FIT = "fit"
+"""The pseudo-split scored with every evaluation besides ``eval_splits``: the evaluated model's task loss on the training
+data it learned from. It is what the health rule reads as the training loss (``fedrepro.fl.health``), because a
+round's mean local loss is not the federation's: under label skew a client fits its own classes within a few local
+steps, so round 1's local loss (from scratch) is low and later rounds' (from the aggregate) are higher, even while the
+aggregate's loss on the same training data falls (embedded FedAvg, alpha 0.05: local 1.09 -> 1.61 over 12 rounds,
+the aggregate on the clients' data 3.50 -> 1.46)."""
 PARAM, STATE = "param/", "state/"
 log = logging.getLogger(__name__)
 
@@ -110,6 +117,33 @@ class ClientResult:
     train_loss: float | None
     """The mean local loss of the round; None for a client without training batches (it did not train)."""
     num_samples: int
+
+
+def fit_loss(task: FederatedTask, model: nn.Module, client_ids: Sequence[str]) -> dict[str, float]:
+    """``model``'s task loss on the training data of ``client_ids``: the mean over their batches in a fixed order, in
+    eval mode and without gradients (so no dropout and no weight moves); no loss for clients without training data."""
+    losses = []
+    with torch.no_grad():
+        for batch in task.train_batches(client_ids, torch.Generator().manual_seed(0)):
+            losses.append(task.forward(model, batch).loss.item())
+    samples = {"samples": task.num_train_samples(client_ids)}
+    return {"loss": float(np.mean(losses)), **samples} if losses else samples
+
+
+def score_split(task: FederatedTask, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
+    """One model on one client's ``split`` (or on the global sets, ``client_id`` GLOBAL); ``FIT``: on its training data.
+    The engine and a Flower node both score through here, so both runtimes record the same numbers."""
+    if split == FIT:
+        return fit_loss(task, model, list(task.client_ids) if client_id == GLOBAL else [client_id])
+    return task.evaluate(model, client_id, split)
+
+
+def mean_fit_loss(scores: dict[str, dict[str, float]]) -> float | None:
+    """The training-sample-weighted mean of the ``FIT`` losses of a round's evaluated models."""
+    scored = [(s["loss"], s["samples"]) for s in scores.values() if "loss" in s and s.get("samples")]
+    if not scored:
+        return None
+    return float(sum(loss * n for loss, n in scored) / sum(n for _, n in scored))
 
 
 class LocalTrainer:
@@ -327,8 +361,9 @@ class Engine:
             record.update(algorithm.round_notes())
         record.update({f"bytes_{k}": v for k, v in self.channel.round_bytes(round_index).items()})
         if self.settings.eval_every and (round_index + 1) % self.settings.eval_every == 0:
-            for split in self.settings.eval_splits:
+            for split in (FIT, *self.settings.eval_splits):
                 record[split] = self.evaluate(split)
+            record["fit_loss"] = mean_fit_loss(record[FIT])
         return finite_or_none(record)
 
     # ----- evaluation ----------------------------------------------------------------------------------
@@ -360,5 +395,5 @@ class Engine:
         """Each client's own model on its own ``split``; for a task scored on one global set, the global model on it."""
         with torch.no_grad():
             if self.evaluates_global_model():
-                return {GLOBAL: self.task.evaluate(self.global_model(), GLOBAL, split)}
-            return {client_id: self.task.evaluate(model, client_id, split) for client_id, model in self.client_models()}
+                return {GLOBAL: score_split(self.task, self.global_model(), GLOBAL, split)}
+            return {client_id: score_split(self.task, model, client_id, split) for client_id, model in self.client_models()}

@@ -1,6 +1,10 @@
 """Did a cell train soundly? One rule for every paper, so no verdict rests on a diverged or unfinished model.
 
-diverged:  a non-finite training loss in any round, or a last round's training loss above the first round's.
+diverged:  a non-finite training loss in any round, or a last round's training loss above the first round's. The
+           training loss is the evaluated model's loss on its own training data after each evaluated round (the
+           engine's ``fit_loss``: for a federated cell the aggregate, not the clients' mean local loss, which under
+           label skew rises while the aggregate improves; see ``fedrepro.fl.engine.FIT``); a cell that recorded
+           none is judged on its mean local loss.
 converged: the validation metric's best over the last ``window`` points beats the best before them by at most
            ``tolerance`` (it stopped improving); None when there are fewer than ``window + 1`` points to judge by.
 
@@ -15,7 +19,8 @@ from typing import Sequence
 
 WINDOW = 2
 TOLERANCE = 0.01
-RULE = (f"diverged = a non-finite training loss, or the last round's training loss above the first round's; "
+RULE = (f"diverged = a non-finite training loss, or the last evaluated round's training loss (the evaluated model on "
+        f"its own training data) above the first's; "
         f"converged = the best validation score of the last {WINDOW} evaluations beats the best before them by at "
         f"most {TOLERANCE} (absolute), i.e. it stopped improving; unknown with fewer than {WINDOW + 1} evaluations")
 
@@ -35,6 +40,13 @@ class Health:
         if self.diverged:
             return "diverged"
         return {True: "converged", False: "not converged", None: "unknown"}[self.converged]
+
+
+def training_losses(history: Sequence[dict]) -> list[float | None]:
+    """The per-round training losses the rule reads from an engine history: ``fit_loss`` where the cell recorded
+    it, else each round's mean local loss (``train_loss``)."""
+    fit = [record["fit_loss"] for record in history if "fit_loss" in record]
+    return fit if fit else [record.get("train_loss") for record in history]
 
 
 def cell_health(train_losses: Sequence[float], valid_scores: Sequence[float] = (), window: int = WINDOW,

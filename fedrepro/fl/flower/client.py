@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 
 from fedrepro.errors import FedreproError
 from fedrepro.fl.channel import Channel
-from fedrepro.fl.engine import LocalTrainer
+from fedrepro.fl.engine import LocalTrainer, score_split
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
 from fedrepro.fl.runtime import CellRecipe
@@ -113,7 +113,7 @@ class NodeHandlers:
         trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
         trainer.model.eval()
         with torch.no_grad():
-            scores = trainer.task.evaluate(trainer.model, client_id, str(config[m.SPLIT]))
+            scores = score_split(trainer.task, trainer.model, client_id, str(config[m.SPLIT]))
         return Message(RecordDict({m.METRICS: MetricRecord(scores)}), reply_to=message)
 
 
