@@ -20,7 +20,7 @@ from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, tree_digest, write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
-from fedrepro.models.patches import patch_norms
+from fedrepro.models.patches import patch_effect, patch_norms
 from fedrepro.report.fedmatch import history_health
 from fedrepro.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
@@ -47,6 +47,8 @@ def run_cell(params: Params, cell: Cell, out: Path, checkpoints: Path, digest: s
     with torch.no_grad():
         for client_id, model in engine.client_models():
             norms[client_id] = patch_norms(model.named_parameters(), engine.initial_private)
+            if norms[client_id]:
+                norms[client_id].update(patch_effect(model, engine.task.candidate_batches(client_id, "valid")))
             qrels, run = qrels_and_run(engine.task.score(model, client_id, "test"))
             per_client[client_id] = ranking_metrics(qrels, run)
             qrels_text, run_text = trec_files(qrels, run, cell.name)

@@ -56,13 +56,15 @@ def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
 
 
 def test_patch_table_shows_each_clients_up_norm_down_change_and_down_norm():
-    norms = {"a": {"down": 11.3, "down_change": 0.0451, "up": 0.125, "up_change": 0.125},
+    norms = {"a": {"down": 11.3, "down_change": 0.0451, "up": 0.125, "up_change": 0.125, "feature_change": 0.0123,
+                   "score_change": 0.4},
              "b": {"down": 11.2, "down_change": 0.05, "up": 0.2, "up_change": 0.2}}
     data = results({"fedavg": history([0.9, 0.5]), "fedmatch_h_lr": history([0.9, 0.5])},
                    info={"fedavg": {}, "fedmatch_h_lr": {"patch_norms": norms}})
     table = patch_table(data, ["fedavg", "fedmatch_h_lr"])
     assert list(table.index) == ["FedMatch H+LR"]
-    assert table.loc["FedMatch H+LR", "a"] == "0.125 / 0.0451 / 11.3"
+    assert table.loc["FedMatch H+LR", "a"] == "0.125 / 0.0451 / 11.3; 1.23%, 0.40 sd"
+    assert table.loc["FedMatch H+LR", "b"] == "0.2 / 0.05 / 11.2"
 
 
 def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_norms():

@@ -11,7 +11,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 from fedrepro.errors import ConfigError
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.models.patches import (
-    INSERTIONS, STRUCTURES, PatchSpec, encoder_layer_index, inject_patch, is_patch_parameter, patch_norms,
+    INSERTIONS, STRUCTURES, PatchSpec, encoder_layer_index, inject_patch, is_patch_parameter, patch_effect, patch_norms,
     patch_parameter_count,
 )
 
@@ -187,3 +187,16 @@ def test_patch_norms_of_a_fresh_patch_and_after_a_change():
     assert moved["up"] == moved["up_change"] == pytest.approx(0.5 * (LAYERS * HIDDEN * 8) ** 0.5)
     assert moved["down_change"] == 0.0
     assert patch_norms(CrossEncoder(tiny_bert()).named_parameters(), {}) == {}
+
+
+@pytest.mark.parametrize("insertion", INSERTIONS)
+def test_patch_effect_is_zero_for_a_fresh_patch_and_measures_a_trained_one(insertion):
+    plain, patched, _ = models(insertion, "lr")
+    assert patch_effect(patched, [batch()]) == {"feature_change": 0.0, "score_change": 0.0}
+    make_up_nonzero(patched)
+    effect = patch_effect(patched, [batch(), batch((3, 6))])
+    with torch.no_grad():
+        on, off = patched(**batch())[1], plain(**batch())[1]  # zeroing the patch output gives the unpatched model
+    assert effect["feature_change"] > 0 and effect["score_change"] > 0
+    assert patch_effect(patched, [batch()])["feature_change"] == pytest.approx(float(((on - off).norm(dim=-1) / off.norm(dim=-1)).mean()), rel=1e-5)
+    assert patch_effect(plain, [batch()]) == {}

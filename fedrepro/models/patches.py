@@ -207,6 +207,34 @@ def patch_norms(parameters: Iterable[tuple[str, torch.Tensor]], initial: dict[st
     return {key: squares[key] ** 0.5 for key in sorted(squares)}
 
 
+def patch_effect(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """What a model's patches change in its output on ``batches``, against the same model with every patch's
+    output zeroed: the mean relative change of the features the head reads (``feature_change``) and the mean
+    absolute score change in units of the scores' standard deviation (``score_change``). Weight norms alone do
+    not say whether a patch matters; this does. Empty for a model without a patch."""
+    patches = [module for name, module in model.named_modules() if name == "patch" or name.endswith(".patch")]
+    if not patches:
+        return {}
+    features, scores = [], []
+    with torch.no_grad():
+        for batch in batches:
+            with_patch = model(**batch)
+            handles = [p.register_forward_hook(lambda module, args, output: torch.zeros_like(output)) for p in patches]
+            try:
+                without = model(**batch)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            features.append((with_patch[1] - without[1]).norm(dim=-1) / without[1].norm(dim=-1).clamp(min=1e-12))
+            scores.append(torch.stack([with_patch[0], without[0]]))
+    if not features:
+        return {}
+    features, scores = torch.cat(features), torch.cat(scores, dim=1)
+    spread = float(scores[0].std()) if scores.shape[1] > 1 else 0.0
+    return {"feature_change": float(features.mean()),
+            "score_change": float((scores[0] - scores[1]).abs().mean()) / spread if spread > 0 else 0.0}
+
+
 def patch_parameter_count(hidden: int, spec: PatchSpec, num_layers: int) -> int:
     """Patch parameters in closed form: per layer for inner/outer times ``num_layers``, once at BERT level."""
     d, r = hidden, spec.size

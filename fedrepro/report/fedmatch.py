@@ -280,15 +280,18 @@ def communication_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
 
 def patch_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
     """Per patched method and client (first seed): the Frobenius norms of the patch's up-projection (zero at the
-    start, so its norm is how far it moved) and of its down-projection's change, beside the down-projection's norm."""
+    start, so its norm is how far it moved), of its down-projection's change and of the down-projection; then what
+    the patch changes on the client's validation candidates (features the head reads, scores in score std)."""
     table = {}
     for row in rows:
         norms = data.info.get(row, {}).get("patch_norms")
         if norms:
-            table[LABELS.get(row, row)] = {client: f"{n['up']:.3g} / {n['down_change']:.3g} / {n['down']:.3g}"
-                                           for client, n in sorted(norms.items())}
+            table[LABELS.get(row, row)] = {
+                client: f"{n['up']:.3g} / {n['down_change']:.3g} / {n['down']:.3g}"
+                + (f"; {n['feature_change']:.2%}, {n['score_change']:.2f} sd" if "feature_change" in n else "")
+                for client, n in sorted(norms.items())}
     frame = pd.DataFrame.from_dict(table, orient="index")
-    frame.index.name = "method: ‖up‖ / ‖Δdown‖ / ‖down‖"
+    frame.index.name = "method: ‖up‖ / ‖Δdown‖ / ‖down‖; Δfeatures, Δscore"
     return frame
 
 

@@ -192,7 +192,11 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         lines += ["## Do the private patches learn?", "",
                   "Each client's patch after training (first seed): Frobenius norm of its up-projection (zero-initialised, so "
                   "this is how far it moved), of its down-projection's change from the initial weights, and of the "
-                  "down-projection itself; over all of a model's patches (inner/outer: one per layer).", "",
+                  "down-projection itself, over all of a model's patches (inner/outer: one per layer); then, on the "
+                  "client's validation candidates, the mean relative change the patch makes to the features the head "
+                  "reads and the mean absolute change of the scores in units of their standard deviation (the same model "
+                  "with every patch's output zeroed is the reference). A zero-initialised up-projection grows with the "
+                  "client's local steps, so a client with few triples keeps a patch that barely matters.", "",
                   patches.to_markdown(), ""]
     lines += missed_clients_section(data.missed)
     lines += ["## Figures", "", "![convergence](figures/convergence.png)", ""]

@@ -132,14 +132,20 @@ class QAMatchingTask:
             loss = nn.functional.binary_cross_entropy_with_logits(scores.float(), labels)
         return TaskOutput(loss=loss, logits=scores, features=features)
 
+    def candidate_batches(self, client_id: str, split: str) -> Iterator[dict[str, torch.Tensor]]:
+        """The client's ``split`` candidates as padded model inputs, in the candidate table's order."""
+        frame = self.candidates[client_id]
+        rows = [enc for enc, keep in zip(self.candidate_encodings[client_id], (frame["split"] == split).to_numpy()) if keep]
+        for start in range(0, len(rows), self.eval_batch_size):
+            yield self._pad(rows[start:start + self.eval_batch_size])
+
     def score(self, model: nn.Module, client_id: str, split: str) -> pd.DataFrame:
         """The candidates of ``split`` with the model's score for each (higher = more relevant)."""
         frame = self.candidates[client_id]
         mask = (frame["split"] == split).to_numpy()
-        rows = [enc for enc, keep in zip(self.candidate_encodings[client_id], mask) if keep]
         scores = []
-        for start in range(0, len(rows), self.eval_batch_size):
-            batch_scores, _ = model(**self._pad(rows[start:start + self.eval_batch_size]))
+        for batch in self.candidate_batches(client_id, split):
+            batch_scores, _ = model(**batch)
             scores.extend(batch_scores.tolist())
         scored = frame.loc[mask, ["question_id", "answer_id", "relevance"]].copy()
         scored["score"] = scores
