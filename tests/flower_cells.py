@@ -21,14 +21,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fedrepro.errors import TrainingDiverged  # noqa: E402
 from fedrepro.fl.algorithm import AlgorithmSettings  # noqa: E402
 from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
+from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
 from fedrepro.fl.runtime import CellRecipe, build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
 from scaffold_invariant import control_variate_gap, largest_control  # noqa: E402
-from toy import ToyQATask, relation_task  # noqa: E402
+from toy import FaultyNodesTask, ToyQATask, relation_task  # noqa: E402
 
 QA_SIZES = {"a": 8, "b": 6, "c": 4}
 QA_ALGORITHMS = ("fedavg", "fedper", "fedmatch")
@@ -41,6 +43,9 @@ KILL_CASE = "kill-relation/scaffold"
 KILL_ROUNDS, REPLY_TIMEOUT = 10, 20.0
 """On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
 (SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
+FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
+CRASHES, DIVERGES = "c", "a"
+"""In the fault cases: round 1 samples c (whose node fails) but not a, round 2 samples a (whose training diverges)."""
 
 
 def federated_algorithms() -> list[str]:
@@ -63,6 +68,8 @@ def recipe(case: str, rounds: int = 2) -> CellRecipe:
                               warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
                               eval_splits=("valid", "test") if relation else ("valid",))
     build = relation_task if relation else functools.partial(ToyQATask, QA_SIZES)
+    if family == "faults":
+        build = functools.partial(FaultyNodesTask, QA_SIZES, CRASHES, DIVERGES)
     return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs, settings=settings,
                       fingerprint=f"{case}-{rounds}", threads=1,
                       spec={"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}})
@@ -103,6 +110,8 @@ def run_case(case: str, work: Path) -> dict:
         return run_deployment(case, work)
     if case == KILL_CASE:
         return run_node_kill(work)
+    if case in FAULT_CASES:
+        return run_faults(case, work)
     result = {}
     for runtime in ("engine", "flower-simulation"):
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
@@ -227,6 +236,19 @@ def run_node_kill(work: Path) -> dict:
                                                deployment.train_ids)
     drill["history"] = deployment.state.history
     return {"drill": drill}
+
+
+def run_faults(case: str, work: Path) -> dict:
+    """A cell whose nodes fail (``FaultyNodesTask``), on Flower: what stopped it and the rounds it checkpointed."""
+    runtime = "flower-deployment" if case.startswith("deploy-") else "flower-simulation"
+    cell = build_runtime(recipe(case), runtime, work / case, progress=False)
+    result = {"sampled": [cell.sample_clients(r) for r in range(2)], "diverged": None}
+    try:
+        cell.run()
+    except TrainingDiverged as error:
+        result["diverged"] = str(error)
+    result["history"] = load_checkpoint(cell.checkpoint_dir, cell.fingerprint).history
+    return result
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 """The engine's algorithms on Flower: identical runs in both runtimes, private state only on the nodes, what
-crosses the network audited by the same channel, a killed server resumed exactly, bad uploads refused.
+crosses the network audited by the same channel, a killed server resumed exactly, bad uploads refused, a client's
+diverged training stopping the run as in the engine.
 
-The Flower runs happen in one subprocess (``flower_cells.py``) inside a loopback-only network namespace.
+The Flower runs happen in a subprocess (``flower_cells.py``) inside a loopback-only network namespace: one for the
+cases compared with the engine, one for the fault cases.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -17,8 +20,8 @@ from fedrepro.errors import ConfigError
 from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
 from fedrepro.fl.runtime import build_runtime
-from flower_cells import (DEPLOY_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE, all_cases, federated_algorithms,
-                          recipe)
+from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
+                          all_cases, federated_algorithms, recipe)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -60,15 +63,25 @@ def test_an_unknown_runtime_names_the_param_and_the_choices(tmp_path):
 
 
 # ----- on Flower ---------------------------------------------------------------------------------------------
+def flower_cells(folder: Path, cases: list[str], timeout: float) -> dict:
+    """``cases`` (all: none given), in one loopback-only subprocess (Ray starts once per Flower run)."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
+    out = folder / "results.json"
+    run_on_loopback([sys.executable, str(HERE / "flower_cells.py"), "--out", str(out), "--work", str(folder / "work"),
+                     *(["--only", *cases] if cases else [])], timeout=timeout)
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every case in both runtimes, in one loopback-only subprocess (Ray starts once per Flower run)."""
-    pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
-    folder = tmp_path_factory.mktemp("flower")
-    out = folder / "results.json"
-    run_on_loopback([sys.executable, str(HERE / "flower_cells.py"), "--out", str(out), "--work", str(folder / "work")],
-                    timeout=1500)
-    return json.loads(out.read_text())
+    """Every case of ``all_cases`` in both runtimes."""
+    return flower_cells(tmp_path_factory.mktemp("flower"), [], timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    """The fault cases alone, so their tests need none of the other runs."""
+    return flower_cells(tmp_path_factory.mktemp("faults"), list(FAULT_CASES), timeout=600)
 
 
 def test_every_federated_algorithm_of_the_registry_is_checked():
@@ -194,3 +207,24 @@ def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_int
     assert any(victim in record["clients"] for record in rejoined), "it trained again after rejoining"
     assert drill["control_gap"] <= 1e-3 * drill["control_off_if_lost"], \
         "the rejoined node went on from the control variate it held when killed (c = mean of every client's c_k)"
+
+
+# ----- a node that fails, on the simulation and on a deployment -------------------------------------------------
+@pytest.mark.parametrize("case", FAULT_CASES)
+def test_a_node_whose_own_training_diverges_stops_the_run_naming_client_round_and_step(faults, case):
+    """As in the engine (test_engine): the run stops in the round the client diverged, with its node's message,
+    instead of going on without it; the rounds before stay checkpointed."""
+    result = faults[case]
+    assert DIVERGES not in result["sampled"][0] and DIVERGES in result["sampled"][1], result["sampled"]
+    assert result["diverged"] is not None, "the run went on without the diverging client"
+    assert re.fullmatch(rf"Flower node \d+ of client {DIVERGES}, round 2: client {DIVERGES} diverged in round 2 at local "
+                        rf"step 1 of \d+ \(schedule step \d+ of \d+\): training loss nan, .*", result["diverged"])
+    assert [record["round"] for record in result["history"]] == [1]
+
+
+@pytest.mark.parametrize("case", FAULT_CASES)
+def test_a_node_that_fails_otherwise_is_its_clients_miss_and_the_round_goes_on(faults, case):
+    first = faults[case]["history"][0]
+    assert CRASHES in faults[case]["sampled"][0]
+    assert list(first["missed"]) == [CRASHES] and CRASHES not in first["clients"] and first["clients"]
+    assert first["missed"][CRASHES].startswith("node error: ") and "its disk failed" in first["missed"][CRASHES]

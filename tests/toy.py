@@ -125,3 +125,19 @@ def relation_task(clients: int = 3, sentences: int = 120, batch_size: int = 8):
         return RelationClassifier(build_encoder("tiny", len(tokenizer), tiny, 64), len(corpus.classes))
 
     return RelationTask(corpus.table, assignment, corpus.classes, (), tokenizer, build, 64, batch_size)
+
+
+class FaultyNodesTask(ToyTask):
+    """A node failing two ways: client ``crashes`` raises whenever it trains (a fault of its node, not of its
+    training); client ``diverges`` has NaN inputs, so its first local loss is NaN."""
+
+    def __init__(self, sizes: dict[str, int], crashes: str, diverges: str) -> None:
+        super().__init__(sizes)
+        self.crashes = crashes
+        x, y = self.data[diverges]
+        self.data[diverges] = (torch.full_like(x, float("nan")), y)
+
+    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator):
+        if self.crashes in client_ids:
+            raise OSError(f"client {self.crashes}: its disk failed")
+        yield from super().train_batches(client_ids, generator)

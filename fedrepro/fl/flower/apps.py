@@ -6,6 +6,7 @@ ClientApp process), so they rebuild the cell from its recipe spec: a JSON file n
 ``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir`` and waits at most
 ``reply-timeout`` seconds for a round's replies (0: until every node answers); each node keeps
 its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``.
+A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FILE`` for the stage to raise.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedrepro.errors import ConfigError
+from fedrepro.errors import ConfigError, TrainingDiverged
 from fedrepro.fl.flower.client import NodeHandlers
 from fedrepro.fl.flower.server import FlowerServer
 from fedrepro.fl.runtime import CellRecipe
 
 RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "reply-timeout"
+DIVERGED_FILE = "diverged.txt"
+"""In the checkpoint folder: the ``TrainingDiverged`` text that stopped the ServerApp (which runs in a process of
+its own: Flower only reports that the run failed)."""
 
 
 def write_recipe_spec(path: str | Path, spec: dict) -> Path:
@@ -57,8 +61,12 @@ def serve(grid: Grid, context: Context) -> None:
     recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
     task, algorithm = recipe.build()
     timeout = float(context.run_config.get(REPLY_TIMEOUT_KEY, 0)) or None
-    FlowerServer(recipe, task, algorithm, str(context.run_config[CHECKPOINT_KEY]), progress=False,
-                 reply_timeout=timeout).serve(grid)
+    checkpoint_dir = Path(str(context.run_config[CHECKPOINT_KEY]))
+    try:
+        FlowerServer(recipe, task, algorithm, checkpoint_dir, progress=False, reply_timeout=timeout).serve(grid)
+    except TrainingDiverged as error:
+        (checkpoint_dir / DIVERGED_FILE).write_text(str(error))
+        raise
 
 
 client_app = ClientApp()

@@ -8,6 +8,8 @@ deployment) or ``partition-id`` (the simulation numbers its nodes; the n-th clie
 A client's private state (``NodeState``) is kept in the node's ``Context.state`` and in its own directory
 (``state-dir`` in the node config, or ``<nodes root>/<client id>`` in a simulation), written before the
 reply leaves. It is never put in a message.
+
+A client whose own training diverges answers with ``messages.diverged_reply``, on which the server stops the run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedrepro.errors import FedreproError
+from fedrepro.errors import FedreproError, TrainingDiverged
 from fedrepro.fl.channel import Channel
 from fedrepro.fl.engine import LocalTrainer, score_split
 from fedrepro.fl.flower import messages as m
@@ -95,7 +97,10 @@ class NodeHandlers:
         client_id = self.client_id(context)
         store = self.store(context, client_id)
         state = self.load_state(context, store, round_index)
-        result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]), state.tensors)
+        try:
+            result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]), state.tensors)
+        except TrainingDiverged as error:
+            return m.diverged_reply(error, message)
         upload = m.to_record(result.upload)  # a copy, taken before anything else touches the model
         blob = store.save(NodeState(round_index, result.stored))
         context.state[STATE_KEY] = ConfigRecord({STATE_BYTES: blob})

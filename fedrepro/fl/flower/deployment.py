@@ -38,13 +38,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tqdm.auto import tqdm
 
-from fedrepro.errors import FederationError
+from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm
 from fedrepro.fl.channel import Message
 from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
 from fedrepro.fl.engine import Engine, FederatedTask
 from fedrepro.fl.flower import launcher
-from fedrepro.fl.flower.apps import CHECKPOINT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY, write_recipe_spec
+from fedrepro.fl.flower.apps import CHECKPOINT_KEY, DIVERGED_FILE, RECIPE_KEY, REPLY_TIMEOUT_KEY, write_recipe_spec
 from fedrepro.fl.flower.node_state import collect_node_states
 from fedrepro.fl.flower.simulation import quiet_environment
 from fedrepro.fl.runtime import CellRecipe
@@ -398,6 +398,8 @@ class FlowerDeployment(Engine):
         if self.state.next_round < self.settings.rounds:
             quiet_environment()
             spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint})
+            diverged = self.checkpoint_dir / DIVERGED_FILE
+            diverged.unlink(missing_ok=True)  # a previous run's
             with stopped_cleanly_on_sigterm(), LocalFederation(self.federation_dir) as federation:
                 federation.start_launcher(self.recipe.threads,
                                           ["fedrepro.fl.flower.apps", self.recipe.spec["factory"].partition(":")[0]])
@@ -415,8 +417,13 @@ class FlowerDeployment(Engine):
                             bar.update(done - bar.n)
                         return bar.n >= self.settings.rounds
 
-                    self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
-                                                   last_round_checkpointed)["network-traffic"]
+                    try:
+                        self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
+                                                       last_round_checkpointed)["network-traffic"]
+                    except FederationError:
+                        if diverged.exists():  # the error the engine would raise, not "the Flower run failed"
+                            raise TrainingDiverged(diverged.read_text()) from None
+                        raise
             state = load_checkpoint(self.checkpoint_dir, self.fingerprint)
             if state is None or state.next_round < self.settings.rounds:
                 raise FederationError(f"the Flower run ended without its last checkpoint in {self.checkpoint_dir}")

@@ -7,10 +7,11 @@ it. Every tensor of every message passes the channel (names and bytes) exactly a
 scalars beside them (a node's client id, sample counts, losses, metrics) pass its scalar log.
 
 Nodes are told apart by the client id they answer to a first query, so sampling picks the same clients
-as the engine's. A node that does not answer, answers with an error (its own training diverged, say), or
-uploads tensors the server must not aggregate (unknown or missing names, wrong shapes, NaN or Inf: the check
-the engine makes too) is left out of that round; the round's record says which client missed and why, and
-the global model is built from the others only.
+as the engine's. A node that does not answer, fails (its ClientApp raised or crashed), or uploads tensors the
+server must not aggregate (unknown or missing names, wrong shapes, NaN or Inf: the check the engine makes too)
+is left out of that round; the round's record says which client missed and why, and the global model is built
+from the others only. A node whose client's own training diverged stops the run with ``TrainingDiverged``, as
+in the engine: a cell that goes on without a diverging client would hide it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedrepro.errors import FederationError
+from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate
 from fedrepro.fl.channel import SERVER, upload_problem
 from fedrepro.fl.engine import Engine, FederatedTask
@@ -137,6 +138,10 @@ class FlowerServer(Engine):
         updates, losses, missed = [], [], {}
         for client_id in sampled:
             reply = replies[client_id]
+            diverged = m.divergence(reply)
+            if diverged is not None:
+                raise TrainingDiverged(f"Flower node {reply.metadata.src_node_id} of client {client_id}, round "
+                                       f"{round_index + 1}: {diverged}")
             if reply is None or reply.has_error():
                 missed[client_id] = "no reply" if reply is None else f"node error: {reply.error.reason}"
                 continue
