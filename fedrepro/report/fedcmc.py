@@ -356,9 +356,11 @@ def health_mark(data: FedCMCResults, group: str, **fields) -> str:
 
 
 def health_table(data: FedCMCResults) -> pd.DataFrame:
-    """Every cell that diverged or had not converged, with the rule's reason."""
-    flagged = data.cells[data.cells["health"].isin(list(MARKS))]
+    """Every cell that diverged or had not converged, with the rule's reason; once each, though a main-table cell
+    is also a point of the sweeps that share its settings."""
+    flagged = data.cells[data.cells["health"].isin(list(MARKS))].drop_duplicates("name")
     return flagged[["name", "health", "health_why"]].rename(columns={"health_why": "why"}).sort_values("name")
+
 
 
 def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
@@ -947,7 +949,7 @@ def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
     convergence = _convergence_frame(data, params)
     if not convergence.empty:
         renamed = convergence.rename(columns=LABELS)
-        f1_curves_figure(renamed, f"Fig 3a: {_point(*figure_point(params))}, test micro-F1 (mean over seeds)",
+        f1_curves_figure(renamed, f"Fig 3a: {_point(*figure_point(params))}, test micro-F1 ({_over_seeds(len(fc.seeds))})",
                          folder / "fig3a_convergence.png", fc.target_f1)
     convergence.reindex(columns=list(fc.methods)).reset_index().to_csv(folder / "fig3a_convergence.csv", index=False, float_format="%.6f")
     if fc.sweeps.local_epochs:
@@ -1177,7 +1179,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     elif not settings.eval_every:
         lines += ["`fedcmc.settings.eval_every` is 0: no per-round test F1 was recorded.", ""]
     else:
-        lines += [f"{_point(*point)}: the global model's test micro-F1 after each round (mean over seeds), and the rounds each "
+        lines += [f"{_point(*point)}: the global model's test micro-F1 after each round ({_over_seeds(len(fc.seeds))}), and the rounds each "
                   f"method needs to reach the target {100 * fc.target_f1:g}% (`fedcmc.target_f1`). The paper (i2b2, α = 0.05): "
                   "FedCMC 5 rounds, FedRS 15, FedAvg 20.", "",
                   "![fig 3a](figures/fig3a_convergence.png)", "", convergence_table(data, params).to_markdown(disable_numparse=True), ""]
