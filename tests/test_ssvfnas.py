@@ -1,6 +1,6 @@
 """SS-VFNAS's track: the vertical partition, the grid from params, one tiny cell end to end with exact resume after a
-kill, its retraining validated on held-out train rows, the report on fake cell folders, and params errors that name the
-key."""
+kill, its retraining validated on held-out train rows, the report on fake cell folders (health marks, inconclusive
+claims), and params errors that name the key."""
 
 from __future__ import annotations
 
@@ -364,9 +364,19 @@ def _genotype() -> dict:
     return supernet("conv", 1, 4, width=2, cells=1, nodes=2).genotype()
 
 
-def fake_grid(root: Path, params) -> None:
+def fake_retrain_curve(valid: float, diverged: bool = False, converged: bool = True) -> list[dict]:
+    """Four validation points: the training loss falls (rises if ``diverged``); the held-out accuracy reaches ``valid``
+    at the second point and stays (``converged``) or is still climbing at the last."""
+    losses = [1.0, 1.4, 1.9, 2.5] if diverged else [2.3, 1.6, 1.2, 1.0]
+    scores = [valid - 0.2, valid, valid, valid] if converged else [valid - 0.3, valid - 0.2, valid - 0.1, valid]
+    return [{"step": 10 * (i + 1), "train_loss": loss, "valid_accuracy": score, "valid_loss": 1.0}
+            for i, (loss, score) in enumerate(zip(losses, scores))]
+
+
+def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: tuple[str, ...] = ()) -> None:
     """Cell folders for every cell of ``params``: SS methods reach the 40% target 2 steps earlier; without DP every
-    search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points."""
+    search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points. Held-out validation
+    accuracy is 10 points below test; the cells named in ``diverged`` / ``unconverged`` retrain so."""
     ss, target = params.ssvfnas, params.ssvfnas.target_accuracy
     n_test = 200
     labels = np.arange(n_test) % 10
@@ -392,6 +402,8 @@ def fake_grid(root: Path, params) -> None:
                    "test": {"accuracy": float(right.mean()), "samples": n_test, "accuracy_label_party_only": 0.5},
                    "retrain": {"steps": ss.retrain.steps, "messages": 2 * (cell.parties - 1) * ss.retrain.steps,
                                "bytes": 1000 * ss.retrain.steps, "loss_train": {"first": 2.3, "last": 1.0},
+                               "held_out_samples": 100,
+                               "curve": fake_retrain_curve(accuracy - 0.1, cell.name in diverged, cell.name not in unconverged),
                                "top_weight_norms": {f"party_{j}": 1.0 if j == cell.parties - 1 else (0.2 if noisy else 1.0)
                                                     for j in range(cell.parties)}},
                    "epsilon_total_max": None if eps is None else eps + 0.5,
@@ -474,6 +486,39 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     missing.unlink()
     with pytest.raises(DataError, match=r"ssvfnas_table"):
         load_ssvfnas(tmp_path / "data", params)
+
+
+def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_claim_rests_on_it(tmp_path):
+    from fedrepro.fl.health import RULE
+    from fedrepro.report.ssvfnas import claims_table, health_table, load_ssvfnas, main_table, render_report
+
+    params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
+    bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name
+    fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow,))
+    data = load_ssvfnas(tmp_path, params)
+    health = data.cells.set_index("key")["health"]
+    assert (health[bad], health[slow]) == ("diverged", "not converged") and set(health.drop([bad, slow])) == {"converged"}
+    table = main_table(data, params).set_index(["dataset-K", "DP", "method"])
+    accuracy = table["test accuracy (%)"]
+    assert accuracy[("digits-k2", "no DP", "VFNAS-1")] == "80.00 †"
+    assert accuracy[("digits-k4", "σ1 = 1, σ2 = 1", "hand-designed")] == "40.00 °"
+    assert sum(value.endswith(("†", "°")) for value in accuracy) == 2
+    assert table.loc[("digits-k2", "no DP", "VFNAS-1"), "held-out valid accuracy (%)"] == "70.00"  # the held-out rows, not test
+    flagged = health_table(data)
+    assert flagged["name"].tolist() == [bad, slow] and flagged["health"].tolist() == ["diverged", "not converged"]
+    assert flagged["why"].iloc[0] == "training loss rose from 1 (round 1) to 2.5 (round 4)"
+    verdicts = claims_table(data, params).set_index("finding (paper)")["verdict"]
+    inconclusive = verdicts[verdicts.str.startswith("inconclusive (diverged cell)")]
+    assert sorted(inconclusive.index) == [  # every accuracy claim VFNAS-1's no-DP digits-k2 cell enters, and no other
+        "Issue 8 check: DP costs VFNAS-1 accuracy (no DP vs each noisy level)",
+        "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way",
+        "Without DP, SS-VFNAS-1 is at least as accurate as VFNAS-1 (the paper's SS-VFNAS results sit at or above VFNAS's)"]
+    assert all(bad in verdict for verdict in inconclusive)
+    assert verdicts["Issue 8 check: the architecture VFNAS-2 searched beats the hand-designed network of similar size trained "
+                    "the same way"] == "holds"  # an unconverged cell is marked, not set aside
+    report = render_report(params, data)
+    assert RULE in report and "Cells flagged by that rule" in report and report.count(f"| {bad} ") == 1
+    assert "3 are inconclusive (they rest on a diverged cell)" in report
 
 
 # ----- the training-sanity protocol ---------------------------------------------------------------------------
