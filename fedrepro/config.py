@@ -263,6 +263,11 @@ class SSVFNASRetrain(_Strict):
     batch_size: int = Field(ge=1)
     lr: float = Field(gt=0)
     lr_min: float = Field(ge=0)
+    eval_every: int = Field(ge=1, description="steps between validation points (mean training loss, held-out accuracy): "
+                                              "what the health rule judges the cell by")
+    held_out_fraction: float = Field(gt=0, lt=1, description="share of each partition's train split (stratified, seeded by "
+                                                             "data.seed) that no phase of a cell trains on; the retraining's "
+                                                             "validation accuracy is scored on it, never on test")
     width: int | None = Field(ge=1, description="the derived networks' width; null = the search's")
     cells: int | None = Field(ge=1, description="the derived networks' cells; null = the search's")
     baseline_depth: int = Field(ge=1, description="layers of the hand-designed baseline (its width is sized to match)")

@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.01, help="accuracy the reference must beat the best trivial baseline by")
     parser.add_argument("--tolerance", type=float, default=0.005,
                         help="mean held-out accuracy within which two sweep settings count as tied")
-    parser.add_argument("--held-out", type=float, default=0.25, help="share of each partition's train split held out")
+    parser.add_argument("--held-out", type=float, default=None,
+                        help="share of each partition's train split held out (default: ssvfnas.retrain.held_out_fraction, "
+                             "so the protocol scores the rows the grid's cells are validated on)")
     parser.add_argument("--eval-every", type=int, default=50, help="retraining steps between held-out points")
     parser.add_argument("--partitions", nargs="+", default=None, help="dataset-K names (default: every one of the grid)")
     parser.add_argument("--work", type=Path, default=Path("data/ssvfnas/sanity"))
@@ -46,7 +48,8 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params()
     settings = SanitySettings(tuple(args.lrs), tuple(args.arch_lrs), tuple(args.search_steps), tuple(args.retrain_lrs),
-                              args.margin, args.held_out, args.eval_every)
+                              args.margin, params.ssvfnas.retrain.held_out_fraction if args.held_out is None else args.held_out,
+                              args.eval_every)
     names = [f"{dataset}-k{k}" for dataset, k, _ in partitions(params)]
     unknown = sorted(set(args.partitions or []) - set(names))
     if unknown:

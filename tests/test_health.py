@@ -1,10 +1,12 @@
-"""The shared health rule and the sanity table: diverged / converged cells, and the choice on validation."""
+"""The shared health rule, its marks and flagged-cells table, and the sanity table: diverged / converged cells, and the
+choice on validation."""
 
 import math
 
 import pandas as pd
 
 from fedrepro.fl.health import cell_health, training_losses
+from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.report.sanity import SanityResult, render_sanity, write_sanity
 
 
@@ -19,6 +21,16 @@ def test_converged_when_the_last_points_stop_improving():
     assert cell_health([1, 0.9, 0.8, 0.7], [0.50, 0.60, 0.605, 0.60]).converged is True
     assert cell_health([1, 0.9, 0.8, 0.7], [0.40, 0.50, 0.60, 0.70]).converged is False
     assert cell_health([1, 0.9], [0.4, 0.5]).converged is None
+
+
+def test_marks_and_the_flagged_table_list_each_unsound_cell_once():
+    assert mark_of(["converged", "not converged", "diverged"]) == " †" and mark_of(["unknown", "not converged"]) == " °"
+    assert mark_of(["converged", "unknown"]) == ""
+    cells = pd.DataFrame({"name": ["b", "a", "a", "c"], "health": ["not converged", "diverged", "diverged", "converged"],
+                          "health_why": ["still improving", "loss rose", "loss rose", "stopped"]})  # a: in two tables
+    flagged = flagged_cells(cells)
+    assert flagged.to_dict("records") == [{"name": "a", "health": "diverged", "why": "loss rose"},
+                                          {"name": "b", "health": "not converged", "why": "still improving"}]
 
 
 def _result(margin):

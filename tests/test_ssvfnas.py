@@ -1,5 +1,6 @@
 """SS-VFNAS's track: the vertical partition, the grid from params, one tiny cell end to end with exact resume after a
-kill, the report on fake cell folders, and params errors that name the key."""
+kill, its retraining validated on held-out train rows, the report on fake cell folders (health marks, inconclusive
+claims), and params errors that name the key."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from fedrepro.data.prepare import write_vertical
 from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import ConfigError, DataError
 from fedrepro.io import write_json
-from fedrepro.ssvfnas.cells import BASELINE, Cell, all_cells, baseline_cells, partitions, skipped_partitions, table_cells
+from fedrepro.ssvfnas.cells import (BASELINE, Cell, all_cells, baseline_cells, partitions, retrain_health, skipped_partitions,
+                                    table_cells)
 from fedrepro.ssvfnas.partition import align, build_partition, stratified_splits, write_partition
 from fedrepro.vfl.spaces import supernet
 
@@ -37,13 +39,13 @@ def raw_params(**ssvfnas) -> dict:
 
 def tiny_params(fidelity: str = "paper"):
     """The embedded preset shrunk to a few steps: 3 search steps (a curve point and a checkpoint after each), 3 MoCo
-    steps, 4 retraining steps."""
+    steps, 4 retraining steps (a validation point after each)."""
     raw = raw_params(fidelity=fidelity)
     preset = raw["scales"]["embedded"]["ssvfnas"]
     preset["search"] = {**preset["search"], "steps": 3, "batch_size": 16, "width": 4, "out_dim": 4, "eval_every": 1,
                         "checkpoint_every": 1}
     preset["moco"] = {**preset["moco"], "steps": 3, "batch_size": 16, "queue_size": 32}
-    preset["retrain"] = {**preset["retrain"], "steps": 4, "batch_size": 16}
+    preset["retrain"] = {**preset["retrain"], "steps": 4, "batch_size": 16, "eval_every": 1}
     return parse_params(raw)
 
 
@@ -164,8 +166,9 @@ def test_a_bad_nested_value_names_its_key():
 # ----- one cell end to end ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def toy_partition(tmp_path_factory):
+    """Large enough that the search's train rows, less the held-out quarter, still make three batches of 16."""
     root = tmp_path_factory.mktemp("ssvfnas")
-    tables, labels, splits, summary = build_partition(toy_vertical(root / "prepared"), "toy", 2, 0.25, 0.5, 0, seed=0)
+    tables, labels, splits, summary = build_partition(toy_vertical(root / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0)
     write_partition(root / "toy-k2", tables, labels, splits, summary)
     return root / "toy-k2"
 
@@ -275,6 +278,70 @@ def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, mon
     assert not (tmp_path / "ckpt" / "search").exists()
 
 
+def test_the_retraining_is_validated_on_held_out_train_rows_that_nothing_trains_on(toy_partition, tmp_path, monkeypatch):
+    """Every retraining point scores the held-out rows (a share of train, never test), none of which a pre-search, search
+    or retraining batch holds; the cell's health is the shared rule on those points."""
+    params = tiny_params()
+    data = runs.load_partition(toy_partition)
+    rows = runs.hold_out(data, params.ssvfnas.retrain.held_out_fraction, params.data.seed)
+    held_out, test = set(rows.splits[runs.HELD_OUT].tolist()), set(data.splits["test"].tolist())
+    assert held_out and held_out <= set(data.splits["train"].tolist()) and not held_out & test
+    evaluated, batches, pretrained = [], set(), []
+    evaluate, batch_at, pretrain = runs.VerticalProtocol.evaluate, runs.batch_at, runs.pretrain
+
+    def recording_evaluate(self, indices, **kwargs):
+        result = evaluate(self, indices, **kwargs)
+        evaluated.append((kwargs["split"], set(torch.as_tensor(indices).tolist()), result["accuracy"]))
+        return result
+
+    def recording_batch_at(indices, *args):
+        batch = batch_at(indices, *args)
+        batches.update(batch.tolist())
+        return batch
+
+    def recording_pretrain(moco, features, *args):
+        pretrained.append(features)
+        return pretrain(moco, features, *args)
+
+    monkeypatch.setattr(runs.VerticalProtocol, "evaluate", recording_evaluate)
+    monkeypatch.setattr(runs, "batch_at", recording_batch_at)
+    monkeypatch.setattr(runs, "pretrain", recording_pretrain)
+    metrics = _run(params, Cell("ss_vfnas2", "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "out", tmp_path / "ckpt")
+    curve = metrics["retrain"]["curve"]
+    assert [p["step"] for p in curve] == [1, 2, 3, 4] and metrics["retrain"]["held_out_samples"] == len(held_out)
+    validations = [(scored, accuracy) for split, scored, accuracy in evaluated if split == runs.HELD_OUT]
+    assert [scored for scored, _ in validations] == [held_out] * 4
+    assert [p["valid_accuracy"] for p in curve] == [accuracy for _, accuracy in validations]
+    assert all(scored == test for split, scored, _ in evaluated if split != runs.HELD_OUT)  # the rest is test, measured
+    assert batches and not held_out & batches
+    assert all(torch.equal(x, data.features[k][rows.training_rows]) for k, x in enumerate(pretrained)) and len(pretrained) == 2
+    assert all(p["train_loss"] > 0 for p in curve) and metrics["retrain"]["valid_accuracy"] == curve[-1]["valid_accuracy"]
+    saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert saved["retrain"]["curve"] == curve and saved["health"] == retrain_health(curve).as_dict()
+
+
+def test_a_cell_killed_mid_retraining_resumes_to_the_same_validation_points(toy_partition, tmp_path, monkeypatch):
+    params = tiny_params()
+    cell = Cell(BASELINE, "toy", 2, 1.0, 1.0, 0)
+    _run(params, cell, toy_partition, tmp_path / "straight", tmp_path / "straight_ckpt")
+    save_state, calls = runs.save_state, []
+
+    def dies_after_the_second_checkpoint(folder, search):
+        save_state(folder, search)
+        calls.append(folder)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(runs, "save_state", dies_after_the_second_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        _run(params, cell, toy_partition, tmp_path / "killed", tmp_path / "ckpt")
+    monkeypatch.setattr(runs, "save_state", save_state)
+    assert json.loads((tmp_path / "ckpt" / "retrain" / "state.json").read_text())["step"] == 2
+    _run(params, cell, toy_partition, tmp_path / "resumed", tmp_path / "ckpt")
+    straight = (tmp_path / "straight" / "metrics.json").read_bytes()
+    assert (tmp_path / "resumed" / "metrics.json").read_bytes() == straight and len(json.loads(straight)["retrain"]["curve"]) == 4
+
+
 def test_presearch_moves_weights_and_alphas_and_is_shared_between_dp_levels(toy_partition, tmp_path):
     params = tiny_params()
     data = runs.load_partition(toy_partition)
@@ -297,9 +364,19 @@ def _genotype() -> dict:
     return supernet("conv", 1, 4, width=2, cells=1, nodes=2).genotype()
 
 
-def fake_grid(root: Path, params) -> None:
+def fake_retrain_curve(valid: float, diverged: bool = False, converged: bool = True) -> list[dict]:
+    """Four validation points: the training loss falls (rises if ``diverged``); the held-out accuracy reaches ``valid``
+    at the second point and stays (``converged``) or is still climbing at the last."""
+    losses = [1.0, 1.4, 1.9, 2.5] if diverged else [2.3, 1.6, 1.2, 1.0]
+    scores = [valid - 0.2, valid, valid, valid] if converged else [valid - 0.3, valid - 0.2, valid - 0.1, valid]
+    return [{"step": 10 * (i + 1), "train_loss": loss, "valid_accuracy": score, "valid_loss": 1.0}
+            for i, (loss, score) in enumerate(zip(losses, scores))]
+
+
+def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: tuple[str, ...] = ()) -> None:
     """Cell folders for every cell of ``params``: SS methods reach the 40% target 2 steps earlier; without DP every
-    search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points."""
+    search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points. Held-out validation
+    accuracy is 10 points below test; the cells named in ``diverged`` / ``unconverged`` retrain so."""
     ss, target = params.ssvfnas, params.ssvfnas.target_accuracy
     n_test = 200
     labels = np.arange(n_test) % 10
@@ -325,6 +402,8 @@ def fake_grid(root: Path, params) -> None:
                    "test": {"accuracy": float(right.mean()), "samples": n_test, "accuracy_label_party_only": 0.5},
                    "retrain": {"steps": ss.retrain.steps, "messages": 2 * (cell.parties - 1) * ss.retrain.steps,
                                "bytes": 1000 * ss.retrain.steps, "loss_train": {"first": 2.3, "last": 1.0},
+                               "held_out_samples": 100,
+                               "curve": fake_retrain_curve(accuracy - 0.1, cell.name in diverged, cell.name not in unconverged),
                                "top_weight_norms": {f"party_{j}": 1.0 if j == cell.parties - 1 else (0.2 if noisy else 1.0)
                                                     for j in range(cell.parties)}},
                    "epsilon_total_max": None if eps is None else eps + 0.5,
@@ -407,6 +486,39 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     missing.unlink()
     with pytest.raises(DataError, match=r"ssvfnas_table"):
         load_ssvfnas(tmp_path / "data", params)
+
+
+def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_claim_rests_on_it(tmp_path):
+    from fedrepro.fl.health import RULE
+    from fedrepro.report.ssvfnas import claims_table, health_table, load_ssvfnas, main_table, render_report
+
+    params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
+    bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name
+    fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow,))
+    data = load_ssvfnas(tmp_path, params)
+    health = data.cells.set_index("key")["health"]
+    assert (health[bad], health[slow]) == ("diverged", "not converged") and set(health.drop([bad, slow])) == {"converged"}
+    table = main_table(data, params).set_index(["dataset-K", "DP", "method"])
+    accuracy = table["test accuracy (%)"]
+    assert accuracy[("digits-k2", "no DP", "VFNAS-1")] == "80.00 †"
+    assert accuracy[("digits-k4", "σ1 = 1, σ2 = 1", "hand-designed")] == "40.00 °"
+    assert sum(value.endswith(("†", "°")) for value in accuracy) == 2
+    assert table.loc[("digits-k2", "no DP", "VFNAS-1"), "held-out valid accuracy (%)"] == "70.00"  # the held-out rows, not test
+    flagged = health_table(data)
+    assert flagged["name"].tolist() == [bad, slow] and flagged["health"].tolist() == ["diverged", "not converged"]
+    assert flagged["why"].iloc[0] == "training loss rose from 1 (round 1) to 2.5 (round 4)"
+    verdicts = claims_table(data, params).set_index("finding (paper)")["verdict"]
+    inconclusive = verdicts[verdicts.str.startswith("inconclusive (diverged cell)")]
+    assert sorted(inconclusive.index) == [  # every accuracy claim VFNAS-1's no-DP digits-k2 cell enters, and no other
+        "Issue 8 check: DP costs VFNAS-1 accuracy (no DP vs each noisy level)",
+        "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way",
+        "Without DP, SS-VFNAS-1 is at least as accurate as VFNAS-1 (the paper's SS-VFNAS results sit at or above VFNAS's)"]
+    assert all(bad in verdict for verdict in inconclusive)
+    assert verdicts["Issue 8 check: the architecture VFNAS-2 searched beats the hand-designed network of similar size trained "
+                    "the same way"] == "holds"  # an unconverged cell is marked, not set aside
+    report = render_report(params, data)
+    assert RULE in report and "Cells flagged by that rule" in report and report.count(f"| {bad} ") == 1
+    assert "3 are inconclusive (they rest on a diverged cell)" in report
 
 
 # ----- the training-sanity protocol ---------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from fedrepro.io import read_json
 from fedrepro.metrics.classification import trivial_scores
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
+from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.report.results import missed_clients, missed_clients_section, verdict
 from fedrepro.seeding import derive_seed
 
@@ -346,20 +347,14 @@ def _guard(data: FedCMCResults, row: dict, group: str, *selections: dict) -> dic
     return row
 
 
-MARKS = {"diverged": " †", "not converged": " °"}
-
-
 def health_mark(data: FedCMCResults, group: str, **fields) -> str:
     """† if any selected cell diverged, ° if any had not converged (``fedrepro.fl.health``), else nothing."""
-    labels = set(_select(data, group, **fields)["health"])
-    return next((mark for label, mark in MARKS.items() if label in labels), "")
+    return mark_of(_select(data, group, **fields)["health"])
 
 
 def health_table(data: FedCMCResults) -> pd.DataFrame:
-    """Every cell that diverged or had not converged, with the rule's reason; once each, though a main-table cell
-    is also a point of the sweeps that share its settings."""
-    flagged = data.cells[data.cells["health"].isin(list(MARKS))].drop_duplicates("name")
-    return flagged[["name", "health", "health_why"]].rename(columns={"health_why": "why"}).sort_values("name")
+    """Every cell that diverged or had not converged, once (a sweep point may be a main-table cell), with the reason."""
+    return flagged_cells(data.cells)
 
 
 

@@ -1,5 +1,6 @@
-"""SS-VFNAS's report: the main table, the target table, accuracy vs bytes and vs epsilon, messages per step, the
-searched cells, the hand-designed baseline and the claims table, from the cells' outputs and params only.
+"""SS-VFNAS's report: the main table (each cell's health marked), the target table, accuracy vs bytes and vs epsilon,
+messages per step, the searched cells, the hand-designed baseline and the claims table, from the cells' outputs and
+params only.
 
 ``load_ssvfnas`` reads every cell the params ask for once into ``SSVFNASResults`` (tidy frames); the functions
 after it each build one table, figure or claim; ``render_report`` writes the markdown. Nothing here reads a clock
@@ -19,13 +20,15 @@ from scipy import stats
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
+from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.fedcmc import RESAMPLES, Bootstrap, bootstrap_contrast, interval_verdict
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, messages_figure
+from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.report.results import verdict
-from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell, baseline_cells, dp_name, partitions, table_cells
+from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell, baseline_cells, dp_name, partitions, retrain_health, table_cells
 
 LABELS = {"vfnas1": "VFNAS-1", "vfnas2": "VFNAS-2", "ss_vfnas1": "SS-VFNAS-1", "ss_vfnas2": "SS-VFNAS-2",
           BASELINE: "hand-designed"}
@@ -42,8 +45,9 @@ class SSVFNASResults:
     """Everything the report draws on, gathered once from the cell and partition folders."""
 
     cells: pd.DataFrame
-    """one row per cell: key (= cell name), the cell's fields, test accuracy, the search's and retraining's steps,
-    messages, bytes and epsilon, parameter counts."""
+    """one row per cell: key (= cell name), the cell's fields, test accuracy, the retraining's last held-out validation
+    accuracy, the search's and retraining's steps, messages, bytes and epsilon, parameter counts, and its health
+    (``fedrepro.fl.health``'s label on the retraining's curve) and health_why."""
     curves: pd.DataFrame
     """one row per search cell and curve point: key, step, messages, bytes, test_accuracy, epsilon (NaN: none)."""
     predictions: dict[str, pd.DataFrame]
@@ -91,6 +95,17 @@ def _reliance_fields(metrics: dict, folder: Path, cell: Cell) -> dict:
     others = sum(v for k, v in norms.items() if k != label)
     return {"label_only_accuracy": float(metrics["test"]["accuracy_label_party_only"]),
             "top_share_others": others / max(others + norms[label], 1e-12)}
+
+
+def _validation_fields(retrain: dict, folder: Path) -> dict:
+    """The retraining's last held-out accuracy and the cell's health by the shared rule, from its validation curve."""
+    curve = retrain.get("curve")
+    if not curve:
+        raise DataError(f"{folder}/metrics.json has no retrain.curve (written by older code, which validated nothing): rerun "
+                        "`dvc repro ssvfnas_table`")
+    health = retrain_health(curve)
+    return {"valid_accuracy": float(curve[-1]["valid_accuracy"]), "held_out_samples": int(retrain["held_out_samples"]),
+            "health": health.label, "health_why": health.why}
 
 
 def grid(params: Params) -> list[Cell]:
@@ -162,6 +177,7 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
             "retrain_loss_first": _num(retrain["loss_train"]["first"]), "retrain_loss_last": _num(retrain["loss_train"]["last"]),
             **_alpha_fields(search.get("alpha"), folder, cell),
             **_reliance_fields(metrics, folder, cell),
+            **_validation_fields(retrain, folder),
         })
         for point in search.get("curve", []):
             curves.append({"key": key, **{f: _num(point[f]) if f.startswith("epsilon") else point[f] for f in CURVE_COLUMNS[1:]}})
@@ -251,9 +267,10 @@ def target_frame(data: SSVFNASResults, params: Params) -> pd.DataFrame:
 
 # ----- tables ---------------------------------------------------------------------------------------------
 def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
-    """Per (dataset-K, DP level, method incl. the baseline): retrained test accuracy (mean ± std over seeds), the
-    search supernets' last test accuracy, collaborative steps, messages, MB of the search and of the retraining, and
-    epsilon (worst party) of the search and in total."""
+    """Per (dataset-K, DP level, method incl. the baseline): retrained test accuracy (mean ± std over seeds; † if a cell
+    diverged, ° if one had not converged), its last held-out validation accuracy, the search supernets' last test
+    accuracy, collaborative steps, messages, MB of the search and of the retraining, and epsilon (worst party) of the
+    search and in total."""
     ss, rows = params.ssvfnas, []
     for point in _points(params):
         for level in ss.dp_levels:
@@ -265,7 +282,8 @@ def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                 status = sel["epsilon_status"].iloc[0]
                 rows.append({
                     "dataset-K": point, "DP": _level_text(level), "method": _label(method),
-                    "test accuracy (%)": _fmt(sel["accuracy"].tolist()),
+                    "test accuracy (%)": _fmt(sel["accuracy"].tolist()) + mark_of(sel["health"]),
+                    "held-out valid accuracy (%)": _fmt(sel["valid_accuracy"].tolist()),
                     "supernet accuracy (%)": _fmt(sel["search_accuracy"].tolist()) if search else "-",
                     "collaborative steps": f"{int(sel['steps'].mean())} + {int(sel['retrain_steps'].mean())}" if search
                     else f"0 + {int(sel['retrain_steps'].mean())}",
@@ -277,6 +295,11 @@ def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                     "ε total, amplified (Poisson assumed)": _eps(sel["epsilon_total_amplified"].tolist(), status),
                 })
     return pd.DataFrame(rows)
+
+
+def health_table(data: SSVFNASResults) -> pd.DataFrame:
+    """Every cell whose retraining diverged or had not converged, once, with the rule's reason."""
+    return flagged_cells(data.cells.rename(columns={"key": "name"}))
 
 
 def target_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
@@ -520,6 +543,7 @@ def _alpha_lines(data: SSVFNASResults, params: Params) -> list[str]:
 
 
 def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
+    held_out = data.cells.groupby("partition")["held_out_samples"].first()
     rows = {}
     for name, part in data.partitions.items():
         align = part["alignment"]
@@ -529,7 +553,8 @@ def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
                       "features per party": ", ".join(views), "classes": part["classes"],
                       "ids dropped per party (prepare / partition)": f"{align['prepare']['dropped_per_party']} / {align['partition']['dropped_per_party']}",
                       "rows kept": part["cap"]["rows_kept"],
-                      "train / search-valid / test": " / ".join(str(part["splits"][s]) for s in ("train", "valid", "test"))}
+                      "train / search-valid / test": " / ".join(str(part["splits"][s]) for s in ("train", "valid", "test")),
+                      "held out of train (validation)": int(held_out[name])}
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "partition"
     return frame
@@ -567,6 +592,14 @@ def _pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float
 
 def _not_run(finding: str, why: str) -> dict:
     return {"finding (paper)": finding, "measured": "not run at this scale: " + why, "verdict": "not run at this scale", "test": "-"}
+
+
+def _guard(row: dict, pairs: list[tuple[pd.Series, pd.Series]]) -> dict:
+    """No claim rests on a diverged cell: its verdict says so instead of the test's (the numbers stay beside it)."""
+    diverged = sorted({cell.key for pair in pairs for cell in pair if cell.health == "diverged"})
+    if diverged:
+        row["verdict"] = f"inconclusive (diverged cell): rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
+    return row
 
 
 def _accuracy_terms(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> list[tuple[float, str, list[pd.DataFrame]]]:
@@ -670,9 +703,9 @@ def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: st
     mean_b = float(np.mean([y.accuracy for _, y in pairs]))
     eps = sorted({round(x.epsilon_total, 2) for x, _ in pairs if math.isfinite(x.epsilon_total)})
     at = f" at ε (total) {', '.join(f'{e:g}' for e in eps)}" if eps and budget else ""
-    return {"finding (paper)": finding,
-            "measured": f"test accuracy {_pct(mean_a)} vs {_pct(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
-            "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}
+    return _guard({"finding (paper)": finding,
+                   "measured": f"test accuracy {_pct(mean_a)} vs {_pct(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
+                   "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}, pairs)
 
 
 def _messages_claim(data: SSVFNASResults, params: Params) -> dict:
@@ -732,10 +765,11 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                             pairs.append((a, index.loc[name]))
             if pairs:
                 result = accuracy_contrast(data, pairs)
-                row = {"finding (paper)": f"Issue 8 check: DP costs {_label(method)} accuracy (no DP vs each noisy level)",
-                       "measured": f"test accuracy {_pct(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
-                                   f"{_pct(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} matched pair(s)",
-                       "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}
+                row = _guard({"finding (paper)": f"Issue 8 check: DP costs {_label(method)} accuracy (no DP vs each noisy level)",
+                              "measured": f"test accuracy {_pct(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
+                                          f"{_pct(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} "
+                                          "matched pair(s)",
+                              "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}, pairs)
             rows.append(row)
     return pd.DataFrame(rows, columns=["finding (paper)", "measured", "verdict", "test"])
 
@@ -869,10 +903,17 @@ def _closing(data: SSVFNASResults, params: Params, claims: pd.DataFrame) -> list
     lines.append("The supernet curves measure the one-shot supernets while they are searched (the paper's accuracy vs "
                  "communication); the main table's accuracy is the derived architecture retrained from scratch, a different "
                  "network; both are on the same held-out test rows, on which nothing is selected.")
+    unsound = data.cells[data.cells["health"].isin(["diverged", "not converged"])]
+    if not unsound.empty:
+        lines.append(f"{int((unsound['health'] == 'diverged').sum())} of {len(data.cells)} cells diverged and "
+                     f"{int((unsound['health'] == 'not converged').sum())} had not converged in their retraining (marked in "
+                     "the main table): a diverged cell's accuracy says nothing about its method, and an unconverged one's "
+                     "is where this budget stopped, not where the method settles.")
     tested = claims["verdict"][~claims["verdict"].str.startswith("not run")]
-    counts = {k: int(tested.str.startswith(k).sum()) for k in ("holds", "does not hold", "not significant")}
+    counts = {k: int(tested.str.startswith(k).sum()) for k in ("holds", "does not hold", "not significant", "inconclusive")}
     lines.append(f"Of {len(claims)} claims rows, {len(claims) - len(tested)} are not run at this scale; of the rest "
-                 f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['not significant']} are not significant.")
+                 f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['not significant']} are not "
+                 f"significant, {counts['inconclusive']} are inconclusive (they rest on a diverged cell).")
     return [" ".join(lines), ""]
 
 
@@ -891,7 +932,8 @@ def _deviations(params: Params) -> list[str]:
         "see the others' ids).",
         "  - Net_c, the label party's top network, is not specified in the paper: one linear layer on the concatenated "
         "embeddings here. Stride-2 reduction cells do not fit 8x4 / 4x4 images: normal cells only.",
-        f"  - Retraining: the derived networks are trained from scratch on train + search-valid for {ss.retrain.steps} steps "
+        f"  - Retraining: the derived networks are trained from scratch on train (less the held-out rows) + search-valid for "
+        f"{ss.retrain.steps} steps "
         f"(SGD, lr {ss.retrain.lr:g} cosine to {ss.retrain.lr_min:g}) under the cell's DP level, like the hand-designed baseline; "
         "its epsilon composes with the search's.",
         f"  - Hand-designed baseline: a plain stack of {ss.retrain.baseline_depth} layers per party (conv3x3-BN-ReLU or "
@@ -900,8 +942,9 @@ def _deviations(params: Params) -> list[str]:
         "the searched networks come to that size.",
         f"  - Learning rates at this scale: search {ss.search.lr:g}, MoCo {ss.moco.lr:g}, retraining {ss.retrain.lr:g} "
         "(the released code: 0.025 over 50 epochs; short runs need larger steps).",
-        "  - Test rows cross the same forward mechanism at evaluation (the label party never sees an un-noised embedding); "
-        "these evaluations are measurements on held-out rows and are not counted in epsilon.",
+        "  - Test rows and the held-out validation rows cross the same forward mechanism at evaluation (the label party never "
+        "sees an un-noised embedding); these evaluations are measurements on rows nothing trains on and are not counted in "
+        "epsilon.",
         "  - ε, the headline, holds for what runs: no amplification by subsampling. In split learning every party knows "
         "the sample ids of each batch, and batches are fixed-size draws from seeded shuffles (`batch_at`), so a release is a "
         "Gaussian mechanism at rate 1 for each sample it holds and none for the others; the ledger counts each sample's "
@@ -926,6 +969,22 @@ def _deviations(params: Params) -> list[str]:
         "valid passes sent one after the other." if released else
         "the paper's mechanism (per-sample clipping to C1 / C2, noise σ·C, epsilon from opacus' RDP accountant); the released "
         "code's batch-level clip, its std-named 'variance' and its missing accountant are `fidelity: released_code`."))
+    return lines
+
+
+def _health_lines(data: SSVFNASResults, params: Params) -> list[str]:
+    """The marks' legend, the shared rule quoted, what a round and a score are here, and the flagged cells."""
+    counts = data.cells["health"].value_counts()
+    lines = [f"† a cell diverged, ° a cell had not converged: {RULE}. A round is a validation point of the cell's "
+             f"retraining (every {params.ssvfnas.retrain.eval_every} steps, its mean training loss since the previous one) "
+             "and the validation score its accuracy on the held-out rows. The rule judges the retraining, whose accuracy the "
+             "tables report; the claims on steps and ε to the target rest on the searches' supernet curves, and the messages "
+             f"claim on the channel's counts, which it does not judge. Of {len(data.cells)} cells: "
+             + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
+    flagged = health_table(data)
+    if not flagged.empty:
+        lines += ["Cells flagged by that rule (no accuracy claim rests on a diverged one):", "",
+                  flagged.to_markdown(index=False), ""]
     return lines
 
 
@@ -956,6 +1015,9 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         f"levels {', '.join(_level_text(lvl) for lvl in ss.dp_levels)} x seeds {', '.join(map(str, ss.seeds))}; the hand-designed "
         "baseline once per dataset-K x DP level x seed.",
         *_skipped_lines(data),
+        f"- Rows: a stratified {100 * r.held_out_fraction:g}% of each partition's train split (seeded by data.seed; the rows "
+        "the sanity protocol holds out) is held out of every phase: no pre-search, search or retraining step trains on it, "
+        "and 'train' below is the rest. The retraining is validated on it; nothing is chosen on it or on test.",
         f"- Parties: party K (the label party) holds the labels and Net_c; every other party sends its embedding N_j "
         f"({s.out_dim} floats a sample) and gets dL/dN_j back, through the channel that counts every message "
         "(`fedrepro/vfl/protocol.py`).",
@@ -970,7 +1032,9 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "tables (`fedrepro/vfl/moco.py`). No message crosses; the search starts from the pre-searched weights and α.",
         f"- Retraining: derived architectures (DARTS discretisation: two strongest inputs per node) trained from scratch, "
         f"{r.steps} steps, batch {r.batch_size}" + (f", width {r.width}" if r.width else "") + (f", {r.cells} cells" if r.cells else "")
-        + "; the main table's accuracy is theirs.",
+        + f"; the main table's accuracy is theirs. Every {r.eval_every} steps, its mean training loss since the previous "
+        "point and its accuracy on the held-out rows (`retrain.curve` of each cell's metrics.json), which the health rule "
+        "judges.",
         f"- DP: Gaussian mechanism on sent embeddings (clip C1 = {dp.clip_forward:g}, noise multiplier σ1) and returned "
         f"gradients (C2 = {dp.clip_backward:g}, σ2); ε at δ = {dp.delta:g}, worst party, from opacus' RDP accountant over "
         "every release a sample took part in, without amplification by subsampling (the headline; the amplified figure the "
@@ -984,10 +1048,13 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "and splits); each party scales only its own features from its own training rows.", "",
         partitions_table(data).to_markdown(disable_numparse=True), "",
         "## Main table", "",
-        f"Retrained test accuracy ({_over_seeds(len(ss.seeds))}), the supernets' last test accuracy, collaborative steps and "
+        f"Retrained test accuracy ({_over_seeds(len(ss.seeds))}; † / ° mark a diverged / unconverged cell, see below), the "
+        "retrained networks' accuracy on the held-out validation rows at their last point (not test), the supernets' last "
+        "test accuracy, collaborative steps and "
         "messages (search + retraining), megabytes exchanged, and ε (worst party) of the search and in total: the headline "
         "without amplification, and the Poisson-amplified figure of the paper's accounting beside it.", "",
         main_table(data, params).to_markdown(index=False, disable_numparse=True), "",
+        *_health_lines(data, params),
         "## Steps, bytes and ε to the target accuracy", "",
         f"The first curve point at which the supernets' test accuracy reaches {100 * ss.target_accuracy:g}% "
         "(`ssvfnas.target_accuracy`), mean over the seeds that reached it. The paper: pre-search cuts the collaborative "

@@ -4,7 +4,8 @@ trains the hand-designed network once per (dataset, K, DP level, seed) with the 
 
 A dataset runs at every K of ``ssvfnas.parties`` its data allows (``fedrepro.data.vertical.vertical_views``): the
 digits in halves at K = 2 and in quarters at K = 4, a FATE set at guest + its hosts. The (dataset, K) pairs it
-does not allow are listed by ``skipped_partitions`` for the report.
+does not allow are listed by ``skipped_partitions`` for the report; ``retrain_health`` judges a finished cell by the
+shared health rule (``fedrepro.fl.health``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from fedrepro.config import Params
 from fedrepro.data.vertical import vertical_views
+from fedrepro.fl.health import Health, cell_health
 
 METHODS = {
     "vfnas1": ("darts", False),
@@ -101,3 +103,9 @@ def baseline_cells(params: Params) -> list[Cell]:
 
 def all_cells(params: Params) -> list[Cell]:
     return table_cells(params) + baseline_cells(params)
+
+
+def retrain_health(curve: list[dict]) -> Health:
+    """A cell's health by the shared rule: its retraining's validation points (``retrain.curve``: mean training loss as
+    the rounds, held-out accuracy as the scores). The retraining is judged because the tables report its accuracy."""
+    return cell_health([p["train_loss"] for p in curve], [p["valid_accuracy"] for p in curve])

@@ -1,5 +1,9 @@
 """Running one SS-VFNAS cell from validated params: shared by the cell stage, the tests and the benchmarks.
 
+Rows: a stratified, seeded share of the partition's train split is held out of every phase (``hold_out``: the
+sanity protocol's held-out rows); "train" below is the rest of it. The retraining is validated on the held-out rows,
+so a cell's health (``fedrepro.fl.health``) is judged without touching test.
+
 A search cell (``Cell.method`` in vfnas1 / vfnas2 / ss_vfnas1 / ss_vfnas2):
 
 1. pre-search (ss_ methods only): MoCo v2 at every party on its own training rows (train + search-valid, no
@@ -11,7 +15,9 @@ A search cell (``Cell.method`` in vfnas1 / vfnas2 / ss_vfnas1 / ss_vfnas2):
    ``checkpoint_every`` steps (``save_state``), so a killed cell resumes to identical results;
 3. each party's genotype (DARTS's discretisation of its own alphas) and its drawing;
 4. retraining from scratch: the derived networks and a fresh top network trained by split learning on train +
-   search-valid, under the same DP mechanisms, with the same checkpointing; test accuracy and predictions.
+   search-valid, under the same DP mechanisms, with the same checkpointing; every ``retrain.eval_every`` steps the mean
+   training loss since the previous point and the held-out accuracy (``retrain.curve``, and the cell's ``health``);
+   test accuracy and predictions.
 
 A baseline cell (``hand_designed``) runs step 4 only, on a plain stack per party whose width makes its parameter
 count closest to the expected size of a derived network of the same skeleton (``reference_parameters``).
@@ -19,7 +25,7 @@ count closest to the expected size of a derived network of the same skeleton (``
 Epsilon (``EPSILON_ACCOUNTING``): the headline holds for what runs, without amplification: each sample's releases
 over the search and the retraining (which samples train + search-valid again) composed, the worst sample's. Beside it,
 the paper's amplified figure, which assumes Poisson subsampling (per split, max over the disjoint halves). Test-set
-evaluations are measurements, not releases of training data, and are left out (``evaluate(account=False)``).
+and held-out evaluations are measurements, not releases of training data, and are left out (``evaluate(account=False)``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import hashlib
 import json
 import math
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +50,8 @@ from fedrepro.errors import DataError
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, code_digest, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed, seed_everything
-from fedrepro.ssvfnas.cells import Cell
+from fedrepro.ssvfnas.cells import Cell, retrain_health
+from fedrepro.ssvfnas.partition import stratified_splits
 from fedrepro.vfl.moco import MoCo, pretrain
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon, epsilon_of
 from fedrepro.vfl.protocol import Party, VerticalProtocol, exchange_count, party_name
@@ -53,6 +60,7 @@ from fedrepro.vfl.spaces import (CONV_OPS, MLP_OPS, PARAMETER_FREE, Supernet, bu
                                   draw_genotype, edge_entropy, hand_designed, supernet)
 
 EVAL_BATCH = 512
+HELD_OUT = "held_out"
 CURVE_FIELDS = ("test_accuracy", "test_loss", "messages", "bytes", "epsilon", "epsilon_amplified", "alpha_entropy", "alpha_shift")
 EPSILON_ACCOUNTING = {
     "headline": "epsilon: no amplification. Every party knows the sample ids of each batch and batches are fixed-size "
@@ -77,7 +85,7 @@ class PartitionData:
     labels: torch.Tensor
     sample_ids: np.ndarray
     splits: dict[str, torch.Tensor]
-    """train / valid / test -> row positions (sorted)."""
+    """train / valid / test (and held_out, after ``hold_out``) -> row positions (sorted)."""
 
     @property
     def parties(self) -> int:
@@ -102,6 +110,16 @@ class PartitionData:
     def training_rows(self) -> torch.Tensor:
         """train + search-valid: what MoCo pre-searches on and what the derived networks are retrained on."""
         return torch.cat([self.splits["train"], self.splits["valid"]]).sort().values
+
+
+def hold_out(data: PartitionData, fraction: float, seed: int) -> PartitionData:
+    """``data`` with a stratified share of its train split moved to ``held_out``: rows no phase trains on, which the
+    retraining is validated on. Seeded by the sanity protocol's name, so the grid and the protocol hold out the same
+    rows (a row-level split: rows of one ModelNet40 object may land on both sides)."""
+    train = data.splits["train"]
+    split = stratified_splits(data.labels[train].numpy(), fraction, 0.0, seed, f"{data.name}-sanity", check=("train", "test"))
+    return replace(data, splits={**data.splits, "train": train[torch.from_numpy(split == "train")],
+                                  HELD_OUT: train[torch.from_numpy(split == "test")]})
 
 
 def load_partition(folder: Path) -> PartitionData:
@@ -278,7 +296,7 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     ss = params.ssvfnas
     payload = {"cell": asdict(cell), "fidelity": ss.fidelity, "split": ss.split.model_dump(), "search": ss.search.model_dump(),
                "moco": ss.moco.model_dump(), "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(),
-               "threads": ss.threads, "inputs": inputs_digest, "code": code_digest()}
+               "held_out_seed": params.data.seed, "threads": ss.threads, "inputs": inputs_digest, "code": code_digest()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -371,6 +389,27 @@ def _curve_point(protocol: VerticalProtocol, test: torch.Tensor, delta: float, s
     return point
 
 
+def validation_point(protocol: VerticalProtocol, held_out: torch.Tensor) -> Callable[[], dict[str, Any]]:
+    """A retraining eval point: accuracy and loss on the held-out rows (a measurement, not a release: unaccounted)."""
+    def point() -> dict[str, Any]:
+        result = protocol.evaluate(held_out, batch_size=EVAL_BATCH, split=HELD_OUT, account=False)
+        return {"valid_accuracy": result["accuracy"], "valid_loss": result["loss"]}
+    return point
+
+
+def validation_curve(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per validated step: the step (1-based), the mean training loss over the steps since the previous point
+    (the health rule's per-round loss, smoothed over batches) and the held-out accuracy and loss."""
+    points, losses = [], []
+    for record in history:
+        losses.append(record["loss_train"])
+        if "valid_accuracy" in record:
+            points.append({"step": record["step"] + 1, "train_loss": float(np.mean(losses)),
+                           "valid_accuracy": record["valid_accuracy"], "valid_loss": record["valid_loss"]})
+            losses = []
+    return points
+
+
 def _kept_edges(genotype: dict[str, Any]) -> list[list[tuple[int, str]]]:
     return [sorted((int(e["input"]), e["op"]) for e in node) for node in genotype["nodes"]]
 
@@ -426,7 +465,7 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     curve.csv (search cells), genotypes.json and cells/party_<j>.png (search cells). Returns the metrics."""
     ss = params.ssvfnas
     seed_everything(cell.seed, ss.threads)
-    data = load_partition(partition)
+    data = hold_out(load_partition(partition), ss.retrain.held_out_fraction, params.data.seed)
     if data.parties != cell.parties:
         raise DataError(f"{partition} has {data.parties} parties, cell {cell.name} wants {cell.parties}: rerun ssvfnas_partition")
     checkpoints = Path(checkpoints)
@@ -467,13 +506,14 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     else:
         nets, targets = baseline_networks(params, data, cell.seed)
         parameters["baseline_target"] = targets
-    # retraining: derived networks or the baseline, from scratch, on train + search-valid
-    rows = data.training_rows
+    # retraining: derived networks or the baseline, from scratch, on train + search-valid, validated on the held-out rows
+    rows, held_out = data.training_rows, data.splits[HELD_OUT]
     top = build_top(params, data, cell.seed, "retrain")
     retrain = make_protocol(params, cell, data, nets, top, derive_seed(cell.seed, "retrain"), {"train": len(rows)})
     training = make_search(params, None, retrain, ss.retrain.lr)
     run_steps(training, rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr, ss.retrain.lr_min,
-              ss.retrain.steps, ss.search.checkpoint_every, checkpoints / "retrain")
+              ss.retrain.eval_every, ss.search.checkpoint_every, checkpoints / "retrain", validation_point(retrain, held_out))
+    retrain_curve = validation_curve(training.history)
     result = retrain.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
     parameters["bottom"] = [count_parameters(n) for n in nets]
     parameters["top"] = count_parameters(top)
@@ -484,10 +524,13 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     total_amplified = {p: total_epsilon_amplified(search_ledger, retrain.ledger, p, delta) for p in names}
     metrics["retrain"] = {**_channel(retrain, training), "loss_train": _losses(training.history, "loss_train"),
                           "accuracy_train": _losses(training.history, "accuracy_train"),
+                          "held_out_samples": len(held_out), "curve": retrain_curve,
+                          "valid_accuracy": retrain_curve[-1]["valid_accuracy"],
                           "epsilon": {p: finite(v) for p, v in retrain_eps.items()},
                           "epsilon_amplified": {p: finite(v) for p, v in retrain_amplified.items()},
                           "max_releases_per_sample": {p: retrain.ledger.max_releases(p) for p in names}}
     metrics["retrain"]["top_weight_norms"] = top_weight_norms(top, data.parties)
+    metrics["health"] = retrain_health(retrain_curve).as_dict()
     metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test),
                        "accuracy_label_party_only": retrain.evaluate_label_party_alone(test, EVAL_BATCH)}
     metrics["epsilon_total"] = {p: finite(v) for p, v in total.items()}

@@ -12,9 +12,10 @@ Before any federated cell at a scale is trusted:
   as the grid does, score them.
 
 Rows: the partition's test split is left out entirely; a stratified, seeded share of its train split is held out
-(``held_out``) and every score here is on it; the rest of train is the fit split, so the search sees fit + search-valid
-and every trained network is fitted on fit + search-valid, like the grid's retraining on train + search-valid. (Each
-party's feature scaling was fitted on the whole train split, held-out rows included: means and spreads only.)
+(``held_out``: ``fedrepro.ssvfnas.runs.hold_out``, at the grid's fraction the very rows its cells are validated on) and
+every score here is on it; the rest of train is the fit split, so the search sees fit + search-valid and every trained
+network is fitted on fit + search-valid, as in the grid's cells. (Each party's feature scaling was fitted on the whole
+train split, held-out rows included: means and spreads only.)
 
 Each run's points are cached as JSON under a work folder, keyed by everything that shapes it, so an interrupted
 sweep resumes run by run.
@@ -41,24 +42,19 @@ from fedrepro.io import code_digest, read_json, write_json
 from fedrepro.report.sanity import SanityResult, render_sanity
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
-from fedrepro.ssvfnas.partition import stratified_splits
-from fedrepro.ssvfnas.runs import (EVAL_BATCH, PartitionData, alpha_summary, baseline_networks, build_supernets, build_top,
-                                   derived_networks, make_protocol, make_search, run_steps)
+from fedrepro.ssvfnas.runs import (HELD_OUT, PartitionData, alpha_summary, baseline_networks, build_supernets, build_top,
+                                   derived_networks, hold_out, make_protocol, make_search, run_steps, validation_curve,
+                                   validation_point)
 from fedrepro.vfl.protocol import Party, VerticalProtocol
 
 METRIC = "accuracy"
-HELD_OUT = "held_out"
 
 
 # ----- the rows -----------------------------------------------------------------------------------------------
 def sanity_data(data: PartitionData, held_out_fraction: float, seed: int) -> PartitionData:
-    """``data`` with its test rows dropped from every split and a stratified share of train moved to ``held_out``."""
-    train = data.splits["train"]
-    split = stratified_splits(data.labels[train].numpy(), held_out_fraction, 0.0, seed, f"{data.name}-sanity",
-                              check=("train", "test"))
-    splits = {"train": train[torch.from_numpy(split == "train")], "valid": data.splits["valid"],
-              HELD_OUT: train[torch.from_numpy(split == "test")]}
-    return dataclasses.replace(data, splits=splits)
+    """``data`` with a stratified share of train moved to ``held_out`` (``hold_out``) and its test rows dropped."""
+    held = hold_out(data, held_out_fraction, seed)
+    return dataclasses.replace(held, splits={name: rows for name, rows in held.splits.items() if name != "test"})
 
 
 def fitted_rows(data: PartitionData) -> torch.Tensor:
@@ -111,19 +107,10 @@ def train_and_score(params: Params, protocol: VerticalProtocol, data: PartitionD
     ``eval_every`` steps the held-out accuracy and the mean training loss since the previous point."""
     r = params.ssvfnas.retrain
     training = make_search(params, None, protocol, lr)
-    held_out = data.splits[HELD_OUT]
-
-    def score() -> dict[str, Any]:
-        return {"valid": protocol.evaluate(held_out, batch_size=EVAL_BATCH, split=HELD_OUT, account=False)["accuracy"]}
-
-    run_steps(training, fitted_rows(data), None, r.batch_size, r.steps, lr, r.lr_min, eval_every, r.steps, folder, score)
-    points, losses = [], []
-    for record in training.history:
-        losses.append(record["loss_train"])
-        if "valid" in record:
-            points.append({"round": record["step"] + 1, "train_loss": float(np.mean(losses)), "valid": record["valid"]})
-            losses = []
-    return points
+    run_steps(training, fitted_rows(data), None, r.batch_size, r.steps, lr, r.lr_min, eval_every, r.steps, folder,
+              validation_point(protocol, data.splits[HELD_OUT]))
+    return [{"round": p["step"], "train_loss": p["train_loss"], "valid": p["valid_accuracy"]}
+            for p in validation_curve(training.history)]
 
 
 def vfnas2_search(params: Params, data: PartitionData, seed: int, folder: Path) -> dict[str, Any]:

@@ -1,0 +1,24 @@
+"""How every report shows the shared health rule (``fedrepro.fl.health``): one set of marks and one flagged-cells
+table, so a diverged or unconverged cell reads the same in each paper's tables."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import pandas as pd
+
+MARKS = {"diverged": " †", "not converged": " °"}
+"""health label -> the mark after a table cell's number, worst first."""
+
+
+def mark_of(labels: Iterable[str]) -> str:
+    """† if any of the cells' health labels is diverged, ° if any is not converged, else nothing."""
+    labels = set(labels)
+    return next((mark for label, mark in MARKS.items() if label in labels), "")
+
+
+def flagged_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Every cell that diverged or had not converged, once, with the rule's reason: name, health, why. ``cells`` has a
+    row per (cell, place it is reported in) with name, health and health_why."""
+    flagged = cells[cells["health"].isin(list(MARKS))].drop_duplicates("name")
+    return flagged[["name", "health", "health_why"]].rename(columns={"health_why": "why"}).sort_values("name")
