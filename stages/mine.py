@@ -18,14 +18,16 @@ def main() -> None:
     summary = {}
     with atomic_dir(OUT) as tmp:
         for folder in tqdm(sorted(PARTITION.iterdir()), desc="mining clients"):
-            pairs = read_table(folder / "pairs.parquet")
-            triples = training_triples(pairs, read_table(folder / "train_pool.parquet"), params.negatives_per_question, params.backend, **options)
+            pairs, same_text_gold = read_table(folder / "pairs.parquet"), read_table(folder / "same_text_gold.parquet")
+            triples = training_triples(pairs, read_table(folder / "train_pool.parquet"), params.negatives_per_question, params.backend,
+                                       same_text_gold, **options)
             triples = cap_triples(triples, params.max_triples_per_client, folder.name)
             official = params.eval_pool == "official" and (folder / "official_pools.parquet").exists()
             if official:
-                candidates = official_candidates(pairs, read_table(folder / "official_pools.parquet"))
+                candidates = official_candidates(pairs, read_table(folder / "official_pools.parquet"), same_text_gold)
             else:
-                candidates = evaluation_candidates(pairs, read_table(folder / "pool.parquet"), params.eval_negatives, params.backend, **options)
+                candidates = evaluation_candidates(pairs, read_table(folder / "pool.parquet"), params.eval_negatives, params.backend,
+                                                   same_text_gold, **options)
             out = tmp / folder.name
             out.mkdir()
             write_table(out / "triples.parquet", triples)

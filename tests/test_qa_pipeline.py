@@ -4,8 +4,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro.data.partition import cap_client, skew_preserving_caps, training_pool
-from fedrepro.retrieval.mining import evaluation_candidates, training_triples
+from fedrepro.data.partition import QAClient, cap_client, same_text_gold, skew_preserving_caps, training_pool, write_clients
+from fedrepro.io import read_table
+from fedrepro.retrieval.mining import evaluation_candidates, official_candidates, training_triples
 from fedrepro.tasks.qa import qrels_and_run
 
 WORDS = "premium policy claim deductible annuity renters auto life coverage term whole beneficiary rider".split()
@@ -87,8 +88,6 @@ def test_hinge_loss_of_the_task():
 
 
 def test_official_pool_candidates_add_every_gold_answer():
-    from fedrepro.retrieval.mining import official_candidates
-
     pairs = toy_pairs()
     pools = pd.DataFrame({"question_id": ["q8", "q8", "q9", "q1"], "answer_id": ["x0", "a8", "x1", "x2"],
                           "answer": ["pool zero", "gold eight", "pool one", "train pool"]})
@@ -96,3 +95,32 @@ def test_official_pool_candidates_add_every_gold_answer():
     assert set(candidates["question_id"]) == {"q8", "q9", "q10", "q11"}, "train questions are not evaluated"
     q8 = candidates[candidates.question_id == "q8"].set_index("answer_id")["relevance"].to_dict()
     assert q8 == {"a8": 1, "x0": 0}
+
+
+def test_a_same_text_questions_gold_is_never_a_negative(tmp_path):
+    # MedQuAD asks one question in several sources: a twin's gold answers the question too, even when the caps drop the twin
+    pairs = toy_pairs()
+    q0, q8 = pairs.set_index("question_id").loc[["q0", "q8"], "question"]
+    twins = pd.DataFrame([("t0", q0.upper(), "ta0", f"{q0} {q0}", "train", "d"), ("t8", f"  {q8} ", "ta8", f"{q8} {q8}", "train", "d")],
+                         columns=pairs.columns)
+    collection = pd.concat([pairs, twins], ignore_index=True)
+    table = same_text_gold(pairs, collection)  # the twins were capped away
+    assert set(zip(table["question_id"], table["answer_id"])) == {("q0", "ta0"), ("q8", "ta8")}
+    pool = pool_of(collection)
+
+    def mined(triples):
+        return set(triples.loc[triples["question_id"] == "q0", "negative_id"])
+
+    def non_relevant(candidates):
+        return set(candidates.loc[(candidates["question_id"] == "q8") & (candidates["relevance"] == 0), "answer_id"])
+
+    assert "ta0" in mined(training_triples(pairs, pool, k=3, backend="bm25s")), "without the table the twin's gold is mined"
+    assert "ta0" not in mined(training_triples(pairs, pool, k=3, backend="bm25s", same_text_gold=table))
+    assert "ta8" in non_relevant(evaluation_candidates(pairs, pool, n=4, backend="bm25s"))
+    assert "ta8" not in non_relevant(evaluation_candidates(pairs, pool, n=4, backend="bm25s", same_text_gold=table))
+    pools = pd.DataFrame({"question_id": ["q8", "q8"], "answer_id": ["ta8", "x0"], "answer": ["twin gold", "pool zero"]})
+    assert non_relevant(official_candidates(pairs, pools, table)) == {"x0"}
+
+    write_clients({"c": QAClient(collection, pool, None, pool)}, tmp_path, largest=5, smallest=1, eval_questions=2, seed=0)
+    written, kept = read_table(tmp_path / "qa/c/same_text_gold.parquet"), read_table(tmp_path / "qa/c/pairs.parquet")
+    assert written.equals(same_text_gold(kept, collection)), "the partition stage lists what the mine stage excludes"

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedrepro.data.schema import normalise_space
 from fedrepro.errors import DataError
 from fedrepro.io import read_table, write_table
 from fedrepro.seeding import derive_seed
@@ -49,6 +50,23 @@ def training_pool(pairs: pd.DataFrame, pool: pd.DataFrame) -> pd.DataFrame:
     train_gold = set(pairs.loc[pairs["split"] == "train", "answer_id"])
     eval_only = set(pairs.loc[pairs["split"] != "train", "answer_id"]) - train_gold
     return pool[~pool["answer_id"].isin(eval_only)].reset_index(drop=True)
+
+
+def same_text_gold(capped: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """(question_id, answer_id) for every kept question and each answer that is gold for another question of ``pairs``
+    (the uncapped client) with the same text up to case and whitespace.
+
+    Such an answer answers the kept question too: MedQuAD asks one question in several sources, each with its own
+    answer (1,405 question texts under 3,457 ids). Mining must not use it as a negative or a non-relevant candidate,
+    and only this stage still sees the twins that the caps drop.
+    """
+    def texts(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.assign(text=frame["question"].str.lower().map(normalise_space))
+
+    kept = texts(capped.drop_duplicates("question_id")[["question_id", "question"]])
+    twins = kept.merge(texts(pairs[["question_id", "question", "answer_id"]]), on="text", suffixes=("", "_twin"))
+    twins = twins[twins["question_id"] != twins["question_id_twin"]]
+    return twins[["question_id", "answer_id"]].drop_duplicates().sort_values(["question_id", "answer_id"]).reset_index(drop=True)
 
 
 @dataclass
@@ -101,6 +119,7 @@ def write_clients(clients: dict[str, QAClient], out: Path, largest: int, smalles
         write_table(folder / "pairs.parquet", capped)
         write_table(folder / "pool.parquet", client.pool.reset_index(drop=True))
         write_table(folder / "train_pool.parquet", training_pool(client.pairs, client.pool))
+        write_table(folder / "same_text_gold.parquet", same_text_gold(capped, client.pairs))
         if client.official_pools is not None:
             evaluated = set(capped.loc[capped["split"] != "train", "question_id"])
             pooled = client.official_pools[client.official_pools["question_id"].isin(evaluated)]
