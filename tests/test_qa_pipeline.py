@@ -124,3 +124,17 @@ def test_a_same_text_questions_gold_is_never_a_negative(tmp_path):
     write_clients({"c": QAClient(collection, pool, None, pool)}, tmp_path, largest=5, smallest=1, eval_questions=2, seed=0)
     written, kept = read_table(tmp_path / "qa/c/same_text_gold.parquet"), read_table(tmp_path / "qa/c/pairs.parquet")
     assert written.equals(same_text_gold(kept, collection)), "the partition stage lists what the mine stage excludes"
+
+
+def test_a_question_asked_under_several_ids_lands_in_one_split_and_the_others_keep_theirs():
+    """MedQuAD asks one text under several ids: split by id alone, a twin of a training question was evaluated."""
+    from fedrepro.data.qa_collections import seeded_split
+
+    ids = [f"q{i:03d}" for i in range(300)]
+    texts = {qid: f"question number {i}" for i, qid in enumerate(ids)}
+    for i in range(0, 60, 2):  # 30 pairs of twins: q000/q001 ... asked with the same text (case and spaces aside)
+        texts[ids[i + 1]] = "  " + texts[ids[i]].upper() + " "
+    plain, grouped = seeded_split(ids, 7), seeded_split(ids, 7, texts=texts)
+    assert any(plain[ids[i]] != plain[ids[i + 1]] for i in range(0, 60, 2))  # the defect the grouping removes
+    assert all(grouped[ids[i]] == grouped[ids[i + 1]] == plain[ids[i]] for i in range(0, 60, 2))
+    assert all(grouped[qid] == plain[qid] for qid in ids[60:])
