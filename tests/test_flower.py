@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fedrepro.errors import ConfigError
-from fedrepro.fl.engine import Engine
+from fedrepro.fl.engine import FIT, Engine
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
@@ -91,15 +91,17 @@ def test_every_federated_algorithm_of_the_registry_is_checked():
 
 def expected_flower_messages(case: str, engine: dict) -> list:
     """The engine's channel log plus what only a network needs: when each client scores its own model on its node
-    (the QA cell), the server sends it the global shared weights after every round. In the engine those
-    weights are already in the clients' memory."""
+    (the QA cell), the server sends it the global shared weights after every round, once per split it scores:
+    its training data (the engine's FIT, for the health rule) and valid. In the engine those weights are already in
+    the clients' memory."""
     if "qa/" not in case:
         return engine["messages"]
     expected = []
     for round_index in range(len(engine["history"])):
         this_round = [m for m in engine["messages"] if m[0] == round_index]
         upload = next(m for m in this_round if m[2] == "server")
-        expected += this_round + [[round_index, "server", client, upload[3], upload[4]] for client in QA_SIZES]
+        expected += this_round + [[round_index, "server", client, upload[3], upload[4]]
+                                  for _split in (FIT, "valid") for client in QA_SIZES]
     return expected
 
 
@@ -121,7 +123,8 @@ def test_private_state_stays_on_the_nodes_and_never_crosses(runs, case):
     assert not crossed & set(flower["private"]), "no private parameter in any Flower message"
     assert flower["server_checkpoint_clients"] == [], "the server's checkpoint holds no client state"
     scalar_names = {name for message in flower["scalars"] for name in message[3]}
-    assert scalar_names <= {"client_id", "num_samples", "train_loss", "accuracy"}, scalar_names
+    # what a node's scores of its own model say: accuracy on valid, and loss / samples on its training data (FIT)
+    assert scalar_names <= {"client_id", "num_samples", "train_loss", "accuracy", "loss", "samples"}, scalar_names
     identified = [m[1] for m in flower["scalars"] if m[0] == -1]
     assert len(identified) == len(set(identified)) == 3, "each node said once which client it serves"
 
