@@ -245,12 +245,8 @@ def test_the_curve_logs_how_far_alpha_moved(toy_partition, tmp_path):
     assert pre["search"]["alpha"]["max_shift_presearch"] > 0
 
 
-@pytest.mark.parametrize("method", ["ss_vfnas2", "vfnas1"])
-def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, monkeypatch, method):
-    params = tiny_params()
-    cell = Cell(method, "toy", 2, 1.0, 0.5, 0)
-    _run(params, cell, toy_partition, tmp_path / "straight", tmp_path / "straight_ckpt")
-
+def _killed_after_the_second_checkpoint(params, cell, partition, tmp_path, monkeypatch) -> None:
+    """Run ``cell`` into tmp_path/killed until its second checkpoint is written, then kill it (checkpoints: tmp_path/ckpt)."""
     save_state, calls = runs.save_state, []
 
     def dies_after_the_second_checkpoint(folder, search):
@@ -261,8 +257,17 @@ def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, mon
 
     monkeypatch.setattr(runs, "save_state", dies_after_the_second_checkpoint)
     with pytest.raises(KeyboardInterrupt):
-        _run(params, cell, toy_partition, tmp_path / "killed", tmp_path / "ckpt")
+        _run(params, cell, partition, tmp_path / "killed", tmp_path / "ckpt")
     monkeypatch.setattr(runs, "save_state", save_state)
+
+
+@pytest.mark.parametrize("method", ["ss_vfnas2", "vfnas1"])
+def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, monkeypatch, method):
+    params = tiny_params()
+    cell = Cell(method, "toy", 2, 1.0, 0.5, 0)
+    _run(params, cell, toy_partition, tmp_path / "straight", tmp_path / "straight_ckpt")
+
+    _killed_after_the_second_checkpoint(params, cell, toy_partition, tmp_path, monkeypatch)
     assert json.loads((tmp_path / "ckpt" / "search" / "state.json").read_text())["step"] == 2
     assert not (tmp_path / "killed").exists()
     _run(params, cell, toy_partition, tmp_path / "resumed", tmp_path / "ckpt")
@@ -324,18 +329,7 @@ def test_a_cell_killed_mid_retraining_resumes_to_the_same_validation_points(toy_
     params = tiny_params()
     cell = Cell(BASELINE, "toy", 2, 1.0, 1.0, 0)
     _run(params, cell, toy_partition, tmp_path / "straight", tmp_path / "straight_ckpt")
-    save_state, calls = runs.save_state, []
-
-    def dies_after_the_second_checkpoint(folder, search):
-        save_state(folder, search)
-        calls.append(folder)
-        if len(calls) == 2:
-            raise KeyboardInterrupt("killed")
-
-    monkeypatch.setattr(runs, "save_state", dies_after_the_second_checkpoint)
-    with pytest.raises(KeyboardInterrupt):
-        _run(params, cell, toy_partition, tmp_path / "killed", tmp_path / "ckpt")
-    monkeypatch.setattr(runs, "save_state", save_state)
+    _killed_after_the_second_checkpoint(params, cell, toy_partition, tmp_path, monkeypatch)
     assert json.loads((tmp_path / "ckpt" / "retrain" / "state.json").read_text())["step"] == 2
     _run(params, cell, toy_partition, tmp_path / "resumed", tmp_path / "ckpt")
     straight = (tmp_path / "straight" / "metrics.json").read_bytes()
