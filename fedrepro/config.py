@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedrepro.errors import ConfigError
 
-RE_CORPORA = ("pgr", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
+RE_CORPORA = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
 SCALES = ("embedded", "cpu", "paper")
 RUNTIMES = ("engine", "flower-simulation", "flower-deployment")
 

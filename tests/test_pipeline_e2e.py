@@ -156,6 +156,6 @@ def test_mirror_source_at_cpu_scale_through_mining(project):
                   "data_statistics"], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     statistics = (project / "reports" / "statistics.md").read_text()
-    for collection in ("privacyqa", "bioasq", "fiqa", "insuranceqa", "medquad", "chemprot_cpr_groups", "pgr", "motor"):
+    for collection in ("privacyqa", "bioasq", "fiqa", "insuranceqa", "medquad", "chemprot_cpr5", "chemprot_cpr_groups", "pgr", "motor"):
         assert f"| {collection}" in statistics
     assert "i2b2: data.i2b2_dir is not set" in statistics

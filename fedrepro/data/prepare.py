@@ -104,6 +104,7 @@ RE_LOADERS = {
     "pgr": lambda raw, seed: load_pgr(raw, seed=seed),
     "chemprot_cpr_groups": lambda raw, seed: load_chemprot(raw, version="cpr_groups"),
     "chemprot_scibert": lambda raw, seed: load_chemprot(raw, version="scibert"),
+    "chemprot_cpr5": lambda raw, seed: load_chemprot(raw, version="cpr5"),
 }
 
 

@@ -135,6 +135,14 @@ def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0) -> 
 
 CPR_FILES = {"train": "training.txt", "valid": "development.txt", "test": "test.txt"}
 SCIBERT_FILES = {"train": "train.txt", "valid": "dev.txt", "test": "test.txt"}
+# The BioCreative VI guidelines' grouping of the fine-grained relation types into the five evaluated CPR groups
+CPR_GROUP_OF = {
+    "UPREGULATOR": "CPR:3", "ACTIVATOR": "CPR:3", "INDIRECT-UPREGULATOR": "CPR:3",
+    "DOWNREGULATOR": "CPR:4", "INHIBITOR": "CPR:4", "INDIRECT-DOWNREGULATOR": "CPR:4",
+    "AGONIST": "CPR:5", "AGONIST-ACTIVATOR": "CPR:5", "AGONIST-INHIBITOR": "CPR:5",
+    "ANTAGONIST": "CPR:6",
+    "SUBSTRATE": "CPR:9", "PRODUCT-OF": "CPR:9", "SUBSTRATE_PRODUCT-OF": "CPR:9",
+}
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
@@ -291,16 +299,31 @@ def _load_scibert(base: Path, cpr_base: Path) -> tuple[list[tuple], list[str]]:
     return rows, notes
 
 
+def _group_cpr5(rows: list[tuple], notes: list[str], folder: Path) -> tuple[list[tuple], list[str]]:
+    """SciBERT's fine-grained labels mapped to their CPR group: the paper's ChemProt task (5 relation types, positive
+    pairs only, about 10k sentences), without the 77% no-relation candidates of the CPR-group version."""
+    unknown = sorted({label for *_, label, _ in rows} - set(CPR_GROUP_OF))
+    if unknown:
+        raise DataError(f"{folder}: field 'label' has {unknown}; expected one of {sorted(CPR_GROUP_OF)}")
+    grouped = [(sid.replace("chemprot-scibert-", "chemprot-cpr5-"), text, CPR_GROUP_OF[label], split)
+               for sid, text, label, split in rows]
+    return grouped, [*notes, "fine-grained labels grouped into CPR:3/4/5/6/9 (BioCreative VI guidelines), positives only"]
+
+
 def load_chemprot(raw_dir: Path | str, version: str = "cpr_groups") -> RECorpus:
-    """ChemProt in one of its two derived sentence-level versions (original BioCreative files not available)."""
+    """ChemProt in one of its derived sentence-level versions (original BioCreative files not available):
+    ``cpr_groups`` (CPR groups + NA candidates), ``scibert`` (13 fine-grained labels), ``cpr5`` (SciBERT's
+    positives in the five CPR groups, the paper's task)."""
     root = _subdir(raw_dir, "chemprot")
     cpr_base = root / "cpr_groups_att-chemprot"
     if version == "cpr_groups":
         rows, notes = _load_cpr_groups(cpr_base)
-    elif version == "scibert":
+    elif version in ("scibert", "cpr5"):
         rows, notes = _load_scibert(root / "scibert", cpr_base)
+        if version == "cpr5":
+            rows, notes = _group_cpr5(rows, notes, root / "scibert")
     else:
-        raise DataError(f"chemprot: version={version!r}; allowed 'cpr_groups', 'scibert'")
+        raise DataError(f"chemprot: version={version!r}; allowed 'cpr_groups', 'scibert', 'cpr5'")
     return _finish(f"chemprot-{version}", rows, notes)
 
 

@@ -33,10 +33,10 @@ def test_mirror_prepares_every_available_collection(tmp_path):
     if not MIRROR.is_dir():
         pytest.skip(f"raw-data mirror not found at {MIRROR}")
     qa = ["privacyqa", "bioasq", "fiqa", "insuranceqa", "medquad"]
-    re_corpora = ["pgr", "chemprot_cpr_groups", "chemprot_scibert", "i2b2"]
+    re_corpora = ["pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2"]
     stats = prepare_raw(MIRROR, tmp_path, 0, qa, re_corpora, FATE_SETS, i2b2_dir=None)
     assert sorted(stats["qa"]) == sorted(qa)
-    assert sorted(stats["re"]) == ["chemprot_cpr_groups", "chemprot_scibert", "pgr"]
+    assert sorted(stats["re"]) == ["chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "pgr"]
     assert len(stats["skipped"]) == 1 and stats["skipped"][0].startswith("i2b2:")
     assert sorted(stats["vertical"]) == sorted([*FATE_SETS, "digits-halves", "digits-quarters"])
     assert len(stats["vertical"]["motor"]) == 3, "guest + host_1 + host_2"

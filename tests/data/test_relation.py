@@ -73,6 +73,13 @@ def test_chemprot_scibert_types_from_aligned_sentence(tmp_path):
     assert texts[0] == "<e2> Florbin kinase </e2> activity was reduced by <e1> tazomide </e1> in zebrafish."
     assert texts[1] == "<e1> Quelamine </e1> strongly upregulated the <e2> VEX1 </e2> receptor."
     assert corpus.classes == ["INHIBITOR", "UPREGULATOR"]
+    grouped = load_chemprot(tmp_path, "cpr5")
+    assert grouped.classes == ["CPR:3", "CPR:4"] and grouped.table["text"].tolist()[:2] == texts[:2]
+    assert grouped.table["label"].tolist()[:2] == ["CPR:4", "CPR:3"]
+    sents[1]["label"] = "BINDS-TO"
+    (sci / "test.txt").write_text("\n".join(json.dumps(x) for x in sents) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"scibert: field 'label' has \['BINDS-TO'\]"):
+        load_chemprot(tmp_path, "cpr5")
 
 
 def write_i2b2(folder: Path, name: str, lines: list[str], rels: list[str]):
@@ -151,3 +158,12 @@ def test_mirror_chemprot_scibert():
     stats = re_statistics(corpus).set_index("split")
     assert stats["sentences"].tolist() == [4169, 2427, 3469] and len(corpus.classes) == 13
     assert stats["INHIBITOR"].tolist() == [1642, 812, 1255]
+
+
+@pytest.mark.mirror
+def test_mirror_chemprot_cpr5_is_the_papers_five_groups():
+    corpus = load_chemprot(need_mirror("chemprot"), "cpr5")
+    stats = re_statistics(corpus).set_index("split")
+    assert corpus.classes == ["CPR:3", "CPR:4", "CPR:5", "CPR:6", "CPR:9"]
+    assert stats["sentences"].tolist() == [4169, 2427, 3469]  # the paper: 10,307 sentences in all
+    assert stats["CPR:4"].tolist() == [1642 + 131 + 487, 812 + 21 + 270, 1255 + 72 + 340]
