@@ -33,10 +33,10 @@ def trivial_baselines(task: RelationTask, split: str = "valid") -> dict[str, flo
     return {name: values["micro_f1"] for name, values in scores.items()}
 
 
-def pooled_reference(params: Params, dataset: str, alpha: float, lr: float, rounds: int, folders: tuple[Path, Path, Path],
-                     digest: str, checkpoint_dir: Path, seed: int = 0, method: str = "centralised") -> tuple[list[dict], RelationTask]:
-    """Train the pooled reference (or ``method``'s cell) at ``lr`` for ``rounds`` rounds; per round its loss on the
-    training data and the global model's valid micro-F1."""
+def train_reference(params: Params, dataset: str, alpha: float, lr: float, rounds: int, folders: tuple[Path, Path, Path],
+                    digest: str, checkpoint_dir: Path, seed: int = 0, method: str = "centralised") -> tuple[list[dict], RelationTask]:
+    """Train the pooled reference (or, for the federated one, ``method``'s cell) at ``lr`` for ``rounds`` rounds; per
+    round its loss on the training data and the global model's valid micro-F1."""
     cell = Cell(method, dataset, alpha, params.fedcmc.settings.clients, 1, seed)
     recipe = cell_recipe(params, cell, *folders, digest)
     settings = dataclasses.replace(recipe.settings, lr=lr, rounds=rounds, eval_every=1, eval_splits=("valid",))
@@ -54,7 +54,7 @@ def run_sanity(params: Params, dataset: str, lrs: list[float], rounds: int, fold
     alpha = params.fedcmc.alphas[0]
     rows, task = [], None
     for lr in lrs:
-        points, task = pooled_reference(params, dataset, alpha, lr, rounds, folders, digest, checkpoint_root / f"{dataset}-lr{lr:g}")
+        points, task = train_reference(params, dataset, alpha, lr, rounds, folders, digest, checkpoint_root / f"{dataset}-lr{lr:g}")
         rows += points
     notes = [f"Corpus `{dataset}`: {task.num_train_samples(task.client_ids)} pooled training sentences, "
              f"{len(task.eval_sets['valid'][0])} validation sentences; backbone {params.fedcmc.settings.backbone}, "
@@ -72,7 +72,7 @@ def run_federated_sanity(params: Params, dataset: str, method: str, alphas: list
     rows, task = [], None
     for alpha in alphas:
         for lr in lrs:
-            points, task = pooled_reference(params, dataset, alpha, lr, rounds, folders, digests[alpha],
+            points, task = train_reference(params, dataset, alpha, lr, rounds, folders, digests[alpha],
                                             checkpoint_root / f"{dataset}-a{alpha:g}-{method}-lr{lr:g}", method=method)
             rows += points
     notes = [f"Corpus `{dataset}`: {task.num_train_samples(task.client_ids)} training sentences over "
