@@ -9,8 +9,9 @@ instruction sets and the standard deviation over seeds, and their medians: a ver
 instruction sets but not between seeds would be a kernel artefact.
 
 Usage: python bench/bench_isa_spread.py [--workdir DIR] [--papers fedmatch fedcmc] [--seeds 0 1 2]
-(per paper: one run per kernel set at the first seed, one run of the other seeds; on an idle 2-core machine
-about 30 minutes in all)
+(per paper: one run per kernel set at the first seed, one run of the other seeds. On the idle 2-core machine
+FedCMC's half took about 30 minutes and FedMatch's about 50, as the AVX2 kernels run 4.5x slower. Rerun with the
+same --workdir to resume an interrupted bench: each run keeps its own cell checkpoints.)
 """
 
 from __future__ import annotations
@@ -65,9 +66,18 @@ def headline(workdir: Path, paper: str) -> dict[tuple, float]:
     return values
 
 
-def run_table(workdir: Path, paper: str, kernels: dict[str, str]) -> dict[tuple, float]:
+def run_table(workdir: Path, paper: str, label: str, kernels: dict[str, str]) -> dict[tuple, float]:
+    """The paper's tables under ``kernels``. Checkpoints do not record the kernels, so each run (``label``: its kernels
+    and seeds) trains into a checkpoint folder of its own, linked in place: an interrupted bench resumes there."""
     spec = PAPERS[paper]
-    shutil.rmtree(workdir / spec["checkpoints"], ignore_errors=True)  # checkpoints do not record the kernels
+    live, own = workdir / spec["checkpoints"], workdir / "isa-checkpoints" / paper / label
+    own.mkdir(parents=True, exist_ok=True)
+    if live.is_symlink():
+        live.unlink()
+    else:
+        shutil.rmtree(live, ignore_errors=True)
+    live.parent.mkdir(parents=True, exist_ok=True)
+    live.symlink_to(own.resolve(), target_is_directory=True)
     env = {**os.environ, **kernels, "PYTHONPATH": str(workdir), "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, *spec["stage"]], cwd=workdir, env=env, check=True, stdout=subprocess.DEVNULL)
     return headline(workdir, paper)
@@ -96,9 +106,11 @@ def main() -> None:
         spec = PAPERS[paper]
         subprocess.run(["dvc", "repro", *spec["data"]], cwd=workdir, env=env, check=True, stdout=subprocess.DEVNULL)
         set_seeds(workdir, spec["seeds"], [args.seeds[0]])
-        by_kernels = {name: run_table(workdir, paper, kernels) for name, kernels in kernels_to_run.items()}
+        by_kernels = {name: run_table(workdir, paper, f"{name}-seed{args.seeds[0]}", kernels)
+                      for name, kernels in kernels_to_run.items()}
         set_seeds(workdir, spec["seeds"], args.seeds[1:])
-        by_seed = {**run_table(workdir, paper, {}), **by_kernels["native"]}  # the native run is the first seed's
+        other_seeds = f"native-seeds{'-'.join(map(str, args.seeds[1:]))}"
+        by_seed = {**run_table(workdir, paper, other_seeds, {}), **by_kernels["native"]}  # native = the first seed's
         (workdir / "params.yaml").write_text(original)
         native = by_kernels["native"]
         rows = []
