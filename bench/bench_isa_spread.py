@@ -2,11 +2,13 @@
 
 The same seed is bit-identical run to run on one machine, but CPU kernels differ by instruction set, so another
 CPU type gives other numbers. This bench runs FedMatch's and FedCMC's embedded main tables in a clone of this
-checkout, on this machine's own kernels and on another machine's (kernel-selecting environment variables, see
-../shared/ENVIRONMENT.md), at seed 0, and on this machine's kernels at seeds 0, 1, 2. It prints, per headline
-number (FedMatch: each method's overall test MRR; FedCMC: each cell's test micro-F1), the largest move between
-instruction sets and the standard deviation over seeds, and their medians: a verdict that flips between
-instruction sets but not between seeds would be a kernel artefact.
+checkout, on this machine's own kernels and on every lower instruction set's (kernel-selecting environment
+variables, see ../shared/ENVIRONMENT.md; a set this CPU does not exceed would repeat the native run and is skipped),
+at seed 0, and on this machine's kernels at seeds 0, 1, 2. It prints, per headline number (FedMatch: each method's
+overall test MRR; FedCMC: each cell's test micro-F1), the largest move between instruction sets and the standard
+deviation over seeds, and their medians: a verdict that flips between instruction sets but not between seeds would
+be a kernel artefact. FedMatch's committed embedded report (trained on whichever machine its report names, seed 0)
+is compared with this machine's native seed-0 run as well: a move between two real machines, not emulated kernels.
 
 Usage: python bench/bench_isa_spread.py [--workdir DIR] [--papers fedmatch fedcmc] [--seeds 0 1 2]
 (per paper: one run per kernel set at the first seed, one run of the other seeds. On the idle 2-core machine
@@ -31,10 +33,11 @@ import yaml
 from fedrepro.hardware import machine_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
+# name: (the CPU flag the native kernels must have for this set to differ from them, the variables that select it)
 KERNELS = {
-    "native": {},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    "avx512-no-amx": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "avx512-no-amx": ("amx_bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+    "avx2": ("avx512f", {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
+    "sse4": ("avx2", {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}),
 }
 PAPERS = {
     "fedmatch": {"data": ["mine", "tokenizer"], "stage": ["stages/fedmatch_train.py", "--tables"],
@@ -96,10 +99,12 @@ def main() -> None:
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     fingerprint = machine_fingerprint()
     print(f"machine: {fingerprint['cpu']} {fingerprint['isa_flags']}")
-    kernels_to_run = dict(KERNELS)
-    if "amx_bf16" not in fingerprint["isa_flags"]:  # without AMX, "AVX-512 without AMX" is the native kernels again
-        del kernels_to_run["avx512-no-amx"]
-        print("no amx_bf16 here: the avx512-no-amx run would repeat the native one, so it is skipped")
+    kernels_to_run = {"native": {}}
+    for name, (above, variables) in KERNELS.items():
+        if above in fingerprint["isa_flags"]:
+            kernels_to_run[name] = variables
+        else:  # e.g. "avx2" on a CPU without AVX-512: those are the native kernels again
+            print(f"no {above} here: the {name} run would repeat the native one, so it is skipped")
     print(f"kernels: {', '.join(kernels_to_run)}")
     original = (workdir / "params.yaml").read_text()
     for paper in args.papers:
@@ -126,6 +131,22 @@ def main() -> None:
         identical = sum(move == 0 for _, _, move, _ in rows)
         print(f"median isa move {statistics.median(r[2] for r in rows):.4f}, median seed std "
               f"{statistics.median(r[3] for r in rows):.4f}; {identical} of {len(rows)} rows identical across kernels")
+        if paper == "fedmatch":
+            committed_machine(native)
+
+
+def committed_machine(native: dict[tuple, float]) -> None:
+    """FedMatch's committed embedded report (seed 0, on the machine it names) against this machine's native seed 0."""
+    report = ROOT / "reports" / "fedmatch"
+    committed = json.loads((report / "metrics.json").read_text())["mrr"]
+    hardware = next((line for line in (report / "report.md").read_text().splitlines() if "Hardware the cells ran on" in line), "")
+    moves = {method: abs(committed[method] - value) for (method, _), value in native.items() if method in committed}
+    print(f"\nfedmatch: committed report's MRR ({hardware.split(':', 1)[-1].split('. The same')[0].strip()}) "
+          f"vs this machine's native seed 0 (metrics.json rounds to 4 decimals)")
+    for method, move in sorted(moves.items()):
+        print(f"{method:44s} {committed[method]:8.4f} {move:9.4f}")
+    print(f"median move between the two machines {statistics.median(moves.values()):.4f}, largest "
+          f"{max(moves.values()):.4f}; {sum(m < 5e-5 for m in moves.values())} of {len(moves)} rows equal to 4 decimals")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedrepro.errors import ConfigError
+from fedrepro.hardware import resolve_precision
 
 RE_CORPORA = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
 SCALES = ("embedded", "cpu", "paper")
@@ -89,7 +90,14 @@ class TrainParams(_Strict):
     fedprox_mu: float = Field(ge=0)
     eval_every: int = Field(ge=0, description="rounds between validation MAP/MRR; 0 = none")
     threads: int = Field(ge=1)
-    precision: Literal["fp32", "bf16"] = Field(description="bf16 = bfloat16 autocast for training steps on the CPU")
+    precision: Literal["fp32", "bf16", "auto"] = Field(
+        description="bf16 = bfloat16 autocast for training steps on the CPU; auto = bf16 where the CPU has bf16 "
+                    "instructions, else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
+
+    @field_validator("precision")
+    @classmethod
+    def _resolve_precision(cls, value: str) -> str:
+        return resolve_precision(value)
     runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
         description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
 

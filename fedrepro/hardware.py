@@ -32,6 +32,24 @@ def _cpu() -> tuple[str, list[str]]:
     return fields.get("model name", platform.processor() or platform.machine()), [f for f in FLAGS if f in flags]
 
 
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) that leave out the CPU's bf16 instructions
+_CAPS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
+def native_bf16() -> bool:
+    """Whether bf16 matmuls run on bf16 instructions here (AVX-512 BF16 or AMX, not capped off by a kernel
+    override). Without them oneDNN emulates bf16 and autocast is slower than fp32, not faster:
+    `python bench/bench_bf16_speed.py` measured 11x (tiny BERT) and 25x (MiniLM) slower on a 2-core AVX2 EPYC."""
+    _, flags = _cpu()
+    caps = {os.environ.get(name, "").upper() for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags)) and not caps & _CAPS_WITHOUT_BF16
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto`` -> bf16 where it runs on bf16 instructions, fp32 elsewhere; fp32 and bf16 are kept as given."""
+    return ("bf16" if native_bf16() else "fp32") if precision == "auto" else precision
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)

@@ -45,6 +45,26 @@ def test_an_explicit_value_wins_over_the_scale():
     assert parse_params(with_change("train.rounds", 3)).train.rounds == 3
 
 
+@pytest.mark.parametrize("flags, cap, expected", [
+    (["avx2"], None, "fp32"),  # emulated bf16: 11-25x slower than fp32 (bench/bench_bf16_speed.py)
+    (["avx2", "avx512f", "avx512_bf16"], None, "bf16"),
+    (["avx2", "avx512f", "avx512_bf16", "amx_bf16"], None, "bf16"),
+    (["avx2", "avx512f", "avx512_bf16"], "AVX2", "fp32"),  # another machine's kernels, as bench_isa_spread selects them
+    (["avx2", "avx512f", "avx512_bf16", "amx_bf16"], "AVX512_CORE_BF16", "bf16"),
+])
+def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeypatch, flags, cap, expected):
+    import fedrepro.hardware as hardware
+
+    monkeypatch.setattr(hardware, "_cpu", lambda: ("test cpu", flags))
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    else:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert parse_params(with_change("train.precision", "auto")).train.precision == expected
+    assert parse_params(with_change("train.precision", "bf16")).train.precision == "bf16"  # an explicit choice stays
+
+
 @pytest.mark.parametrize("path, value, expected", [
     ("fedmatch.methods", ["fedavg", "fedsgd"], "fedmatch.methods.1 = 'fedsgd'"),
     ("fedmatch.table2", ["fedmatch_h_lr", "fedmatch_x_lr"], "fedmatch.table2 lists ['fedmatch_x_lr'], which fedmatch.methods does not run"),
