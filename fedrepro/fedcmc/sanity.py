@@ -73,7 +73,7 @@ def run_federated_sanity(params: Params, dataset: str, method: str, alphas: list
     for alpha in alphas:
         for lr in lrs:
             points, task = train_reference(params, dataset, alpha, lr, rounds, folders, digests[alpha],
-                                            checkpoint_root / f"{dataset}-a{alpha:g}-{method}-lr{lr:g}", method=method)
+                                           checkpoint_root / f"{dataset}-a{alpha:g}-{method}-lr{lr:g}", method=method)
             rows += points
     notes = [f"Corpus `{dataset}`: {task.num_train_samples(task.client_ids)} training sentences over "
              f"{params.fedcmc.settings.clients} clients (Dirichlet alpha {', '.join(f'{a:g}' for a in alphas)}), "

@@ -71,8 +71,9 @@ def run_sanity(params: Params, lrs: list[float], rounds: int, mined_dir: Path, p
         rows += pooled_reference(params, lr, rounds, mined_dir, tokenizer_dir, digest, checkpoint_root / f"lr{lr:g}")
     triples = {p.name: len(read_table(p / "triples.parquet")) for p in sorted(Path(mined_dir).iterdir()) if p.is_dir()}
     model, train = params.model, params.train
+    layers = f"lowest {model.keep_layers} layers" if model.keep_layers else "all layers"
     notes = [f"Pooled training triples: {sum(triples.values())} ({', '.join(f'{c} {n}' for c, n in triples.items())}), "
-             f"the federated cells' own caps; backbone {model.backbone} (lowest {model.keep_layers} layers), max length "
+             f"the federated cells' own caps; backbone {model.backbone} ({layers}), max length "
              f"{model.max_length}, batch {train.batch_size}, {train.precision}, {rounds} rounds, warm-up then linear decay "
              "over the whole run, seed 0. A round r < the last is scored under the full run's schedule.",
              "The protocol's test is per collection (below): the chosen reference must beat both BM25 alone and the "
