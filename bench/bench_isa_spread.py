@@ -7,10 +7,11 @@ variables, see ../shared/ENVIRONMENT.md; a set this CPU does not exceed would re
 at seed 0, and on this machine's kernels at seeds 0, 1, 2. It prints, per headline number (FedMatch: each method's
 overall test MRR; FedCMC: each cell's test micro-F1), the largest move between instruction sets and the standard
 deviation over seeds, and their medians: a verdict that flips between instruction sets but not between seeds would
-be a kernel artefact. FedMatch's committed embedded report (trained on whichever machine its report names, seed 0)
-is compared with this machine's native seed-0 run as well: a move between two real machines, not emulated kernels.
+be a kernel artefact. FedMatch's embedded report (default: the committed one, trained on whichever machine it names,
+seed 0) is compared with this machine's native seed-0 run as well: between two real machines, not emulated kernels.
 
 Usage: python bench/bench_isa_spread.py [--workdir DIR] [--papers fedmatch fedcmc] [--seeds 0 1 2]
+                                       [--fedmatch-report DIR]  (a report folder from another machine)
 (per paper: one run per kernel set at the first seed, one run of the other seeds. On the idle 2-core machine
 FedCMC's half took about 30 minutes; FedMatch's seed-0 table took 4 minutes native and 19 on AVX2. Rerun with the
 same --workdir to resume an interrupted bench: each run keeps its own cell checkpoints.)
@@ -91,6 +92,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--papers", nargs="+", default=sorted(PAPERS), choices=sorted(PAPERS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--fedmatch-report", type=Path, default=ROOT / "reports" / "fedmatch",
+                        help="an embedded FedMatch report folder (metrics.json, report.md) to compare with this machine")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp()) / "fedrepro-isa"
     if not workdir.exists():
@@ -132,16 +135,15 @@ def main() -> None:
         print(f"median isa move {statistics.median(r[2] for r in rows):.4f}, median seed std "
               f"{statistics.median(r[3] for r in rows):.4f}; {identical} of {len(rows)} rows identical across kernels")
         if paper == "fedmatch":
-            committed_machine(native)
+            other_machine(native, args.fedmatch_report)
 
 
-def committed_machine(native: dict[tuple, float]) -> None:
-    """FedMatch's committed embedded report (seed 0, on the machine it names) against this machine's native seed 0."""
-    report = ROOT / "reports" / "fedmatch"
+def other_machine(native: dict[tuple, float], report: Path) -> None:
+    """An embedded FedMatch report (seed 0, on the machine it names) against this machine's native seed 0."""
     committed = json.loads((report / "metrics.json").read_text())["mrr"]
     hardware = next((line for line in (report / "report.md").read_text().splitlines() if "Hardware the cells ran on" in line), "")
     moves = {method: abs(committed[method] - value) for (method, _), value in native.items() if method in committed}
-    print(f"\nfedmatch: committed report's MRR ({hardware.split(':', 1)[-1].split('. The same')[0].strip()}) "
+    print(f"\nfedmatch: {report}'s MRR ({hardware.split(':', 1)[-1].split('. The same')[0].strip()}) "
           f"vs this machine's native seed 0 (metrics.json rounds to 4 decimals)")
     for method, move in sorted(moves.items()):
         print(f"{method:44s} {committed[method]:8.4f} {move:9.4f}")
