@@ -11,7 +11,7 @@ be a kernel artefact. FedMatch's embedded report (default: the committed one, tr
 seed 0) is compared with this machine's native seed-0 run as well: between two real machines, not emulated kernels.
 
 Usage: python bench/bench_isa_spread.py [--workdir DIR] [--papers fedmatch fedcmc] [--seeds 0 1 2]
-                                       [--fedmatch-report DIR]  (a report folder from another machine)
+                                       [--emulate [avx2 sse4 ...]] [--fedmatch-report DIR]
 (per paper: one run per kernel set at the first seed, one run of the other seeds. On the idle 2-core machine
 FedCMC's half took about 30 minutes; FedMatch's seed-0 table took 4 minutes native and 19 on AVX2. Rerun with the
 same --workdir to resume an interrupted bench: each run keeps its own cell checkpoints.)
@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--papers", nargs="+", default=sorted(PAPERS), choices=sorted(PAPERS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--emulate", nargs="*", default=None, choices=sorted(KERNELS),
+                        help="kernel sets to emulate (default: every one below this CPU's; none: --emulate alone)")
     parser.add_argument("--fedmatch-report", type=Path, default=ROOT / "reports" / "fedmatch",
                         help="an embedded FedMatch report folder (metrics.json, report.md) to compare with this machine")
     args = parser.parse_args()
@@ -104,6 +106,8 @@ def main() -> None:
     print(f"machine: {fingerprint['cpu']} {fingerprint['isa_flags']}")
     kernels_to_run = {"native": {}}
     for name, (above, variables) in KERNELS.items():
+        if args.emulate is not None and name not in args.emulate:
+            continue
         if above in fingerprint["isa_flags"]:
             kernels_to_run[name] = variables
         else:  # e.g. "avx2" on a CPU without AVX-512: those are the native kernels again
@@ -121,34 +125,40 @@ def main() -> None:
         by_seed = {**run_table(workdir, paper, other_seeds, {}), **by_kernels["native"]}  # native = the first seed's
         (workdir / "params.yaml").write_text(original)
         native = by_kernels["native"]
-        rows = []
+        emulated = [k for k in kernels_to_run if k != "native"]
+        other = other_machine(args.fedmatch_report) if paper == "fedmatch" else {}
+        print(f"\n{paper}: headline per row at seed {args.seeds[0]}: std over seeds {args.seeds} (this machine), the largest "
+              f"move to another kernel set emulated here ({', '.join(emulated) or 'none run'})"
+              + (f", and the move to the other machine's report ({other['machine']}; it rounds to 4 decimals)" if other else ""))
+        print(f"{'row':44s} {'native':>8s} {'seed std':>9s} {'emulated':>9s}" + (f" {'machine':>9s}" if other else ""))
+        columns: dict[str, list[float]] = {"seed std": [], "emulated": [], "machine": []}
         for key, value in sorted(native.items()):
-            moves = [abs(by_kernels[k][key] - value) for k in kernels_to_run if k != "native"]
-            seeds = [by_seed[(key[0], s)] for s in args.seeds]
-            rows.append((key[0], value, max(moves), statistics.stdev(seeds)))
-        print(f"\n{paper}: headline per row, largest move between kernels (seed {args.seeds[0]}) vs std over seeds "
-              f"{args.seeds}")
-        print(f"{'row':44s} {'native':>8s} {'isa move':>9s} {'seed std':>9s}")
-        for name, value, move, spread in rows:
-            print(f"{name:44s} {value:8.4f} {move:9.4f} {spread:9.4f}")
-        identical = sum(move == 0 for _, _, move, _ in rows)
-        print(f"median isa move {statistics.median(r[2] for r in rows):.4f}, median seed std "
-              f"{statistics.median(r[3] for r in rows):.4f}; {identical} of {len(rows)} rows identical across kernels")
-        if paper == "fedmatch":
-            other_machine(native, args.fedmatch_report)
+            spread = statistics.stdev(by_seed[(key[0], s)] for s in args.seeds)
+            line = f"{key[0]:44s} {value:8.4f} {spread:9.4f}"
+            columns["seed std"].append(spread)
+            if emulated:
+                move = max(abs(by_kernels[k][key] - value) for k in emulated)
+                columns["emulated"].append(move)
+                line += f" {move:9.4f}"
+            else:
+                line += f" {'-':>9s}"
+            if key[0] in other.get("mrr", {}):
+                move = abs(other["mrr"][key[0]] - value)
+                columns["machine"].append(move)
+                line += f" {move:9.4f}"
+            print(line)
+        for name, values in columns.items():
+            if values:
+                same = sum(v < 5e-5 for v in values)
+                print(f"{name}: median {statistics.median(values):.4f}, largest {max(values):.4f}, "
+                      f"{same} of {len(values)} rows below 0.00005")
 
 
-def other_machine(native: dict[tuple, float], report: Path) -> None:
-    """An embedded FedMatch report (seed 0, on the machine it names) against this machine's native seed 0."""
-    committed = json.loads((report / "metrics.json").read_text())["mrr"]
+def other_machine(report: Path) -> dict:
+    """An embedded FedMatch report's overall MRR per method (seed 0) and the machine its report names."""
     hardware = next((line for line in (report / "report.md").read_text().splitlines() if "Hardware the cells ran on" in line), "")
-    moves = {method: abs(committed[method] - value) for (method, _), value in native.items() if method in committed}
-    print(f"\nfedmatch: {report}'s MRR ({hardware.split(':', 1)[-1].split('. The same')[0].strip()}) "
-          f"vs this machine's native seed 0 (metrics.json rounds to 4 decimals)")
-    for method, move in sorted(moves.items()):
-        print(f"{method:44s} {committed[method]:8.4f} {move:9.4f}")
-    print(f"median move between the two machines {statistics.median(moves.values()):.4f}, largest "
-          f"{max(moves.values()):.4f}; {sum(m < 5e-5 for m in moves.values())} of {len(moves)} rows equal to 4 decimals")
+    return {"mrr": json.loads((report / "metrics.json").read_text())["mrr"],
+            "machine": hardware.split(":", 1)[-1].split(". The same")[0].strip()}
 
 
 if __name__ == "__main__":
