@@ -94,12 +94,13 @@ class TrainParams(_Strict):
         description="bf16 = bfloat16 autocast for training steps on the CPU; auto = bf16 where the CPU has bf16 "
                     "instructions, else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
 
+    runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
+        description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
+
     @field_validator("precision")
     @classmethod
     def _resolve_precision(cls, value: str) -> str:
         return resolve_precision(value)
-    runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
-        description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
 
 
 class FedMatchSettings(_Strict):
@@ -165,6 +166,8 @@ class FedCMCSettings(_Strict):
     rounds: int = Field(ge=1)
     clients: int = Field(ge=2, description="K, the clients the training split is partitioned among")
     local_epochs: int = Field(ge=1)
+    steps_per_epoch: int = Field(ge=0, description="0: a local epoch is one pass over the client's data; N: every "
+                                 "client takes N steps a local epoch, so a large client's update is not also longer")
     lr: float = Field(gt=0)
     batch_size: int = Field(ge=1)
     eval_every: int = Field(ge=0, description="rounds between valid and test F1 of the global model (convergence rule, Fig 3); 0 = none")

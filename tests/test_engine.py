@@ -143,6 +143,28 @@ def test_a_clients_lr_schedule_follows_the_federations_clock_whatever_rounds_it_
     assert max(first_round.values()) == (1 if clients_per_round == 0 else 3), "a client first sampled in round 3"
 
 
+def test_steps_per_epoch_gives_every_client_the_same_local_steps(tmp_path, monkeypatch):
+    """With steps_per_epoch N, the 40-sample client (5 batches) stops after N and the 8-sample one (1 batch) cycles
+    over N fresh shuffles, so FedAvg weights them by their data alone, not by data x steps."""
+    from fedrepro.fl import engine as engine_module
+
+    passes = []
+    task = ToyTask(SIZES)
+    original = task.train_batches
+    monkeypatch.setattr(task, "train_batches", lambda ids, generator: passes.append(ids[0]) or original(ids, generator))
+    settings = EngineSettings(rounds=2, local_epochs=2, steps_per_epoch=3, clients_per_round=0, lr=0.01, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0, eval_every=0)
+    engine = Engine(task, build_algorithm("fedavg", AlgorithmSettings(weighting="size")), settings, tmp_path / "ckpt",
+                    fingerprint="steps", progress=False)
+    assert {c: engine.trainer.steps_per_round(c) for c in SIZES} == {"a": 6, "b": 6, "c": 6}
+    steps = []
+    monkeypatch.setattr(engine_module, "lr_factor", lambda step, total, warmup: steps.append((step, total)) or 1.0)
+    engine.run()
+    assert steps == [(r * 6 + i, 12) for r in range(2) for _ in SIZES for i in range(6)]
+    assert passes.count("c") == 2 * 2 * 3, "one batch a pass: a fresh shuffle for each of the 3 steps of an epoch"
+    assert passes.count("a") == 2 * 2, "5 batches a pass: one pass covers the 3 steps"
+
+
 def test_same_seed_gives_byte_identical_history(tmp_path):
     first = make_engine(tmp_path / "1", algorithm="fedprox", mu=0.1).run().history
     second = make_engine(tmp_path / "2", algorithm="fedprox", mu=0.1).run().history

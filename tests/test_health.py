@@ -17,6 +17,20 @@ def test_non_finite_or_rising_loss_is_diverged():
     assert not cell_health([1.16, None, 0.8]).diverged  # a round in which no client had a batch trained nothing
 
 
+def test_a_loss_that_falls_and_climbs_most_of_the_way_back_is_diverged():
+    """PGR's FedAvg reference at alpha 0.05 (CPU scale, lr 5e-4): round 1 overshoots, round 2 is the lowest, and the
+    aggregate then drifts back up while valid F1 falls 0.51 -> 0.22. Its last loss is below its first, which a
+    first-versus-last rule called sound."""
+    drifting = [2.15, 0.738, 1.57, 1.23, 0.925, 1.19, 1.90, 2.09]
+    health = cell_health(drifting)
+    assert health.diverged
+    assert health.why == ("training loss fell from 2.15 (round 1) to 0.738 (round 2), then rose to 2.09 (round 8), "
+                          "more than 50% of the way back")
+    assert not cell_health([2.15, 0.738, 0.9, 1.4]).diverged  # gave back 0.66 of a 1.41 fall: under half
+    assert not cell_health([1.0, 0.01, 0.02]).diverged  # a small wobble near zero is not a drift
+    assert not cell_health([0.5, 0.5]).diverged
+
+
 def test_converged_when_the_last_points_stop_improving():
     assert cell_health([1, 0.9, 0.8, 0.7], [0.50, 0.60, 0.605, 0.60]).converged is True
     assert cell_health([1, 0.9, 0.8, 0.7], [0.40, 0.50, 0.60, 0.70]).converged is False

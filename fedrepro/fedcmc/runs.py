@@ -71,7 +71,8 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
     """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
     settings, train = params.fedcmc.settings, params.train
     engine_settings = EngineSettings(
-        rounds=settings.rounds, local_epochs=cell.local_epochs, clients_per_round=0, lr=settings.lr,
+        rounds=settings.rounds, local_epochs=cell.local_epochs, steps_per_epoch=settings.steps_per_epoch,
+        clients_per_round=0, lr=settings.lr,
         batch_size=settings.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
         seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_splits=("valid", "test"),
     )
