@@ -187,6 +187,11 @@ class FedCMCSettings(_Strict):
     fedrs_mask: bool
     fedlc_tau: float = Field(ge=0)
 
+    def local_work(self) -> str:
+        """What a client does between two aggregations, as the reports' setup lines say it."""
+        steps = f" of {self.steps_per_epoch} steps for every client" if self.steps_per_epoch else ""
+        return f"{self.local_epochs} local epoch(s){steps}"
+
 
 class FedCMCSweeps(_Strict):
     """Fig 3b / the clients table / Fig 4 / Table 3 at one dataset; an empty list leaves that one out (the report says so)."""
@@ -346,10 +351,10 @@ class Params(_Strict):
     @model_validator(mode="after")
     def _clients_per_round_fits(self) -> "Params":
         n_clients = len(self.partition.embedded_domains if self.data.source == "embedded" else self.partition.collections)
-        for key, value in (("train.clients_per_round", self.train.clients_per_round),
-                           ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled)):
+        for key, value, least in (("train.clients_per_round", self.train.clients_per_round, "0 (all)"),
+                                  ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled, "1")):
             if value > n_clients:
-                raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed 0 (all) .. {n_clients}")
+                raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed {least} .. {n_clients}")
         return self
 
     @model_validator(mode="after")

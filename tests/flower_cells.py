@@ -217,7 +217,7 @@ def run_node_kill(work: Path) -> dict:
         wait_until(lambda: checkpointed() >= 1, 600, "round 1")
         federation.stop(f"supernode-{victim}", signal.SIGKILL, grace=0)
         drill["files_at_kill"] = state_files()
-        held = NodeStateStore(state_dir, deployment.fingerprint).latest_before(KILL_ROUNDS).tensors
+        held = NodeStateStore(state_dir, deployment.fingerprint).latest_until(KILL_ROUNDS).tensors
         drill["control_off_if_lost"] = largest_control(held) / len(deployment.train_ids)
         wait_until(lambda: checkpointed() >= 2, 600, "round 2 without the killed node")
         drill["files_before_restart"] = state_files()

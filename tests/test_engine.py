@@ -9,6 +9,7 @@ from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.algorithm import AlgorithmSettings, ClientUpdate, LocalContext, TaskOutput
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.algorithms.fedavg import FedAvg
+from fedrepro.fl.algorithms.scaffold import Scaffold
 from fedrepro.fl.channel import SERVER, Channel, upload_problem
 from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
 from fedrepro.io import write_json
@@ -347,6 +348,43 @@ def test_the_checkpoint_state_is_strict_json_with_null_for_what_is_no_number(tmp
 
 
 # ----- SCAFFOLD's bookkeeping -------------------------------------------------------------------------------------
+class RefusedOnceScaffold(Scaffold):
+    """Client b's upload of round 1 holds a NaN (its own training stays finite); its later uploads are sound."""
+
+    def upload(self, shared, context):
+        sent = super().upload(shared, context)
+        if (context.client_id, context.round) != ("b", 0):
+            return sent
+        return {**sent, "head.bias": torch.full_like(sent["head.bias"], float("nan"))}
+
+
+def test_a_client_whose_upload_was_refused_keeps_the_state_it_started_the_round_with(tmp_path):
+    """The server did not count b's round 1, so b goes on as if it had not trained it: SCAFFOLD's c stays the mean
+    of every c_k (b keeping the c_b of a refused round broke it), as on a Flower node (test_flower)."""
+    settings = EngineSettings(rounds=3, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
+    engine = Engine(ToyTask(SIZES), RefusedOnceScaffold(AlgorithmSettings()), settings, tmp_path, "refused-once",
+                    progress=False)
+    gaps = []
+    engine.on_round_end = lambda record: gaps.append(
+        control_variate_gap(engine.state.global_weights, engine.state.client_states, engine.train_ids))
+    history = engine.run().history
+    assert list(history[0]["missed"]) == ["b"] and [record["clients"] for record in history[1:]] == [["a", "b", "c"]] * 2
+    scale = max(largest_control(state) for state in engine.state.client_states.values())
+    assert scale > 1e-3 and max(gaps) <= 1e-5 * scale, (gaps, scale)
+
+
+def test_a_client_round_trained_again_carries_nothing_over_from_the_first_time(tmp_path):
+    """A round trained again (a server resumed after a crash, a node whose reply the server did not count) is the
+    same round: SCAFFOLD once kept summing its gradients into the first time's sums."""
+    engine = make_engine(tmp_path, algorithm="scaffold")
+    _, outgoing = engine.open_round(0)
+    first = engine.trainer.client_round(0, "a", outgoing, {})
+    again = engine.trainer.client_round(0, "a", outgoing, {})
+    assert first.upload.keys() == again.upload.keys()
+    assert all(torch.equal(first.upload[name], again.upload[name]) for name in first.upload)
+
+
 @pytest.mark.parametrize("clients_per_round", [2, 0])
 def test_scaffold_server_variate_stays_the_mean_of_every_clients_variate(tmp_path, clients_per_round):
     """c == mean over all N clients of c_k after every round (see ``scaffold_invariant``): it holds only if clients

@@ -18,7 +18,7 @@ import torch
 
 from fedrepro.errors import ConfigError
 from fedrepro.fl.engine import FIT, Engine
-from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
+from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
                           all_cases, federated_algorithms, recipe)
@@ -29,27 +29,76 @@ EQUIVALENCE_CASES = [case for case in all_cases() if case.split("/")[0] in ("rel
 
 
 # ----- without Flower ----------------------------------------------------------------------------------------
-def test_node_state_keeps_the_newest_state_before_a_round_and_survives_a_restart(tmp_path):
+def test_node_state_keeps_the_state_a_round_started_from_and_survives_a_restart(tmp_path):
     store = NodeStateStore(tmp_path / "node", "run-1")
-    assert store.latest_before(5) is None
-    first = store.save(NodeState(0, {"param/head.weight": torch.ones(2, 3)}))
-    store.save(NodeState(2, {"param/head.weight": torch.full((2, 3), 2.0)}))
-    assert store.latest_before(2).round_index == 0, "a replayed round 2 starts from what the client held before it"
-    assert store.latest_before(3).round_index == 2
-    store.save(NodeState(3, {"param/head.weight": torch.zeros(2, 3)}))
-    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["round-000002.safetensors", "round-000003.safetensors"]
+    assert store.latest_until(5) is None
+    first = store.save(NodeState(0, {"param/head.weight": torch.ones(2, 3)}), started_from=-1)
+    store.save(NodeState(2, {"param/head.weight": torch.full((2, 3), 2.0)}), started_from=0)
+    assert store.latest_until(1).round_index == 0, "a replayed round 2 starts from what the client held before it"
+    assert store.latest_until(2).round_index == 2
+    store.save(NodeState(3, {"param/head.weight": torch.zeros(2, 3)}), started_from=0)  # the server never counted 2
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["round-000000.safetensors", "round-000003.safetensors"]
+    store.save(NodeState(4, {"param/head.weight": torch.zeros(2, 3)}), started_from=3)
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["round-000003.safetensors", "round-000004.safetensors"]
     reopened = NodeStateStore(tmp_path / "node", "run-1")  # a node restarted: only its directory is left
-    assert torch.equal(reopened.latest_before(3).tensors["param/head.weight"], torch.full((2, 3), 2.0))
+    assert torch.equal(reopened.latest_until(3).tensors["param/head.weight"], torch.zeros(2, 3))
     state, fingerprint = decode(first)
     assert fingerprint == "run-1" and state.round_index == 0
     assert torch.equal(state.tensors["param/head.weight"], torch.ones(2, 3))
-    assert NodeStateStore(tmp_path / "node", "run-2").latest_before(9) is None, "another run's state is never used"
+    assert NodeStateStore(tmp_path / "node", "run-2").latest_until(9) is None, "another run's state is never used"
 
 
 def test_node_state_file_is_the_bytes_it_returns(tmp_path):
     store = NodeStateStore(tmp_path, "run")
-    blob = store.save(NodeState(1, {"state/control/w": torch.arange(4.0)}))
+    blob = store.save(NodeState(1, {"state/control/w": torch.arange(4.0)}), started_from=-1)
     assert (tmp_path / "round-000001.safetensors").read_bytes() == blob
+
+
+def test_the_round_a_node_goes_on_from_is_the_last_the_server_counted():
+    history = [{"round": 1, "clients": ["a", "b"]}, {"round": 2, "clients": ["a"], "missed": {"b": "no reply"}},
+               {"round": 3, "clients": ["c"], "missed": {"a": "rejected: client a: ..."}}]
+    assert [counted_round(history, c) for c in "abcd"] == [1, 0, 2, -1]
+
+
+def test_a_node_whose_reply_the_server_never_counted_goes_on_as_if_it_had_not_trained(tmp_path, monkeypatch):
+    """A reply that arrived after the server closed the round (or that it refused) left the node a round ahead of
+    the federation. Its next round must start from the state of the last round the server counted, so that it is
+    exactly the round a node that never got the uncounted message trains: SCAFFOLD's c_k, the change it uploads
+    and the state it keeps all equal. (Starting from the newest file instead broke c = mean of every c_k in the
+    kill drill whenever the restarted node's first reply came late.)"""
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedrepro.fl.flower import messages as m
+    from fedrepro.fl.flower.client import NodeHandlers
+
+    for field in ("_task_id", "_run_id", "_node_id"):  # what Flower sets in a running ClientApp
+        monkeypatch.setattr(TaskIdentity, field, 1)
+    cell = recipe("relation/scaffold", rounds=3)
+    server = build_runtime(cell, "engine", tmp_path / "server", progress=False)
+    _, outgoing = server.open_round(0)  # the global weights and SCAFFOLD's c as the server sends them
+
+    def node(root: Path):
+        handlers = NodeHandlers(cell, nodes_root=root)
+        context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+
+        def train(round_index: int, counted: int) -> dict[str, torch.Tensor]:
+            config = ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: cell.fingerprint, m.COUNTED: counted})
+            message = Message(RecordDict({m.TENSORS: m.to_record(outgoing), m.CONFIG: config}), dst_node_id=1,
+                              message_type=MessageType.TRAIN)
+            return m.to_tensors(handlers.train(message, context).content[m.TENSORS])
+        return train
+
+    late, fresh = node(tmp_path / "late"), node(tmp_path / "fresh")
+    first = late(0, -1)
+    assert any(name.startswith("control/") and bool(t.abs().max() > 0) for name, t in first.items()), "c_k moved"
+    went_on, never_had_it = late(1, -1), fresh(1, -1)
+    assert went_on.keys() == never_had_it.keys()
+    assert all(torch.equal(went_on[name], never_had_it[name]) for name in went_on)
+    client = server.task.client_ids[0]
+    kept = NodeStateStore(tmp_path / "late" / client, cell.fingerprint)
+    assert kept.newest_round_until(9) == 1 and kept.latest_until(0) is None, "the uncounted first round's state is gone"
 
 
 def test_methods_that_share_nothing_train_in_process_on_every_runtime(tmp_path):
@@ -209,7 +258,8 @@ def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_int
     rejoined = history[drill["rejoined_after_round"]:]
     assert any(victim in record["clients"] for record in rejoined), "it trained again after rejoining"
     assert drill["control_gap"] <= 1e-3 * drill["control_off_if_lost"], \
-        "the rejoined node went on from the control variate it held when killed (c = mean of every client's c_k)"
+        ("the rejoined node went on from the control variate it held when killed (c = mean of every client's c_k)",
+         drill["control_gap"], [(record["round"], record.get("missed")) for record in history])
 
 
 # ----- a node that fails, on the simulation and on a deployment -------------------------------------------------

@@ -37,7 +37,7 @@ def train_reference(params: Params, dataset: str, alpha: float, lr: float, round
                     digest: str, checkpoint_dir: Path, seed: int = 0, method: str = "centralised") -> tuple[list[dict], RelationTask]:
     """Train the pooled reference (or, for the federated one, ``method``'s cell) at ``lr`` for ``rounds`` rounds; per
     round its loss on the training data and the global model's valid micro-F1."""
-    cell = Cell(method, dataset, alpha, params.fedcmc.settings.clients, 1, seed)
+    cell = Cell(method, dataset, alpha, params.fedcmc.settings.clients, params.fedcmc.settings.local_epochs, seed)
     recipe = cell_recipe(params, cell, *folders, digest)
     settings = dataclasses.replace(recipe.settings, lr=lr, rounds=rounds, eval_every=1, eval_splits=("valid",))
     task, algorithm = recipe.build()
@@ -78,8 +78,8 @@ def run_federated_sanity(params: Params, dataset: str, method: str, alphas: list
     notes = [f"Corpus `{dataset}`: {task.num_train_samples(task.client_ids)} training sentences over "
              f"{params.fedcmc.settings.clients} clients (Dirichlet alpha {', '.join(f'{a:g}' for a in alphas)}), "
              f"{len(task.eval_sets['valid'][0])} validation sentences; backbone {params.fedcmc.settings.backbone}, "
-             f"batch {params.fedcmc.settings.batch_size}, 1 local epoch, {rounds} rounds, seed 0. The training loss is the "
-             "global model's on the clients' training data after each round."]
+             f"batch {params.fedcmc.settings.batch_size}, {params.fedcmc.settings.local_work()}, {rounds} rounds, seed 0. "
+             "The training loss is the global model's on the clients' training data after each round."]
     return SanityResult(f"FedCMC ({dataset}, federated: {method})", METRIC, margin, pd.DataFrame(rows), ["alpha", "lr"],
                         trivial_baselines(task), notes, reference=f"A federated reference ({method}, every client every "
                         "round), trained on the same capped data and partitions as the grid's cells,", averaged=["alpha"])

@@ -46,6 +46,10 @@ class LocalContext:
     """Tensors the client keeps between its rounds (e.g. SCAFFOLD's variate, MOON's previous model)."""
     steps: int = 0
     """Local optimizer steps taken this round."""
+    round_sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    """What an algorithm accumulates over this client's round (SCAFFOLD's gradient sums); gone with the round, so
+    a round trained again (a replay after a crash, a node that trained a round the server did not count) starts
+    from nothing."""
 
 
 @dataclass

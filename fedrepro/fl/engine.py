@@ -84,7 +84,9 @@ class EngineSettings:
     """0: a local epoch is one pass over the client's data. N: every client takes exactly N steps a local epoch
     (cycling over fresh shuffles of its data), so a large client's update does not outweigh the others by its step
     count as well as by its size: FedAvg's fixed point weights clients by samples x local steps (Wang et al. 2020,
-    objective inconsistency), which gave one PGR client at alpha 0.05 86% of the weight for 64% of the data."""
+    objective inconsistency), which gave one PGR client at alpha 0.05 86% of the weight for 65% of the data. That
+    removes the inconsistency only; it did not make PGR's FedAvg train there (client drift remained, see
+    reports/cpu/fedcmc/sanity-federated-pgr-steps7)."""
     eval_splits: tuple[str, ...] = ("valid",)
     """The splits scored every ``eval_every`` rounds: valid for the convergence rule (``fedrepro.fl.health``), and
     test where a paper plots it per round (FedCMC's Fig 3; nothing is selected on it)."""
@@ -343,13 +345,14 @@ class Engine:
     def train_clients(self, round_index: int, sampled: list[str], outgoing: dict[str, torch.Tensor]
                       ) -> tuple[list[ClientUpdate], list[float | None], dict[str, str]]:
         """In process: each sampled client trains in turn on the one model; the engine keeps its private state (as
-        a Flower node keeps its own). An upload the server must not aggregate is refused and is the client's miss."""
+        a Flower node keeps its own). An upload the server must not aggregate is refused and is the client's miss,
+        and the client keeps the state it started the round with: a round the server did not count never happened
+        for the federation (SCAFFOLD's c stays the mean of every c_k), as on a Flower node."""
         federated = self.algorithm.federated
         received = self.channel.broadcast(round_index, SERVER, sampled, outgoing) if federated else {}
         updates, losses, missed = [], [], {}
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
             result = self.trainer.client_round(round_index, client_id, received, self.state.client_states.get(client_id, {}))
-            self.state.client_states[client_id] = result.stored
             if federated:
                 problem = upload_problem(client_id, result.upload, self.state.global_weights, self.shared_names)
                 if problem is not None:
@@ -358,6 +361,7 @@ class Engine:
                     continue
                 arrived = self.channel.send(round_index, client_id, SERVER, result.upload)
                 updates.append(ClientUpdate(client_id, arrived, result.num_samples))
+            self.state.client_states[client_id] = result.stored
             losses.append(result.train_loss)
         return updates, losses, missed
 

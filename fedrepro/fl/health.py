@@ -4,10 +4,10 @@ diverged:  a non-finite training loss in any round, or a last round's training l
            of what training had gained: above lowest + GIVE_BACK x (first - lowest). A last loss above the first is
            the case where nothing was gained; a cell that fell and then climbed most of the way back (PGR's FedAvg at
            alpha 0.05, CPU scale: 2.15 -> 0.74 at round 2 -> 2.09 at round 8, valid F1 0.51 -> 0.22) is drifting even
-           though its last loss is below its first, which overshot. The training loss is the evaluated model's loss on its own training data after each evaluated round (the
-           engine's ``fit_loss``: for a federated cell the aggregate, not the clients' mean local loss, which under
-           label skew rises while the aggregate improves; see ``fedrepro.fl.engine.FIT``); a cell that recorded
-           none is judged on its mean local loss.
+           though its last loss is below its first, which overshot. The training loss is the evaluated model's
+           loss on its own training data after each evaluated round (the engine's ``fit_loss``: for a federated
+           cell the aggregate, not the clients' mean local loss, which under label skew rises while the aggregate
+           improves; see ``fedrepro.fl.engine.FIT``); a cell that recorded none is judged on its mean local loss.
 converged: the validation metric's best over the last ``window`` points beats the best before them by at most
            ``tolerance`` (it stopped improving); None when there are fewer than ``window + 1`` points to judge by.
 

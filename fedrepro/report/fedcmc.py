@@ -1072,8 +1072,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         f"sentences per corpus (a seeded sample keeping the label mix); {truncated} training sentences were longer than "
         f"{settings.max_length} tokens and were cut (the most in any one cell).",
         f"- Grid: α in {', '.join(f'{a:g}' for a in fc.alphas)}; {settings.clients} clients; {settings.rounds} rounds; "
-        f"{settings.local_epochs} local epoch(s)"
-        f"{f' of {settings.steps_per_epoch} steps for every client' if settings.steps_per_epoch else ''}; every client "
+        f"{settings.local_work()}; every client "
         "trains every round. Seeds: main table "
         f"{', '.join(map(str, fc.seeds))}; sweeps {', '.join(map(str, sw.seeds))}. The paper: 10 clients, 1 local epoch, "
         "3 seeds, lr 5e-5, batch 8, DistilBERT.",

@@ -30,7 +30,6 @@ class Scaffold(Algorithm):
 
     def prepare_task(self, task, channel, seed):
         self.total_clients = len(task.client_ids)
-        self._summing_for, self._gradient_sums = None, {}
         return task
 
     def initial_server_state(self, global_weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -48,23 +47,22 @@ class Scaffold(Algorithm):
 
     def after_backward(self, model: nn.Module, context: LocalContext) -> None:
         """Sum the raw gradients g (the loss's gradient without the correction c - c_k) over the round's steps."""
-        if self._summing_for != (context.round, context.client_id):
-            self._summing_for, self._gradient_sums = (context.round, context.client_id), {}
+        sums = context.round_sums
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if CONTROL + name in context.received and param.grad is not None:
                     raw = param.grad - (context.received[CONTROL + name] - self._client_control(name, context))
-                    if name in self._gradient_sums:
-                        self._gradient_sums[name].add_(raw)
+                    if name in sums:
+                        sums[name].add_(raw)
                     else:
-                        self._gradient_sums[name] = raw.clone()
+                        sums[name] = raw.clone()
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:
         deltas = {}
         with torch.no_grad():
             for name, value in shared.items():
                 old = self._client_control(name, context)
-                new = self._gradient_sums[name] / max(context.steps, 1) if name in self._gradient_sums else old
+                new = context.round_sums[name] / max(context.steps, 1) if name in context.round_sums else old
                 context.client_state[CONTROL + name] = new
                 deltas[CONTROL + name] = new - old
         return {**shared, **deltas}

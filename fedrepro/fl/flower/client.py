@@ -7,7 +7,8 @@ deployment) or ``partition-id`` (the simulation numbers its nodes; the n-th clie
 
 A client's private state (``NodeState``) is kept in the node's ``Context.state`` and in its own directory
 (``state-dir`` in the node config, or ``<nodes root>/<client id>`` in a simulation), written before the
-reply leaves. It is never put in a message.
+reply leaves. It is never put in a message. Each message says from which round's state to go on: the last
+round the server counted for this client (``node_state`` says why).
 
 A client whose own training diverges answers with ``messages.diverged_reply``, on which the server stops the run.
 """
@@ -76,14 +77,16 @@ class NodeHandlers:
             raise FedreproError(f"node of client {client_id}: its node config has no {STATE_DIR_KEY!r} for its private state")
         return NodeStateStore(self.nodes_root / client_id, self.recipe.fingerprint)
 
-    def load_state(self, context: Context, store: NodeStateStore, round_index: int) -> NodeState:
-        """The client's newest state from before ``round_index``: Context.state when it holds it, else the disk."""
-        on_disk = store.newest_round_before(round_index)
+    def load_state(self, context: Context, store: NodeStateStore, config: ConfigRecord) -> NodeState:
+        """The client's state after the last round the server counted: Context.state when it holds it, else the
+        disk."""
+        counted = int(config[m.COUNTED])
+        on_disk = store.newest_round_until(counted)
         if STATE_KEY in context.state:
             cached, fingerprint = decode(context.state[STATE_KEY][STATE_BYTES])
             if fingerprint == self.recipe.fingerprint and on_disk is not None and cached.round_index == on_disk:
                 return cached
-        return store.latest_before(round_index) or NodeState(-1, {})
+        return store.latest_until(counted) or NodeState(-1, {})
 
     def identify(self, message: Message, context: Context) -> Message:
         self._check_run(message.content[m.CONFIG])
@@ -96,25 +99,26 @@ class NodeHandlers:
         trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
         client_id = self.client_id(context)
         store = self.store(context, client_id)
-        state = self.load_state(context, store, round_index)
+        state = self.load_state(context, store, config)
         try:
             result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]), state.tensors)
         except TrainingDiverged as error:
             return m.diverged_reply(error, message)
         upload = m.to_record(result.upload)  # a copy, taken before anything else touches the model
-        blob = store.save(NodeState(round_index, result.stored))
+        blob = store.save(NodeState(round_index, result.stored), started_from=state.round_index)
         context.state[STATE_KEY] = ConfigRecord({STATE_BYTES: blob})
         metrics = MetricRecord({m.NUM_SAMPLES: result.num_samples,  # no train_loss: the client had no batch to train on
                                 **({} if result.train_loss is None else {m.TRAIN_LOSS: result.train_loss})})
         return Message(RecordDict({m.TENSORS: upload, m.METRICS: metrics}), reply_to=message)
 
     def evaluate(self, message: Message, context: Context) -> Message:
-        """The client's own model (the global shared weights plus its private state after this round) on its split."""
+        """The client's own model (the global shared weights plus its private state after the last round the server
+        counted) on its split."""
         config = message.content[m.CONFIG]
         self._check_run(config)
-        trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
+        trainer = trainer_for(self.recipe)
         client_id = self.client_id(context)
-        state = self.load_state(context, self.store(context, client_id), round_index + 1)
+        state = self.load_state(context, self.store(context, client_id), config)
         trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
         trainer.model.eval()
         with torch.no_grad():

@@ -19,6 +19,8 @@ from fedrepro.errors import TrainingDiverged
 
 TENSORS, CONFIG, METRICS = "tensors", "config", "metrics"
 ROUND, FINGERPRINT, SPLIT, CLIENT_ID = "round", "fingerprint", "split", "client_id"
+COUNTED = "counted_round"
+"""In a message to a node: the last round whose update from its client the server counted (``node_state``)."""
 NUM_SAMPLES, TRAIN_LOSS = "num_samples", "train_loss"
 DIVERGED = "fedrepro: training diverged: "
 

@@ -3,9 +3,15 @@
 What a client keeps between its rounds (private parameters, algorithm state such as SCAFFOLD's variate or
 MOON's previous model) never travels to the server. On Flower it lives in
 the node's ``Context.state`` and, so that it survives a node restart or a server resumed from an older
-round, in the node's own directory. The file of round r holds the state *after* round r; a round r reads
-the newest file of an earlier round, so a round the server replays after a crash starts from exactly what
-the client held the first time. The newest file before the one just written is kept; older ones go.
+round, in the node's own directory. The file of round r holds the state *after* round r.
+
+A round starts from the state of the last round whose update the server counted (``counted_round``, which the
+server sends with every message), not from the newest file: a reply that arrived after the server closed the
+round, or that it refused, left the node a step ahead of the federation, and SCAFFOLD's variates (the server's
+c is the mean of every client's c_k) or a private head trained against a model the server never built would
+silently part from the server's. A round the server replays after a crash starts from what the client held
+the first time, for the same reason. So the file a round started from is kept beside the one it writes; older
+ones go.
 """
 
 from __future__ import annotations
@@ -72,34 +78,42 @@ class NodeStateStore:
             head += handle.read(struct.unpack("<Q", head)[0])
         return _metadata(head).get("fingerprint") == self.fingerprint
 
-    def newest_round_before(self, round_index: int) -> int | None:
-        """The newest round before ``round_index`` this run wrote a state for (reads file headers only)."""
-        return next((r for r in reversed(self._rounds()) if r < round_index and self._ours(r)), None)
+    def newest_round_until(self, round_index: int) -> int | None:
+        """The newest round up to and including ``round_index`` this run wrote a state for (file headers only)."""
+        return next((r for r in reversed(self._rounds()) if r <= round_index and self._ours(r)), None)
 
-    def latest_before(self, round_index: int) -> NodeState | None:
-        """The newest state this run wrote for a round before ``round_index`` (None: the client never trained)."""
-        newest = self.newest_round_before(round_index)
+    def latest_until(self, round_index: int) -> NodeState | None:
+        """The state after the newest round up to ``round_index`` (None: the client had not trained by then)."""
+        newest = self.newest_round_until(round_index)
         return None if newest is None else decode(self._path(newest).read_bytes())[0]
 
-    def save(self, state: NodeState) -> bytes:
-        """Write the state of ``state.round_index`` atomically, drop older files, return the bytes written."""
+    def save(self, state: NodeState, started_from: int) -> bytes:
+        """Write the state of ``state.round_index`` atomically, keep the file of ``started_from`` (the round this
+        one started from: what the next round starts from if the server does not count this one), drop the others,
+        and return the bytes written."""
         blob = encode(state, self.fingerprint)
         with atomic_file(self._path(state.round_index), "wb") as handle:
             handle.write(blob)
             handle.flush()
             os.fsync(handle.fileno())
-        keep = {state.round_index, self.newest_round_before(state.round_index)}
+        keep = {state.round_index, started_from}
         for stored_round in self._rounds():
             if stored_round not in keep:
                 self._path(stored_round).unlink()
         return blob
 
 
+def counted_round(history: list[dict], client_id: str) -> int:
+    """The last round (0-based) whose update from ``client_id`` the server aggregated, by its record; -1: none."""
+    return max((record["round"] - 1 for record in history if client_id in record["clients"]), default=-1)
+
+
 def collect_node_states(engine, nodes_root: Path) -> None:
-    """Each client's final private state, read into ``engine.state`` from its node's directory:
-    what the harness does after a Flower run so a stage can score each client's own model on this machine, as
-    each silo would. The Flower server never calls it."""
+    """Each client's final private state (after the last round the server counted), read into ``engine.state``
+    from its node's directory: what the harness does after a Flower run so a stage can score each client's own
+    model on this machine, as each silo would. The Flower server never calls it."""
     for client_id in engine.train_ids:
-        state = NodeStateStore(nodes_root / client_id, engine.fingerprint).latest_before(engine.settings.rounds)
+        store = NodeStateStore(nodes_root / client_id, engine.fingerprint)
+        state = store.latest_until(counted_round(engine.state.history, client_id))
         if state is not None:
             engine.state.client_states[client_id] = state.tensors

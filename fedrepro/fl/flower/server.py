@@ -29,6 +29,7 @@ from fedrepro.fl.algorithm import Algorithm, ClientUpdate
 from fedrepro.fl.channel import SERVER, upload_problem
 from fedrepro.fl.engine import Engine, FederatedTask
 from fedrepro.fl.flower import messages as m
+from fedrepro.fl.flower.node_state import counted_round
 from fedrepro.fl.runtime import CellRecipe
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class FlowerServer(Engine):
         """What stopped ``serve``, for the harness (Flower itself only reports that the ServerApp failed)."""
         self.node_of: dict[str, int] = {}
         self._round = -1
+        self._delivered: list[str] = []
+        """The clients whose update the round being closed counts (its record is not in the history yet)."""
 
     # ----- what the ServerApp runs ----------------------------------------------------------------------
     def serve(self, grid: Grid) -> None:
@@ -101,6 +104,11 @@ class FlowerServer(Engine):
     def _config(self, round_index: int, **extra: Any) -> ConfigRecord:
         return ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: self.fingerprint, **extra})
 
+    def _counted_round(self, client_id: str) -> int:
+        """The last round whose update from ``client_id`` this server counted: the node goes on from its state
+        after that round (``node_state``), whatever it did in a round whose reply came late or was refused."""
+        return self._round if client_id in self._delivered else counted_round(self.state.history, client_id)
+
     def _identify_nodes(self) -> dict[str, int]:
         """Ask every node which client it serves; each training client must be served by exactly one node."""
         deadline = time.monotonic() + self.nodes_timeout
@@ -130,11 +138,12 @@ class FlowerServer(Engine):
 
     # ----- one round -------------------------------------------------------------------------------------
     def _run_round(self, round_index: int) -> dict[str, Any]:
-        self._round = round_index
+        self._round, self._delivered = round_index, []
         sampled, outgoing = self.open_round(round_index)
-        received = self.channel.broadcast(round_index, SERVER, sampled, outgoing)
-        content = RecordDict({m.TENSORS: m.to_record(received), m.CONFIG: self._config(round_index)})
-        replies = self._exchange(MessageType.TRAIN, {client_id: content for client_id in sampled}, round_index)
+        received = m.to_record(self.channel.broadcast(round_index, SERVER, sampled, outgoing))
+        contents = {client_id: RecordDict({m.TENSORS: received, m.CONFIG: self._config(
+            round_index, **{m.COUNTED: self._counted_round(client_id)})}) for client_id in sampled}
+        replies = self._exchange(MessageType.TRAIN, contents, round_index)
         updates, losses, missed = [], [], {}
         for client_id in sampled:
             reply = replies[client_id]
@@ -155,6 +164,7 @@ class FlowerServer(Engine):
             scalars = self.channel.send_scalars(round_index, client_id, SERVER, dict(reply.content[m.METRICS]))
             updates.append(ClientUpdate(client_id, arrived, int(scalars[m.NUM_SAMPLES])))
             losses.append(float(scalars[m.TRAIN_LOSS]) if m.TRAIN_LOSS in scalars else None)
+        self._delivered = [update.client_id for update in updates]
         return self.close_round(round_index, [u.client_id for u in updates], updates, losses, missed)
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
@@ -164,9 +174,10 @@ class FlowerServer(Engine):
             return super().evaluate(split)
         clients = list(self.task.client_ids)
         shared = {name: self.state.global_weights[name] for name in self.shared_names}
-        sent = self.channel.broadcast(self._round, SERVER, clients, shared)
-        content = RecordDict({m.TENSORS: m.to_record(sent), m.CONFIG: self._config(self._round, **{m.SPLIT: split})})
-        replies = self._exchange(MessageType.EVALUATE, {client_id: content for client_id in clients}, self._round)
+        sent = m.to_record(self.channel.broadcast(self._round, SERVER, clients, shared))
+        contents = {client_id: RecordDict({m.TENSORS: sent, m.CONFIG: self._config(
+            self._round, **{m.SPLIT: split, m.COUNTED: self._counted_round(client_id)})}) for client_id in clients}
+        replies = self._exchange(MessageType.EVALUATE, contents, self._round)
         scores = {}
         for client_id, reply in replies.items():
             if reply is None or reply.has_error():
