@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -32,6 +32,8 @@ class DataParams(_Strict):
     seed: int
     max_questions_per_client: int = Field(ge=0, description="train questions of the largest client; 0 = all")
     min_questions_per_client: int = Field(ge=1)
+    client_train_questions: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        description="train questions of the named clients, in place of their skew-preserving cap; 0 = all")
     max_eval_questions_per_client: int = Field(ge=0, description="valid/test questions per client; 0 = all")
     re_corpora: list[Literal[RE_CORPORA]]  # type: ignore[valid-type]
     vertical_sets: dict[str, list[str] | None] = Field(description="FATE set -> host files to join (null: all)")
@@ -58,6 +60,8 @@ class MineParams(_Strict):
     b: float = Field(ge=0, le=1)
     negatives_per_question: int = Field(ge=1)
     max_triples_per_client: int = Field(ge=0, description="training triples kept per client (seeded sample); 0 = all")
+    client_max_triples: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        description="training triples kept for the named clients, in place of max_triples_per_client; 0 = all")
     eval_negatives: int = Field(ge=1)
     eval_pool: Literal["bm25", "official"]
     es_url: str | None = None
@@ -348,9 +352,23 @@ class Params(_Strict):
     ssvfnas: SSVFNASParams
     report: ReportParams
 
+    @property
+    def qa_clients(self) -> list[str]:
+        """FedMatch's clients: the embedded domains, or the QA collections of a mirror or official run."""
+        return self.partition.embedded_domains if self.data.source == "embedded" else self.partition.collections
+
+    @model_validator(mode="after")
+    def _per_client_caps_name_clients(self) -> "Params":
+        for key, caps in (("data.client_train_questions", self.data.client_train_questions),
+                          ("mine.client_max_triples", self.mine.client_max_triples)):
+            unknown = sorted(set(caps) - set(self.qa_clients))
+            if unknown:
+                raise ValueError(f"{key} names {unknown}, which are not clients of this run; allowed {self.qa_clients}")
+        return self
+
     @model_validator(mode="after")
     def _clients_per_round_fits(self) -> "Params":
-        n_clients = len(self.partition.embedded_domains if self.data.source == "embedded" else self.partition.collections)
+        n_clients = len(self.qa_clients)
         for key, value, least in (("train.clients_per_round", self.train.clients_per_round, "0 (all)"),
                                   ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled, "1")):
             if value > n_clients:
@@ -398,12 +416,12 @@ def _fill(target: dict[str, Any], presets: dict[str, Any], where: str) -> None:
     for key, value in presets.items():
         if key not in target:
             raise ConfigError(f"params: {where}.{key} names no key of params.yaml")
-        if isinstance(value, dict):
+        if target[key] is None:  # a leaf the scale fills, a mapping included (data.client_train_questions)
+            target[key] = value
+        elif isinstance(value, dict):
             if not isinstance(target[key], dict):
                 raise ConfigError(f"params: {where}.{key} names no group of params.yaml")
             _fill(target[key], value, f"{where}.{key}")
-        elif target[key] is None:
-            target[key] = value
 
 
 def _one_line(error: ValidationError) -> str:

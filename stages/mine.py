@@ -21,7 +21,8 @@ def main() -> None:
             pairs, same_text_gold = read_table(folder / "pairs.parquet"), read_table(folder / "same_text_gold.parquet")
             triples = training_triples(pairs, read_table(folder / "train_pool.parquet"), params.negatives_per_question, params.backend,
                                        same_text_gold, **options)
-            triples = cap_triples(triples, params.max_triples_per_client, folder.name)
+            cap = params.client_max_triples.get(folder.name, params.max_triples_per_client)
+            triples = cap_triples(triples, cap, folder.name)
             official = params.eval_pool == "official" and (folder / "official_pools.parquet").exists()
             if official:
                 candidates = official_candidates(pairs, read_table(folder / "official_pools.parquet"), same_text_gold)

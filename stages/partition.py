@@ -23,7 +23,7 @@ def main() -> None:
         clients = clients_by_collection(PREPARED, partition.collections)
     with atomic_dir(OUT) as tmp:
         summary = write_clients(clients, tmp, data.max_questions_per_client, data.min_questions_per_client,
-                                data.max_eval_questions_per_client, data.seed)
+                                data.max_eval_questions_per_client, data.seed, data.client_train_questions)
         write_json(tmp / "summary.json", summary)
 
 

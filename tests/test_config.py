@@ -41,6 +41,18 @@ def test_switching_scale_moves_every_null_key():
     assert params.data.max_questions_per_client == RAW["scales"]["cpu"]["data"]["max_questions_per_client"]
 
 
+def test_a_scale_fills_a_per_client_mapping_and_a_name_that_is_no_client_is_refused():
+    raw = with_change("scales.cpu.mine.client_max_triples", {"fiqa": 1000})
+    raw["scale"] = "cpu"
+    raw["data"]["source"] = "mirror"
+    params = parse_params(raw)
+    assert params.mine.client_max_triples == {"fiqa": 1000} and params.data.client_train_questions == {}
+    raw["scales"]["cpu"]["data"]["client_train_questions"] = {"fiqaa": 200}
+    with pytest.raises(ConfigError, match=r"data.client_train_questions names \['fiqaa'\], which are not clients of "
+                                          r"this run; allowed \['privacyqa', 'bioasq', 'fiqa', 'insuranceqa', 'medquad'\]"):
+        parse_params(raw)
+
+
 def test_an_explicit_value_wins_over_the_scale():
     assert parse_params(with_change("train.rounds", 3)).train.rounds == 3
 

@@ -32,6 +32,13 @@ def test_caps_keep_the_size_skew():
     assert skew_preserving_caps({"a": 10, "b": 3}, largest=0, smallest=1) == {"a": 10, "b": 3}
 
 
+def test_a_named_client_keeps_its_own_cap_and_the_others_keep_the_skew():
+    sizes = {"big": 3328, "mid": 800, "small": 107}
+    assert skew_preserving_caps(sizes, largest=40, smallest=5, named={"small": 60}) == {"big": 40, "mid": 10, "small": 60}
+    assert skew_preserving_caps(sizes, largest=40, smallest=5, named={"small": 0, "mid": 5000}) == \
+        {"big": 40, "mid": 800, "small": 107}, "0 = all it has, and never more than it has"
+
+
 def test_capping_is_seeded_and_per_split():
     pairs = toy_pairs()
     first = cap_client(pairs, 3, 1, seed=0, client="c")

@@ -15,16 +15,19 @@ from fedrepro.io import read_table, write_table
 from fedrepro.seeding import derive_seed
 
 
-def skew_preserving_caps(train_sizes: dict[str, int], largest: int, smallest: int) -> dict[str, int]:
+def skew_preserving_caps(train_sizes: dict[str, int], largest: int, smallest: int,
+                         named: dict[str, int] | None = None) -> dict[str, int]:
     """Scale every client's train-question count so the largest has ``largest`` and the ratios stay the same.
 
-    ``largest == 0`` keeps everything; no client is cut below ``smallest`` (or its full size if smaller).
+    ``largest == 0`` keeps everything; no client is cut below ``smallest`` (or its full size if smaller). A client in
+    ``named`` keeps its own number instead (0 = all, never more than it has): a collection the scaled caps starve of
+    the data it needs (FiQA at CPU scale, reports/cpu/fedmatch/sanity-fiqa-alone).
     """
-    if largest == 0:
-        return dict(train_sizes)
     top = max(train_sizes.values())
-    factor = min(1.0, largest / top)
-    return {c: min(n, max(smallest, math.ceil(n * factor))) for c, n in train_sizes.items()}
+    factor = 1.0 if largest == 0 else min(1.0, largest / top)
+    caps = {c: min(n, max(smallest, math.ceil(n * factor))) for c, n in train_sizes.items()}
+    caps.update({c: min(n or train_sizes[c], train_sizes[c]) for c, n in (named or {}).items() if c in caps})
+    return caps
 
 
 def sample_questions(pairs: pd.DataFrame, split: str, count: int, seed: int, client: str) -> pd.DataFrame:
@@ -107,10 +110,12 @@ def clients_by_domain(prepared: Path, collection: str, domains: list[str]) -> di
     return clients
 
 
-def write_clients(clients: dict[str, QAClient], out: Path, largest: int, smallest: int, eval_questions: int, seed: int) -> dict:
-    """Cap every client (keeping the size skew) and write its tables under ``out/qa/<client>/``; return a summary."""
+def write_clients(clients: dict[str, QAClient], out: Path, largest: int, smallest: int, eval_questions: int, seed: int,
+                  named: dict[str, int] | None = None) -> dict:
+    """Cap every client (keeping the size skew; ``named`` clients to their own number of train questions, 0 = all)
+    and write its tables under ``out/qa/<client>/``; return a summary."""
     train_sizes = {c: client.pairs.loc[client.pairs["split"] == "train", "question_id"].nunique() for c, client in clients.items()}
-    caps = skew_preserving_caps(train_sizes, largest, smallest)
+    caps = skew_preserving_caps(train_sizes, largest, smallest, named)
     summary = {}
     for name, client in clients.items():
         capped = cap_client(client.pairs, caps[name], eval_questions, seed, name)

@@ -86,6 +86,11 @@ def _results_for(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
     return data.results[data.results.row.isin(rows)]
 
 
+def _named_caps(caps: dict[str, int], what: str) -> str:
+    """'; fiqa: 1000 triples' for the clients whose cap is their own (none: '')."""
+    return "".join(f"; {client}: {n or 'all'} {what}" for client, n in sorted(caps.items()))
+
+
 def render_report(params: Params, data: FedMatchResults, chance: dict, partition: dict, mined: dict) -> str:
     fm, train, model, mine = params.fedmatch, params.train, params.model, params.data
     settings, labels = fm.settings, {**LABELS, **marked_labels(data)}
@@ -119,7 +124,8 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         "same bits on the same machine type; another instruction set moves the numbers a little (README, Reproducibility).",
         f"- Data source `{params.data.source}`; caps: the largest client keeps {mine.max_questions_per_client or 'all'} training "
         f"questions, the others in proportion (at least {mine.min_questions_per_client}); {mine.max_eval_questions_per_client or 'all'} "
-        f"valid and test questions per client; at most {params.mine.max_triples_per_client or 'all'} training triples per client.",
+        f"valid and test questions per client; at most {params.mine.max_triples_per_client or 'all'} training triples per client"
+        f"{_named_caps(mine.client_train_questions, 'training questions')}{_named_caps(params.mine.client_max_triples, 'triples')}.",
         f"- Negatives: the top-{params.mine.negatives_per_question} non-gold BM25 answers ({params.mine.backend}, k1 = {params.mine.k1}, "
         f"b = {params.mine.b}: Elasticsearch's defaults, as the paper mined with Elasticsearch) from the client's training pool. "
         + ("Test candidates: the gold answers plus the top-" + str(params.mine.eval_negatives) + " non-gold BM25 answers."
