@@ -64,8 +64,8 @@ def test_a_node_whose_reply_the_server_never_counted_goes_on_as_if_it_had_not_tr
     """A reply that arrived after the server closed the round (or that it refused) left the node a round ahead of
     the federation. Its next round must start from the state of the last round the server counted, so that it is
     exactly the round a node that never got the uncounted message trains: SCAFFOLD's c_k, the change it uploads
-    and the state it keeps all equal. (Starting from the newest file instead broke c = mean of every c_k in the
-    kill drill whenever the restarted node's first reply came late.)"""
+    and the state it keeps all equal. (Starting from the newest file instead, a late or refused reply, or a ClientApp
+    outliving its killed SuperNode, left c off the mean of the c_k: the kill drill once ended 0.99 off.)"""
     pytest.importorskip("flwr", reason="the flower extra is not installed")
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
