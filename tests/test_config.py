@@ -48,8 +48,9 @@ def test_a_scale_fills_a_per_client_mapping_and_a_name_that_is_no_client_is_refu
     params = parse_params(raw)
     assert params.mine.client_max_triples == {"fiqa": 1000} and params.data.client_train_questions == {}
     raw["scales"]["cpu"]["data"]["client_train_questions"] = {"fiqaa": 200}
-    with pytest.raises(ConfigError, match=r"data.client_train_questions names \['fiqaa'\], which are not clients of "
-                                          r"this run; allowed \['privacyqa', 'bioasq', 'fiqa', 'insuranceqa', 'medquad'\]"):
+    with pytest.raises(ConfigError, match=r"data.client_train_questions names \['fiqaa'\], which are no QA collection "
+                                          r"or embedded domain; allowed \['privacyqa', 'bioasq', 'fiqa', 'insuranceqa', "
+                                          r"'medquad', 'auto-insurance'"):
         parse_params(raw)
 
 
