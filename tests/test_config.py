@@ -51,7 +51,7 @@ def test_a_scale_fills_a_per_client_mapping_and_a_name_that_is_no_client_is_refu
     raw["scales"]["cpu"]["data"]["client_train_questions"] = {"fiqaa": 200}
     with pytest.raises(ConfigError, match=r"data.client_train_questions names \['fiqaa'\], which are no QA collection "
                                           r"or embedded domain; allowed \['privacyqa', 'bioasq', 'fiqa', 'insuranceqa', "
-                                          r"'medquad', 'auto-insurance'"):
+                                          r"'medquad', 'life-insurance'"):
         parse_params(raw)
 
 
