@@ -361,9 +361,10 @@ class Params(_Strict):
     def _per_client_caps_name_clients(self) -> "Params":
         for key, caps in (("data.client_train_questions", self.data.client_train_questions),
                           ("mine.client_max_triples", self.mine.client_max_triples)):
-            unknown = sorted(set(caps) - set(self.qa_clients))
+            known = self.partition.collections + self.partition.embedded_domains  # unused where the source lacks it
+            unknown = sorted(set(caps) - set(known))
             if unknown:
-                raise ValueError(f"{key} names {unknown}, which are not clients of this run; allowed {self.qa_clients}")
+                raise ValueError(f"{key} names {unknown}, which are no QA collection or embedded domain; allowed {known}")
         return self
 
     @model_validator(mode="after")

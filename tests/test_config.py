@@ -42,14 +42,16 @@ def test_switching_scale_moves_every_null_key():
 
 
 def test_a_scale_fills_a_per_client_mapping_and_a_name_that_is_no_client_is_refused():
-    raw = with_change("scales.cpu.mine.client_max_triples", {"fiqa": 1000})
+    raw = with_change("scales.cpu.mine.client_max_triples", {"bioasq": 500})
     raw["scale"] = "cpu"
     raw["data"]["source"] = "mirror"
     params = parse_params(raw)
-    assert params.mine.client_max_triples == {"fiqa": 1000} and params.data.client_train_questions == {}
+    assert params.mine.client_max_triples == {"bioasq": 500}
+    assert params.data.client_train_questions == RAW["scales"]["cpu"]["data"]["client_train_questions"] == {"fiqa": 200}
     raw["scales"]["cpu"]["data"]["client_train_questions"] = {"fiqaa": 200}
-    with pytest.raises(ConfigError, match=r"data.client_train_questions names \['fiqaa'\], which are not clients of "
-                                          r"this run; allowed \['privacyqa', 'bioasq', 'fiqa', 'insuranceqa', 'medquad'\]"):
+    with pytest.raises(ConfigError, match=r"data.client_train_questions names \['fiqaa'\], which are no QA collection "
+                                          r"or embedded domain; allowed \['privacyqa', 'bioasq', 'fiqa', 'insuranceqa', "
+                                          r"'medquad', 'life-insurance'"):
         parse_params(raw)
 
 
