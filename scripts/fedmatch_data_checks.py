@@ -39,7 +39,7 @@ from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.retrieval.bm25 import score_candidates
 from fedrepro.tasks.qa import ClientQAData, QAMatchingTask, qrels_and_run
 
-SPLIT = "valid"  # the split the sanity protocol chooses on (reports/cpu/fedmatch/sanity.md)
+SPLIT = "valid"  # the split the sanity protocol chooses on (reports/cpu/fedmatch/sanity-fiqa-own-caps/sanity.md)
 NEAR_DUPLICATE = 0.8  # word-set Jaccard at or above which two answers count as nearly the same text
 RANDOM_DRAWS = 5000
 
