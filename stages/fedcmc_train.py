@@ -15,6 +15,7 @@ from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_cells, table_cells
 from fedrepro.fedcmc.runs import build_cell
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, tree_digest, write_json
+from fedrepro.models.backbone import check_loadable
 
 PREPARED, PARTITIONS, TOKENIZER = Path("data/prepared/re"), Path("data/fedcmc/partitions"), Path("data/fedcmc/tokenizer")
 CHECKPOINTS, OUT = Path("data/checkpoints/fedcmc"), Path("data/fedcmc")
@@ -56,6 +57,7 @@ def main() -> None:
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="every point x method x seed of one sweep")
     args = parser.parse_args()
     params = load_params()
+    check_loadable(params.fedcmc.settings.backbone, "fedcmc.settings.backbone")
     if args.sweep:
         folder = Path("sweeps") / args.sweep
         cells = {folder: sweep_cells(params, args.sweep)}

@@ -20,6 +20,7 @@ from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import atomic_dir, tree_digest, write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
+from fedrepro.models.backbone import check_loadable
 from fedrepro.models.patches import patch_effect, patch_norms
 from fedrepro.report.fedmatch import history_health
 from fedrepro.runs import build_cell
@@ -75,6 +76,7 @@ def main() -> None:
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="a figure: every point x method x seed of fedmatch.sweeps")
     args = parser.parse_args()
     params = load_params()
+    check_loadable(params.model.backbone, "model.backbone")
     if args.sweep:
         folder = Path("sweeps") / args.sweep
         cells = {folder: [c for c in sweep_cells(params) if c.sweep == args.sweep]}

@@ -33,7 +33,7 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
 
 def relation_tokenizer(params: Params, tokenizer_dir: Path):
     """The backbone's tokenizer with the four entity markers as special tokens."""
-    tokenizer = load_tokenizer(params.fedcmc.settings.backbone, tokenizer_dir)
+    tokenizer = load_tokenizer(params.fedcmc.settings.backbone, tokenizer_dir, "fedcmc.settings.backbone")
     add_entity_markers(tokenizer)
     return tokenizer
 
@@ -59,7 +59,7 @@ def build_relation_task(params: Params, cell: Cell, prepared_dir: Path, partitio
 
     def build_model() -> RelationClassifier:
         encoder = build_encoder(settings.backbone, len(tokenizer), params.model.tiny.model_dump(), settings.max_length,
-                                settings.keep_layers)
+                                settings.keep_layers, "fedcmc.settings.backbone")
         return RelationClassifier(encoder, len(classes))
 
     return RelationTask(corpus, read_table(folder / "assignment.parquet"), classes, settings.negative_labels, tokenizer,
