@@ -8,6 +8,7 @@ instance with ``dvc exp run -S train.rounds=3``) always wins over the scale's va
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,10 +38,24 @@ class DataParams(_Strict):
     max_eval_questions_per_client: int = Field(ge=0, description="valid/test questions per client; 0 = all")
     re_corpora: list[Literal[RE_CORPORA]]  # type: ignore[valid-type]
     vertical_sets: dict[str, list[str] | None] = Field(description="FATE set -> host files to join (null: all)")
+    own_files: dict[str, str] = Field(
+        description="the user's own raw files, read from data.mirror at any source: {path under the mirror: sha256}")
     i2b2_dir: str | None = None
     modelnet40_dir: str | None = None
     modelnet40_image_size: int = Field(32, ge=4)
     modelnet40_max_objects: int = Field(0, ge=0, description="objects per class and split; 0 = all")
+
+    @field_validator("own_files")
+    @classmethod
+    def _own_files_are_mirror_paths_with_sha256(cls, files: dict[str, str]) -> dict[str, str]:
+        for path, digest in files.items():
+            parts = path.split("/")
+            if len(parts) < 2 or path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+                raise ValueError(f"{path!r}: expected a relative path under data.mirror, collection folder first "
+                                 "(for example fate_vfl/clinic_hetero_guest.csv)")
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"{path!r}: {digest!r} is no sha256; expected 64 lowercase hex digits (sha256sum of the file)")
+        return files
 
     @property
     def raw_collections(self) -> list[str]:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.data.prepare import prepare_embedded, prepare_raw, write_modelnet40
+from fedrepro.data.prepare import prepare_embedded, prepare_raw, write_fate_sets, write_modelnet40
+from fedrepro.data.vertical import own_vertical_sets
 from fedrepro.io import atomic_dir, write_json
 
 RAW, OUT = Path("data/raw"), Path("data/prepared")
@@ -17,6 +18,7 @@ def main() -> None:
     with atomic_dir(OUT) as tmp:
         if data.source == "embedded":
             stats = prepare_embedded(RAW, tmp, data.seed)
+            write_fate_sets(RAW, tmp, own_vertical_sets(data.vertical_sets, data.own_files), stats)  # the user's tables
         else:
             stats = prepare_raw(RAW, tmp, data.seed, params.partition.collections, data.re_corpora, data.vertical_sets, data.i2b2_dir)
         if data.modelnet40_dir is not None:  # SS-VFNAS's own images, from the user's copy at any source

@@ -88,6 +88,11 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeyp
     ("train.clients_per_round", 9, "train.clients_per_round = 9: more than the 5 clients; allowed 0 (all) .. 5"),
     ("fedmatch.settings.clients_sampled", 9, "fedmatch.settings.clients_sampled = 9: more than the 5 clients; allowed 1 .. 5"),
     ("mine.backend", "lucene", "mine.backend = 'lucene'"),
+    ("data.own_files", {"clinic_guest.csv": "0" * 64}, "'clinic_guest.csv': expected a relative path under data.mirror, "
+                                                       "collection folder first"),
+    ("data.own_files", {"fate_vfl/../../etc/passwd": "0" * 64}, "'fate_vfl/../../etc/passwd': expected a relative path"),
+    ("data.own_files", {"fate_vfl/clinic_hetero_guest.csv": "ABC"}, "'fate_vfl/clinic_hetero_guest.csv': 'ABC' is no "
+                                                                   "sha256; expected 64 lowercase hex digits"),
     ("scale", "huge", "scale = 'huge'"),
     ("train.local_epochs", KeyError, "train.local_epochs is missing"),
     ("train.learning_rate", 0.1, "train.learning_rate is not a known key"),

@@ -159,3 +159,39 @@ def test_mirror_source_at_cpu_scale_through_mining(project):
     for collection in ("privacyqa", "bioasq", "fiqa", "insuranceqa", "medquad", "chemprot_cpr5", "chemprot_cpr_groups", "pgr", "motor"):
         assert f"| {collection}" in statistics
     assert "i2b2: data.i2b2_dir is not set" in statistics
+
+
+def test_a_users_own_vertical_table_runs_through_ssvfnas_from_params_alone(tmp_path):
+    """A FATE-style table the package has never seen: the user writes it beside the mirror and declares it in params
+    (data.own_files with its sha256, data.vertical_sets, ssvfnas.datasets); nothing inside the package is edited."""
+    import hashlib
+
+    import numpy as np
+    import pandas as pd
+
+    (tmp_path / "project").mkdir()
+    root, mirror = fresh_copy(tmp_path / "project"), tmp_path / "my-mirror"
+    rng = np.random.default_rng(0)
+    ids, features = np.arange(300) + 1000, rng.normal(size=(300, 8))
+    label = (features[:, :4].sum(axis=1) + features[:, 4:].sum(axis=1) > 0).astype(int)  # needs both parties
+    tables = {"fate_vfl/clinic_hetero_guest.csv": pd.DataFrame({"id": ids, "y": label, **{f"x{i}": features[:, i] for i in range(4)}}),
+              "fate_vfl/clinic_hetero_host.csv": pd.DataFrame({"id": ids, **{f"x{i}": features[:, i] for i in range(4, 8)}})}
+    own = {}
+    for rel, table in tables.items():
+        (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(mirror / rel, index=False)
+        own[rel] = hashlib.sha256((mirror / rel).read_bytes()).hexdigest()
+    # `++` and `+`: Hydra's override grammar (which -S uses) adds keys that params.yaml lacks only when told to
+    variation = ["-S", f"data.mirror={mirror}", "-S", "++data.own_files={" + ", ".join(f"{rel}: {sha}" for rel, sha in own.items()) + "}", "-S", "+data.vertical_sets.clinic=[host]",
+                 "-S", "ssvfnas.datasets=[clinic]", "-S", "ssvfnas.parties=[2]", "-S", "ssvfnas.dp_levels=[[0, 0]]"]
+    undeclared = run(["dvc", "exp", "run", *variation[:2], *variation[4:], "ssvfnas_report"], root)
+    assert undeclared.returncode != 0
+    assert ("data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum: declare it in "
+            "data.own_files") in undeclared.stdout + undeclared.stderr
+    result = run(["dvc", "exp", "run", *variation, "ssvfnas_report"], root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    statistics = json.loads((root / "data" / "prepared" / "statistics.json").read_text())
+    assert "clinic" in statistics["vertical"]
+    metrics = json.loads((root / "reports" / "ssvfnas" / "metrics.json").read_text())
+    assert all(0.5 < value <= 1.0 for value in metrics["accuracy"].values()), metrics["accuracy"]
+    assert "clinic" in (root / "reports" / "ssvfnas" / "report.md").read_text()

@@ -1,7 +1,9 @@
 """Fetch the raw files (official URLs or a local mirror), verify every byte, publish atomically.
 
 Checksums and sources live next to this module (``checksums.json``, ``sources.json``) so the
-pipeline pins exactly the bytes that MANIFEST.md describes; tests inject their own tables.
+pipeline pins exactly the bytes that MANIFEST.md describes; tests inject their own tables. A user's own files are
+declared in params (``data.own_files``: path under the mirror -> sha256), never by editing those tables, and are
+read from ``data.mirror`` at any source.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from tqdm import tqdm
 
+from fedrepro.data.vertical import fate_files, own_vertical_sets
 from fedrepro.errors import DataError
 from fedrepro.io import atomic_dir, write_json
 
@@ -55,6 +58,66 @@ def verify_file(path: Path, rel: str, expected: dict[str, Any]) -> None:
     size = path.stat().st_size
     if "bytes" in expected and size != expected["bytes"]:
         raise DataError(f"{rel}: size mismatch, expected {expected['bytes']} bytes, got {size}")
+
+
+def own_checksums(own_files: Mapping[str, str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The user's files as checksum entries, grouped by their collection folder (the path's first part)."""
+    grouped: dict[str, dict[str, dict[str, Any]]] = {}
+    for rel, sha in sorted(own_files.items()):
+        grouped.setdefault(rel.split("/", 1)[0], {})[rel] = {"sha256": sha, "own": True}
+    return grouped
+
+
+def check_declared(vertical_sets: Mapping[str, Sequence[str] | None], declared: set[str], mirror: Path | None) -> None:
+    """Every file a configured vertical set needs has a checksum, the package's or the user's. Without this an
+    undeclared file was skipped by acquire and reported missing by prepare, though it sat in the mirror."""
+    for name, hosts in vertical_sets.items():
+        needed = fate_files(name, hosts, declared)
+        if hosts is None and len(needed) == 1:
+            raise DataError(f"params: data.vertical_sets.{name} = null, and no host file of it is declared; list its host "
+                            f"tags (for example {name}: [host]) and declare each file in data.own_files")
+        for rel in needed:
+            if rel in declared:
+                continue
+            found = mirror is not None and (Path(mirror) / rel).is_file()
+            seen = f"; the copy in {mirror} has sha256 {sha256_of(Path(mirror) / rel)}" if found else f", and it is not in {mirror}"
+            raise DataError(f"params: data.vertical_sets.{name} needs {rel}, which has no checksum: declare it in "
+                            f"data.own_files as `{rel}: <sha256>` (sha256sum of your copy){seen}")
+
+
+def _mirror_dir(mirror: str | os.PathLike | None, why: str) -> Path:
+    if mirror is None:
+        raise DataError(f"params: {why} needs data.mirror, a local directory laid out like the public sources")
+    if not Path(mirror).is_dir():
+        raise DataError(f"params: data.mirror = {str(mirror)!r}: the directory does not exist")
+    return Path(mirror)
+
+
+def _copy_verified(src: Path, dest: Path, rel: str, meta: dict[str, Any]) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    verify_file(dest, rel, meta)
+
+
+def acquire_own(own_files: Mapping[str, str], vertical_sets: Mapping[str, Sequence[str] | None],
+                mirror: str | os.PathLike | None, staging: Path, checksums: dict | None = None) -> list[dict[str, Any]]:
+    """The user's own files into ``staging`` at the embedded source, verified. A vertical set the package does not
+    know, or whose guest the user declared, must be wholly declared. Returns the files' manifest entries."""
+    known = {rel for files in (load_checksums() if checksums is None else checksums).values() for rel in files}
+    users = {name: hosts for name, hosts in vertical_sets.items()
+             if name in own_vertical_sets(vertical_sets, own_files) or fate_files(name, hosts, set())[0] not in known}
+    if not own_files and not users:
+        return []
+    root = _mirror_dir(mirror, "data.own_files")
+    check_declared(users, set(own_files), root)
+    entries = []
+    for rel, meta in sorted((rel, meta) for group in own_checksums(own_files).values() for rel, meta in group.items()):
+        src = root / PurePosixPath(rel)
+        if not src.is_file():
+            raise DataError(f"params: data.own_files declares {rel}, which is missing from data.mirror {root}")
+        _copy_verified(src, staging / PurePosixPath(rel), rel, meta)
+        entries.append({"path": rel, "sha256": meta["sha256"], "bytes": src.stat().st_size, "own": True})
+    return entries
 
 
 def _download(url: str, dest: Path) -> None:
@@ -102,27 +165,30 @@ def acquire(
     progress: bool = True,
     checksums: dict | None = None,
     sources: dict | None = None,
+    own_files: Mapping[str, str] | None = None,
+    vertical_sets: Mapping[str, Sequence[str] | None] | None = None,
 ) -> dict[str, Any]:
-    """Copy/download every file of ``collections`` into ``out_dir`` (same relative paths), verified.
+    """Copy/download every file of ``collections`` and the user's ``own_files`` into ``out_dir`` (same relative
+    paths), verified. Every file the ``vertical_sets`` need must be declared (``check_declared``).
 
     Everything is staged in a temporary sibling directory and renamed at the end, so a missing or
     corrupted file leaves ``out_dir`` untouched. Optional files (licences, unused variants) may be
     absent from a mirror; they are reported, not fatal.
     """
-    checksums = load_checksums() if checksums is None else checksums
+    checksums = {c: dict(files) for c, files in (load_checksums() if checksums is None else checksums).items()}
     if source not in SOURCES:
         raise DataError(f"params: data.source = {source!r}; allowed {list(SOURCES)} (or embedded)")
     unknown = [c for c in collections if c not in checksums]
     if unknown:
         raise DataError(f"unknown collection(s) {unknown}; allowed {sorted(checksums)}")
-    if source == "mirror":
-        if mirror is None:
-            raise DataError("params: data.source = 'mirror' needs data.mirror, a local directory laid out like the public sources")
-        mirror = Path(mirror)
-        if not mirror.is_dir():
-            raise DataError(f"params: data.mirror = {str(mirror)!r}: the directory does not exist")
-    else:
+    for collection, files in own_checksums(own_files or {}).items():
+        checksums.setdefault(collection, {}).update(files)
+        collections = list(dict.fromkeys([*collections, collection]))
+    if source == "mirror" or own_files:
+        mirror = _mirror_dir(mirror, "data.source = 'mirror'" if source == "mirror" else "data.own_files")
+    if source != "mirror":
         sources = load_sources() if sources is None else sources
+    check_declared(vertical_sets or {}, {rel for c in collections for rel in checksums[c]}, mirror)
 
     todo = [(c, rel, meta) for c in collections for rel, meta in sorted(checksums[c].items())]
     manifest: dict[str, Any] = {"source": source, "files": [], "collections": {}}
@@ -133,19 +199,21 @@ def acquire(
         cache: dict[str, Path] = {}
         for coll, rel, meta in tqdm(todo, desc="acquire", unit="file", disable=not progress):
             dest = staging / PurePosixPath(rel)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if source == "mirror":
+            if source == "mirror" or meta.get("own"):
                 src = mirror / PurePosixPath(rel)
                 if not src.is_file():
                     if meta.get("optional"):
                         manifest["collections"][coll]["missing_optional"].append(rel)
                         continue
-                    raise DataError(f"{rel}: missing from mirror {mirror}")
-                shutil.copyfile(src, dest)
+                    declared = "params: data.own_files declares it, but it is " if meta.get("own") else ""
+                    raise DataError(f"{rel}: {declared}missing from mirror {mirror}")
+                _copy_verified(src, dest, rel, meta)
             else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
                 _fetch_official(rel, sources.get(coll, {}).get(rel), dest, cache, Path(scratch))
-            verify_file(dest, rel, meta)
-            manifest["files"].append({"path": rel, "sha256": meta["sha256"], "bytes": dest.stat().st_size})
+                verify_file(dest, rel, meta)
+            entry = {"path": rel, "sha256": meta["sha256"], "bytes": dest.stat().st_size}
+            manifest["files"].append({**entry, "own": True} if meta.get("own") else entry)
             manifest["collections"][coll]["present"].append(rel)
         write_json(staging / "acquire_manifest.json", manifest)
     return manifest

@@ -128,7 +128,12 @@ def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list
             corpus = RE_LOADERS[name](raw, seed)
         corpus.name = name
         write_re(out, corpus, stats)
-    for name, hosts in vertical.items():
-        write_vertical(out, load_fate(raw / "fate_vfl", name, hosts=hosts), stats)
+    write_fate_sets(raw, out, vertical, stats)
     write_digits(out, stats)
     return stats
+
+
+def write_fate_sets(raw: Path, out: Path, vertical: dict[str, list[str] | None], stats: dict) -> None:
+    """FATE-style vertical tables (the public sets and the user's own) from the acquired raw files."""
+    for name, hosts in vertical.items():
+        write_vertical(out, load_fate(raw / "fate_vfl", name, hosts=hosts), stats)

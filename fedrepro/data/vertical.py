@@ -9,8 +9,8 @@ fold the flat pixel columns back into images; tabular parties have ``None`` ther
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Sequence
+from pathlib import Path, PurePosixPath
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -70,6 +70,23 @@ def _prefix(name: str) -> str:
     if "_hetero" in name:
         return name
     return f"{name[:-5]}_hetero_mini" if name.endswith("_mini") else f"{name}_hetero"
+
+
+def fate_files(name: str, hosts: Sequence[str] | None, declared: set[str]) -> list[str]:
+    """The raw files a FATE set needs, as paths under the mirror: its guest, then its hosts (the ``hosts`` tags, or
+    every declared ``<prefix>_host*.csv`` when None, as ``load_fate`` globs them)."""
+    prefix = _prefix(name)
+    guest = f"fate_vfl/{prefix}_guest.csv"
+    if hosts is not None:
+        return [guest] + [f"fate_vfl/{prefix}_{tag}.csv" for tag in hosts]
+    return [guest] + sorted(path for path in declared if PurePosixPath(path).match(f"fate_vfl/{prefix}_host*.csv"))
+
+
+def own_vertical_sets(vertical_sets: Mapping[str, Sequence[str] | None], own_files: Mapping[str, str]) -> dict:
+    """The sets of ``data.vertical_sets`` whose guest file the user declared in ``data.own_files``: prepared at any
+    source, the embedded one included (the public FATE sets need the mirror or the internet)."""
+    return {name: hosts for name, hosts in vertical_sets.items()
+            if fate_files(name, hosts, set())[0] in own_files}
 
 
 def _read(path: Path) -> tuple[pd.DataFrame, str]:

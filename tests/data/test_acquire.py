@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrepro.data.acquire import acquire, load_checksums, load_sources, safe_extract
+from fedrepro.data.acquire import acquire, acquire_own, load_checksums, load_sources, safe_extract
 from fedrepro.errors import DataError
 
 MIRROR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "raw"
@@ -91,6 +91,71 @@ def test_official_download_with_file_urls(mirror, tmp_path):
     with pytest.raises(DataError, match="download failed for " + bad_url):
         acquire(["toy"], "official", None, tmp_path / "out2", progress=False, checksums=table, sources=sources)
     assert not (tmp_path / "out2").exists()
+
+
+GUEST, HOST = b"id,y,x0\n1,0,0.5\n2,1,0.25\n", b"id,x1\n1,3\n2,4\n"
+CLINIC = {"fate_vfl/clinic_hetero_guest.csv": GUEST, "fate_vfl/clinic_hetero_host.csv": HOST}
+
+
+def _with_clinic(root: Path) -> dict[str, str]:
+    """The user's own FATE-style table in the mirror, and its data.own_files declaration."""
+    for rel, data in CLINIC.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return {rel: sha(data) for rel, data in CLINIC.items()}
+
+
+def test_own_files_declared_in_params_are_copied_and_checked_beside_the_known_ones(mirror, tmp_path):
+    root, table = mirror
+    own = _with_clinic(root)
+    manifest = acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own,
+                       vertical_sets={"clinic": ["host"]})
+    assert (tmp_path / "out/fate_vfl/clinic_hetero_host.csv").read_bytes() == HOST
+    assert {f["path"] for f in manifest["files"] if f.get("own")} == set(CLINIC)
+    assert "fate_vfl" not in table  # the injected table is not edited
+
+
+def test_an_own_file_that_differs_from_its_declared_sha256_is_refused(mirror, tmp_path):
+    root, table = mirror
+    own = _with_clinic(root)
+    (root / "fate_vfl/clinic_hetero_host.csv").write_bytes(b"id,x1\n1,3\n")
+    with pytest.raises(DataError, match=f"fate_vfl/clinic_hetero_host.csv: sha256 mismatch, expected {own['fate_vfl/clinic_hetero_host.csv']}"):
+        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_vertical_set_with_an_undeclared_file_names_it_and_how_to_declare_it(mirror, tmp_path):
+    """The file sits in the mirror but nobody declared it: acquire used to skip it and prepare said it was missing."""
+    root, table = mirror
+    own = _with_clinic(root)
+    del own["fate_vfl/clinic_hetero_host.csv"]
+    with pytest.raises(DataError) as error:
+        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own,
+                vertical_sets={"clinic": ["host"]})
+    assert str(error.value) == (
+        "params: data.vertical_sets.clinic needs fate_vfl/clinic_hetero_host.csv, which has no checksum: declare it in "
+        "data.own_files as `fate_vfl/clinic_hetero_host.csv: <sha256>` (sha256sum of your copy); the copy in "
+        f"{root} has sha256 {sha(HOST)}")
+    with pytest.raises(DataError, match=r"data.vertical_sets.clinic = null, and no host file of it is declared"):
+        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own,
+                vertical_sets={"clinic": None})
+
+
+def test_own_files_come_from_the_mirror_at_the_official_and_embedded_sources(mirror, tmp_path):
+    root, table = mirror
+    own = _with_clinic(root)
+    del table["toy"]["toy/LICENSE"]
+    sources = {"toy": {rel: {"url": (root / rel).as_uri()} for rel in FILES}}
+    acquire(["toy"], "official", root, tmp_path / "out", progress=False, checksums=table, sources=sources,
+            own_files=own, vertical_sets={"clinic": None})  # null hosts: every declared clinic_hetero_host*.csv
+    assert (tmp_path / "out/fate_vfl/clinic_hetero_guest.csv").read_bytes() == GUEST
+    staging = tmp_path / "embedded"
+    entries = acquire_own(own, {"clinic": ["host"], "breast": None}, root, staging)  # breast is the package's: left out
+    assert [e["path"] for e in entries] == sorted(CLINIC) and (staging / "fate_vfl/clinic_hetero_host.csv").is_file()
+    with pytest.raises(DataError, match="data.vertical_sets.clinic needs fate_vfl/clinic_hetero_host_2.csv"):
+        acquire_own(own, {"clinic": ["host", "host_2"]}, root, tmp_path / "embedded2")
+    with pytest.raises(DataError, match="data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum"):
+        acquire_own({}, {"clinic": ["host"]}, root, tmp_path / "embedded3")  # a set the package does not know
 
 
 def test_official_member_of_archive(tmp_path):
