@@ -11,6 +11,8 @@ python -m pip install --quiet --upgrade pip
 # torch is pinned exactly: a bare `torch` would pull a multi-GB CUDA build.
 python -m pip install --quiet -e ".[pipeline,test,flower]"  # flower: train.runtime=flower-*, tests/test_flower.py
 python -m pip check
+# `dvc plots show` pages that open without internet: Vega bundles from the npm registry, inlined (issue 22).
+python scripts/plots_offline.py
 # DVC needs a git repository with at least one commit and an identity for `dvc exp run`.
 git config user.name >/dev/null 2>&1 || git config user.name "fedrepro"
 git config user.email >/dev/null 2>&1 || git config user.email "fedrepro@localhost"
