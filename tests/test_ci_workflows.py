@@ -1,0 +1,90 @@
+"""The CI workflows for users' CI services (GitHub Actions, GitLab CI): valid by their linters, and running the same
+test command as .ci/run, so the three cannot drift apart."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+GITHUB = ROOT / ".github" / "workflows" / "ci.yml"
+GITLAB = ROOT / ".gitlab-ci.yml"
+CI_RUN = ROOT / ".ci" / "run"
+
+
+def lint(tool: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs a linter of the `test` extra, found beside the Python running the tests even when its venv is not
+    activated; the linters work offline."""
+    executable = shutil.which(tool, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    assert executable, f"{tool} is not installed: pip install -e '.[test]'"
+    return subprocess.run([executable, *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def job_commands(path: Path) -> dict[str, list[str]]:
+    """Each job's shell commands, one per line of its `run:` steps (GitHub) or `script:` (GitLab)."""
+    workflow = yaml.safe_load(path.read_text())
+    if path == GITHUB:
+        blocks = {name: [step["run"] for step in job["steps"] if "run" in step]
+                  for name, job in workflow["jobs"].items()}
+    else:
+        blocks = {name: job["script"] for name, job in workflow.items() if isinstance(job, dict) and "script" in job}
+    return {name: [line.strip() for block in lines for line in block.splitlines() if line.strip()]
+            for name, lines in blocks.items()}
+
+
+def ci_run_commands() -> list[str]:
+    """What .ci/run runs, less its shell set-up (set, cd) and its banner (echo)."""
+    lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith(("#", "set ", "cd ", "echo "))]
+
+
+@pytest.mark.parametrize(("workflow", "schema"), [(GITHUB, "vendor.github-workflows"), (GITLAB, "vendor.gitlab-ci")],
+                         ids=["github", "gitlab"])
+def test_workflows_match_their_services_schemas(workflow, schema):
+    result = lint("check-jsonschema", "--builtin-schema", schema, str(workflow))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_github_workflow_passes_zizmor():
+    """zizmor checks what a schema cannot (permissions, credentials left on disk, injection from event text, pins),
+    under the policy in .github/zizmor.yml."""
+    result = lint("zizmor", "--offline", "--no-progress", "--color", "never", str(GITHUB))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_scripts_the_workflows_call_pass_shellcheck():
+    """The workflows keep their logic in scripts/, where shellcheck reads it."""
+    called = {match for path in (GITHUB, GITLAB) for commands in job_commands(path).values()
+              for command in commands for match in re.findall(r"\bbash (\S+)", command)}
+    assert called, "no script found in the workflows"
+    result = lint("shellcheck", "--severity=warning", str(CI_RUN), *sorted(called))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("workflow", [GITHUB, GITLAB], ids=["github", "gitlab"])
+def test_workflows_test_job_runs_what_ci_run_runs(workflow):
+    expected = ci_run_commands()
+    assert expected, ".ci/run runs no command"
+    test_job = job_commands(workflow)["test"]
+    assert [command for command in test_job if command in expected] == expected, \
+        f"{workflow.name}'s test job must run .ci/run's commands {expected}, in order; it runs {test_job}"
+
+
+@pytest.mark.parametrize("workflow", [GITHUB, GITLAB], ids=["github", "gitlab"])
+def test_workflows_publish_the_regenerated_reports_with_their_diff(workflow):
+    commands = job_commands(workflow)["reports"]
+    assert commands.index("bash scripts/repro.sh") < commands.index("bash scripts/report_diff.sh > report-diff.md")
+    parsed = yaml.safe_load(workflow.read_text())
+    if workflow == GITHUB:
+        assert 'cat report-diff.md >> "$GITHUB_STEP_SUMMARY"' in commands
+        uploads = [step["with"]["path"] for step in parsed["jobs"]["reports"]["steps"]
+                   if step.get("uses", "").startswith("actions/upload-artifact@")]
+        published = uploads[0].split()
+    else:
+        published = parsed["reports"]["artifacts"]["paths"]
+    assert published == ["reports/", "report-diff.md"]
