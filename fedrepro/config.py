@@ -19,6 +19,8 @@ from fedrepro.errors import ConfigError
 from fedrepro.hardware import resolve_precision
 
 RE_CORPORA = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
+RE_LAYOUTS = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert")  # a user's own corpus may follow
+QA_LAYOUTS = ("insuranceqa", "medquad", "bioasq", "fiqa", "privacyqa")  # the public QA collections' file layouts
 SCALES = ("embedded", "cpu", "paper")
 RUNTIMES = ("engine", "flower-simulation", "flower-deployment")
 
@@ -36,10 +38,14 @@ class DataParams(_Strict):
     client_train_questions: dict[str, Annotated[int, Field(ge=0)]] = Field(
         description="train questions of the named clients, in place of their skew-preserving cap; 0 = all")
     max_eval_questions_per_client: int = Field(ge=0, description="valid/test questions per client; 0 = all")
-    re_corpora: list[Literal[RE_CORPORA]]  # type: ignore[valid-type]
+    re_corpora: list[str] = Field(description=f"of {list(RE_CORPORA)}, or your own named in data.re_layouts")
     vertical_sets: dict[str, list[str] | None] = Field(description="FATE set -> host files to join (null: all)")
     own_files: dict[str, str] = Field(
         description="the user's own raw files, read from data.mirror at any source: {path under the mirror: sha256}")
+    qa_layouts: dict[str, Literal[QA_LAYOUTS]] = Field(  # type: ignore[valid-type]
+        description="your own QA collections of partition.collections: {name: the public collection whose layout it follows}")
+    re_layouts: dict[str, Literal[RE_LAYOUTS]] = Field(  # type: ignore[valid-type]
+        description="your own relation corpora of data.re_corpora: {name: the public corpus whose layout it follows}")
     i2b2_dir: str | None = None
     modelnet40_dir: str | None = None
     modelnet40_image_size: int = Field(32, ge=4)
@@ -57,10 +63,19 @@ class DataParams(_Strict):
                 raise ValueError(f"{path!r}: {digest!r} is no sha256; expected 64 lowercase hex digits (sha256sum of the file)")
         return files
 
+    @model_validator(mode="after")
+    def _re_corpora_are_known_or_declared(self) -> "DataParams":
+        for index, name in enumerate(self.re_corpora):
+            if name not in RE_CORPORA and name not in self.re_layouts:
+                raise ValueError(f"data.re_corpora.{index} = {name!r}: allowed {list(RE_CORPORA)}, or a corpus of your own "
+                                 "named in data.re_layouts with the layout it follows")
+        return self
+
     @property
     def raw_collections(self) -> list[str]:
-        """The raw collections acquire must bring for the configured RE corpora and vertical sets."""
-        needed = [c.split("_")[0] for c in self.re_corpora if c != "i2b2"]
+        """The public raw collections acquire must bring for the configured RE corpora and vertical sets (the
+        user's own come with data.own_files)."""
+        needed = [c.split("_")[0] for c in self.re_corpora if c != "i2b2" and c not in self.re_layouts]
         return list(dict.fromkeys(needed + (["fate_vfl"] if self.vertical_sets else [])))
 
 
@@ -390,6 +405,19 @@ class Params(_Strict):
             if value > n_clients:
                 raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed {least} .. {n_clients}")
         return self
+
+    @model_validator(mode="after")
+    def _qa_collections_are_known_or_declared(self) -> "Params":
+        for index, name in enumerate(self.partition.collections):
+            if name not in QA_LAYOUTS and name not in self.data.qa_layouts:
+                raise ValueError(f"partition.collections.{index} = {name!r}: allowed {list(QA_LAYOUTS)}, or a collection of "
+                                 "your own named in data.qa_layouts with the layout it follows")
+        return self
+
+    @property
+    def public_collections(self) -> list[str]:
+        """The public raw collections acquire brings: the QA collections and what the RE and vertical data need."""
+        return [c for c in self.partition.collections if c not in self.data.qa_layouts] + self.data.raw_collections
 
     @model_validator(mode="after")
     def _ssvfnas_datasets_exist(self) -> "Params":

@@ -91,6 +91,13 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeyp
     ("data.own_files", {"clinic_guest.csv": "0" * 64}, "'clinic_guest.csv': expected a relative path under data.mirror, "
                                                        "collection folder first"),
     ("data.own_files", {"fate_vfl/../../etc/passwd": "0" * 64}, "'fate_vfl/../../etc/passwd': expected a relative path"),
+    ("partition.collections", ["fiqa", "bank_faq"], "partition.collections.1 = 'bank_faq': allowed ['insuranceqa', "
+                                                     "'medquad', 'bioasq', 'fiqa', 'privacyqa'], or a collection of your own "
+                                                     "named in data.qa_layouts"),
+    ("data.qa_layouts", {"bank_faq": "stackexchange"}, "data.qa_layouts.bank_faq = 'stackexchange': Input should be "
+                                                       "'insuranceqa', 'medquad', 'bioasq', 'fiqa' or 'privacyqa'"),
+    ("data.re_corpora", ["pgr", "my_genes"], "data.re_corpora.1 = 'my_genes': allowed ['pgr', 'chemprot_cpr5', "
+                                             "'chemprot_cpr_groups', 'chemprot_scibert', 'i2b2'], or a corpus of your own"),
     ("data.own_files", {"fate_vfl/clinic_hetero_guest.csv": "ABC"}, "'fate_vfl/clinic_hetero_guest.csv': 'ABC' is no "
                                                                    "sha256; expected 64 lowercase hex digits"),
     ("scale", "huge", "scale = 'huge'"),
@@ -111,3 +118,11 @@ def test_a_stage_with_bad_params_exits_nonzero_in_one_line_and_writes_nothing(tm
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "train.lr = -1" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_the_layouts_a_users_data_may_follow_are_the_loaders_there_are():
+    from fedrepro.config import QA_LAYOUTS, RE_LAYOUTS
+    from fedrepro.data.prepare import RE_LOADERS
+    from fedrepro.data.qa_collections import LOADERS
+
+    assert set(QA_LAYOUTS) == set(LOADERS) and set(RE_LAYOUTS) == set(RE_LOADERS)

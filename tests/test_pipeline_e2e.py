@@ -195,3 +195,73 @@ def test_a_users_own_vertical_table_runs_through_ssvfnas_from_params_alone(tmp_p
     metrics = json.loads((root / "reports" / "ssvfnas" / "metrics.json").read_text())
     assert all(0.5 < value <= 1.0 for value in metrics["accuracy"].values()), metrics["accuracy"]
     assert "clinic" in (root / "reports" / "ssvfnas" / "report.md").read_text()
+
+
+def _fiqa_layout(folder, topic: str, rng) -> None:
+    """A small QA collection in FiQA's file layout: questions, question-to-answer ids, answer texts."""
+    words = [f"{topic}{i}" for i in range(40)]
+    questions, qrels, answers = [], [], []
+    for q in range(80):
+        terms = rng.choice(words, size=4, replace=False)
+        questions.append({"qid": f"{q}", "question": f"how does {' '.join(terms)} work"})
+        qrels.append({"qid": f"{q}", "docid": f"{q}"})
+        answers.append(f"{q}\t{' '.join(terms)} works by {' '.join(rng.choice(words, size=6))}")
+    folder.mkdir(parents=True)
+    import pandas as pd
+
+    pd.DataFrame(questions).to_csv(folder / "FiQA_train_question_final.tsv", sep="\t")
+    pd.DataFrame(qrels).to_csv(folder / "FiQA_train_question_doc_final.tsv", sep="\t")
+    (folder / "FinBERT-QA_test_answers.csv").write_text("\n".join(answers) + "\n")
+
+
+def _pgr_layout(folder, rng) -> None:
+    """A small relation corpus in PGR's layout: gene-phenotype sentences, related ("true") or not ("false")."""
+    header = ["SENTENCE", "GENE", "GENE_START_POSITION", "GENE_END_POSITION", "PHENOTYPE", "PHENOTYPE_START_POSITION",
+              "PHENOTYPE_END_POSITION", "RELATION", "FILE_ID"]
+    (folder / "10_12_2018_corpus").mkdir(parents=True)
+    for split, count in (("train", 400), ("test", 120)):
+        lines = ["\t".join(header)]
+        for i in range(count):
+            related = bool(rng.integers(2))
+            gene, phenotype = f"GEN{rng.integers(50)}", f"syndrome{rng.integers(50)}"
+            text = f"{gene} {'causes' if related else 'is unrelated to'} {phenotype} in patients"
+            start = text.index(phenotype)
+            lines.append("\t".join(map(str, [text, gene, 0, len(gene), phenotype, start, start + len(phenotype),
+                                             str(related).lower(), f"{split}-{i // 4}"])))
+        (folder / "10_12_2018_corpus" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_users_own_qa_collections_and_relation_corpus_run_from_params_alone(tmp_path):
+    """Two QA collections in FiQA's layout as FedMatch's clients and a corpus in PGR's layout as FedCMC's dataset,
+    declared in the user's params.yaml (files, sha256s, layouts); nothing inside the package is edited."""
+    import hashlib
+
+    import numpy as np
+
+    (tmp_path / "project").mkdir()
+    root, mirror, rng = fresh_copy(tmp_path / "project"), tmp_path / "my-mirror", np.random.default_rng(0)
+    _fiqa_layout(mirror / "bank_faq", "loan", rng)
+    _fiqa_layout(mirror / "bank_help", "card", rng)
+    _pgr_layout(mirror / "my_genes", rng)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    data = params["data"]
+    data.update(source="mirror", mirror=str(mirror), re_corpora=["my_genes"], vertical_sets={},
+                qa_layouts={"bank_faq": "fiqa", "bank_help": "fiqa"}, re_layouts={"my_genes": "pgr"},
+                own_files={str(path.relative_to(mirror)): hashlib.sha256(path.read_bytes()).hexdigest()
+                           for path in sorted(mirror.rglob("*")) if path.is_file()})
+    params["partition"]["collections"] = ["bank_faq", "bank_help"]
+    params["train"]["rounds"] = 2
+    params["fedmatch"].update(methods=["fedavg", "fedmatch_h_lr"], table2=["fedmatch_h_lr"], table3=["fedavg", "fedmatch_h_lr"])
+    params["fedcmc"].update(methods=["fedavg"], datasets=["my_genes"], alphas=[0.5])
+    params["fedcmc"]["settings"]["rounds"] = 2
+    params["fedcmc"]["sweeps"].update(dataset="my_genes", alpha=0.5, clients=[], local_epochs=[], vectors=[], subset_modes=[],
+                                      subset_dataset="my_genes")
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = run(["dvc", "repro", "fedmatch_table", "fedcmc_table"], root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    statistics = json.loads((root / "data" / "prepared" / "statistics.json").read_text())
+    assert {"bank_faq", "bank_help"} <= set(statistics["qa"]) and "my_genes" in statistics["re"]
+    cell = json.loads((root / "data" / "fedmatch" / "tables" / "fedavg" / "fedavg-0" / "metrics.json").read_text())
+    assert set(cell["test"]["clients"]) == {"bank_faq", "bank_help"} and cell["test"]["overall"]["map"] > 0
+    cells = list((root / "data" / "fedcmc" / "tables" / "fedavg").glob("my_genes-*/metrics.json"))
+    assert len(cells) == 1 and json.loads(cells[0].read_text())["test"]["micro_f1"] > 0.5  # "causes" vs "is unrelated to"

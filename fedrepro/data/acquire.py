@@ -167,9 +167,11 @@ def acquire(
     sources: dict | None = None,
     own_files: Mapping[str, str] | None = None,
     vertical_sets: Mapping[str, Sequence[str] | None] | None = None,
+    own_collections: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Copy/download every file of ``collections`` and the user's ``own_files`` into ``out_dir`` (same relative
-    paths), verified. Every file the ``vertical_sets`` need must be declared (``check_declared``).
+    paths), verified. Every file the ``vertical_sets`` need must be declared (``check_declared``), and each of the
+    user's ``own_collections`` must have files.
 
     Everything is staged in a temporary sibling directory and renamed at the end, so a missing or
     corrupted file leaves ``out_dir`` untouched. Optional files (licences, unused variants) may be
@@ -181,7 +183,12 @@ def acquire(
     unknown = [c for c in collections if c not in checksums]
     if unknown:
         raise DataError(f"unknown collection(s) {unknown}; allowed {sorted(checksums)}")
-    for collection, files in own_checksums(own_files or {}).items():
+    declared = own_checksums(own_files or {})
+    for collection in own_collections:
+        if collection not in declared:
+            raise DataError(f"params: {collection!r} is a collection or corpus of your own (data.qa_layouts / "
+                            f"data.re_layouts), but data.own_files declares no file under {collection}/")
+    for collection, files in declared.items():
         checksums.setdefault(collection, {}).update(files)
         collections = list(dict.fromkeys([*collections, collection]))
     if source == "mirror" or own_files:

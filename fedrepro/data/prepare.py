@@ -100,20 +100,28 @@ def write_modelnet40(out: Path, root: str | Path, image_size: int, max_objects: 
         write_vertical(out, load_modelnet40(root, parties, image_size, max_objects), stats)
 
 
-RE_LOADERS = {
-    "pgr": lambda raw, seed: load_pgr(raw, seed=seed),
-    "chemprot_cpr_groups": lambda raw, seed: load_chemprot(raw, version="cpr_groups"),
-    "chemprot_scibert": lambda raw, seed: load_chemprot(raw, version="scibert"),
-    "chemprot_cpr5": lambda raw, seed: load_chemprot(raw, version="cpr5"),
+RE_LOADERS = {  # layout -> loader(raw_dir, seed, folder)
+    "pgr": lambda raw, seed, folder: load_pgr(raw, seed=seed, folder=folder),
+    "chemprot_cpr_groups": lambda raw, seed, folder: load_chemprot(raw, version="cpr_groups", folder=folder),
+    "chemprot_scibert": lambda raw, seed, folder: load_chemprot(raw, version="scibert", folder=folder),
+    "chemprot_cpr5": lambda raw, seed, folder: load_chemprot(raw, version="cpr5", folder=folder),
 }
 
 
+def re_folder(name: str, re_layouts: dict[str, str]) -> str:
+    """The raw folder of an RE corpus: the user's own under its name, a public one under its source's."""
+    return name if name in re_layouts else name.split("_")[0]
+
+
 def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list[str], vertical: dict[str, list[str] | None],
-                i2b2_dir: str | None) -> dict[str, Any]:
-    """Real collections from the acquired raw files (mirror or official)."""
+                i2b2_dir: str | None, qa_layouts: dict[str, str] | None = None,
+                re_layouts: dict[str, str] | None = None) -> dict[str, Any]:
+    """Real collections from the acquired raw files (mirror or official); the user's own are read with the layout
+    of the public collection or corpus they follow (``qa_layouts``, ``re_layouts``)."""
+    qa_layouts, re_layouts = qa_layouts or {}, re_layouts or {}
     stats = empty_statistics()
     for name in qa:
-        write_qa(out, load_collection(name, raw, seed), stats)
+        write_qa(out, load_collection(name, raw, seed, qa_layouts.get(name)), stats)
     for name in re_corpora:
         if name == "i2b2":
             if i2b2_dir is None:
@@ -125,7 +133,7 @@ def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list
                 stats["skipped"].append(f"i2b2: {error}; its cells are skipped")
                 continue
         else:
-            corpus = RE_LOADERS[name](raw, seed)
+            corpus = RE_LOADERS[re_layouts.get(name, name)](raw, seed, re_folder(name, re_layouts))
         corpus.name = name
         write_re(out, corpus, stats)
     write_fate_sets(raw, out, vertical, stats)

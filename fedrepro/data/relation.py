@@ -78,13 +78,13 @@ def carve_valid(groups: list[str], seed: int, fraction: float = VALID_FRACTION) 
 
 # ----------------------------------------------------------------------------- PGR
 
-def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0) -> RECorpus:
+def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0, folder: str = "pgr") -> RECorpus:
     """PGR TSV (gene = e1, phenotype = e2) from the character offsets; labels lower-cased to true/false.
 
     The 2018 corpus is the one with a (manually verified) test file; neither corpus has a validation split,
     so one is carved from train by abstract.
     """
-    base = _subdir(raw_dir, "pgr") / f"{corpus}_corpus"
+    base = _subdir(raw_dir, folder) / f"{corpus}_corpus"
     files = {"train": base / "train.tsv", "test": base / "test.tsv"}
     rows, notes, fixed, dropped = [], [], 0, Counter()
     for split, path in files.items():
@@ -310,11 +310,11 @@ def _group_cpr5(rows: list[tuple], notes: list[str], folder: Path) -> tuple[list
     return grouped, [*notes, "fine-grained labels grouped into CPR:3/4/5/6/9 (BioCreative VI guidelines), positives only"]
 
 
-def load_chemprot(raw_dir: Path | str, version: str = "cpr_groups") -> RECorpus:
+def load_chemprot(raw_dir: Path | str, version: str = "cpr_groups", folder: str = "chemprot") -> RECorpus:
     """ChemProt in one of its derived sentence-level versions (original BioCreative files not available):
     ``cpr_groups`` (CPR groups + NA candidates), ``scibert`` (13 fine-grained labels), ``cpr5`` (SciBERT's
     positives in the five CPR groups, the paper's task)."""
-    root = _subdir(raw_dir, "chemprot")
+    root = _subdir(raw_dir, folder)
     cpr_base = root / "cpr_groups_att-chemprot"
     if version == "cpr_groups":
         rows, notes = _load_cpr_groups(cpr_base)

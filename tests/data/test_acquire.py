@@ -158,6 +158,13 @@ def test_own_files_come_from_the_mirror_at_the_official_and_embedded_sources(mir
         acquire_own({}, {"clinic": ["host"]}, root, tmp_path / "embedded3")  # a set the package does not know
 
 
+def test_a_collection_of_your_own_without_declared_files_is_refused(mirror, tmp_path):
+    root, table = mirror
+    with pytest.raises(DataError, match=r"'bank_faq' is a collection or corpus of your own .* data.own_files declares no "
+                                        r"file under bank_faq/"):
+        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_collections=["bank_faq"])
+
+
 def test_official_member_of_archive(tmp_path):
     """Files shipped inside an archive (the PyPI sdist) are read out of the downloaded archive."""
     data = b"answers"
