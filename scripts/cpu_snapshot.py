@@ -4,16 +4,24 @@
     python scripts/cpu_snapshot.py run fedcmc --mirror ../shared/data/raw
     python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # the main table, about 23 min
     python scripts/cpu_snapshot.py collect fedcmc WORKDIR                      # copy WORKDIR's report into reports/cpu/fedcmc
+    python scripts/cpu_snapshot.py status [--mark]                            # which snapshots are stale against HEAD
 
 The clone keeps this checkout's data untouched; its report is written by the paper's own report stage and
-copied with a SNAPSHOT.md that records the commit, the date, the params and the stage wall times.
+copied with a SNAPSHOT.md that records the commit, the date, the params and the stage wall times, and with the
+clone's dvc.lock (SNAPSHOT.lock): the hash of every file and the value of every param its cells depended on.
+`status` lets DVC compare that lock with HEAD's code and the params HEAD would run the snapshot with; `--mark`
+puts a banner at the top of each stale snapshot's report (and takes it off a fresh one), which
+tests/test_cpu_snapshot.py requires.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,16 +63,27 @@ def set_key(params: dict, dotted: str, value) -> None:
     params[last] = value
 
 
+STALE_BANNER = "> **Stale snapshot.**"
+ENV = {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "GIT_AUTHOR_NAME": "fedrepro",
+       "GIT_AUTHOR_EMAIL": "fedrepro@localhost", "GIT_COMMITTER_NAME": "fedrepro", "GIT_COMMITTER_EMAIL": "fedrepro@localhost",
+       "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def snapshot_params(paper: str, base: dict, mirror: str) -> dict:
+    """``base`` (a params.yaml) as a snapshot of ``paper`` runs it: CPU scale, the mirror, the paper's grid."""
+    params = copy.deepcopy(base)
+    for key, value in {"scale": "cpu", "data.source": "mirror", "data.mirror": mirror,
+                       "report.title": PAPERS[paper]["title"], **PAPERS[paper]["grid"]}.items():
+        set_key(params, key, value)
+    return params
+
+
 def run(paper: str, mirror: Path, workdir: Path) -> None:
     spec = PAPERS[paper]
     subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
-    params = yaml.safe_load((workdir / "params.yaml").read_text())
-    for key, value in {"scale": "cpu", "data.source": "mirror", "data.mirror": str(mirror.resolve()),
-                       "report.title": spec["title"], **spec["grid"]}.items():
-        set_key(params, key, value)
+    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), str(mirror.resolve()))
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
-    env = {**os.environ, "PYTHONPATH": str(workdir), "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**ENV, "PYTHONPATH": str(workdir)}
     timings = []
     for target in spec["targets"]:
         started = time.perf_counter()
@@ -82,6 +101,7 @@ def collect(paper: str, workdir: Path) -> None:
         shutil.rmtree(target)
     shutil.copytree(workdir / "reports" / paper, target)
     shutil.copy(workdir / "params.yaml", target / "params.yaml")
+    shutil.copy(workdir / "dvc.lock", target / "SNAPSHOT.lock")
     times_file = next((f for f in (workdir / f"stage_times_{paper}.txt", workdir / "stage_times.txt") if f.exists()), None)
     times = times_file.read_text() if times_file else "(not recorded)\n"
     (target / "SNAPSHOT.md").write_text(
@@ -94,6 +114,68 @@ def collect(paper: str, workdir: Path) -> None:
     print(f"snapshot written to {target}")
 
 
+def dependency_changes(lock: str, params: dict, targets: list[str], revision: str = "HEAD") -> list[str]:
+    """What differs between a snapshot's dvc.lock and ``revision``'s code and dvc.yaml run with ``params``: one
+    line per changed dependency, param or command of ``targets`` and the stages upstream of them (DVC's own
+    comparison, in a copy of ``revision``; outputs are absent there, so those are not counted). Empty = fresh."""
+    with tempfile.TemporaryDirectory() as tmp:
+        head = Path(tmp)
+        archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(head)], input=archive, check=True)
+        (head / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+        (head / "dvc.lock").write_text(lock)
+        for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "snapshot status"]):
+            subprocess.run(command, cwd=head, check=True, env=ENV, capture_output=True)
+        status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], cwd=head, env=ENV, capture_output=True, text=True)
+    if status.returncode != 0:
+        raise SystemExit(f"dvc status failed: {status.stderr.strip()}")
+    changes = []
+    for stage, entries in json.loads(status.stdout).items():
+        for entry in entries:
+            if isinstance(entry, str):
+                changes.append(f"{stage}: {entry}")
+                continue
+            for kind, items in entry.items():
+                for name, state in items.items():
+                    if isinstance(state, dict):  # a params file: {param: state}
+                        changes += [f"{stage}: param {param} ({what})" for param, what in state.items()]
+                    elif kind == "changed deps" and state != "deleted":  # outputs are absent in the copy
+                        changes.append(f"{stage}: {name} ({state})")
+    return changes
+
+
+def trained_by(folder: Path) -> str:
+    found = re.search(r"Trained by commit `([0-9a-f]+)`", (folder / "SNAPSHOT.md").read_text())
+    return found.group(1)[:7] if found else "unknown"
+
+
+def status(paper: str) -> list[str]:
+    """Why ``paper``'s snapshot is stale against HEAD; empty when its cells would be trained the same way today."""
+    folder = ROOT / "reports" / "cpu" / paper
+    if not (folder / "SNAPSHOT.lock").is_file():
+        return [f"no SNAPSHOT.lock: trained by commit {trained_by(folder)} before snapshots kept what their cells "
+                "depended on"]
+    head_params = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=ROOT, capture_output=True,
+                                                text=True, check=True).stdout)
+    mirror = yaml.safe_load((folder / "params.yaml").read_text())["data"]["mirror"]
+    return dependency_changes((folder / "SNAPSHOT.lock").read_text(), snapshot_params(paper, head_params, mirror),
+                              PAPERS[paper]["targets"])
+
+
+def mark(paper: str, stale: bool) -> None:
+    """A stale snapshot's report says so in its first line; a fresh one's does not."""
+    report = ROOT / "reports" / "cpu" / paper / "report.md"
+    lines = report.read_text().split("\n")
+    if lines[0].startswith(STALE_BANNER):
+        lines = lines[2:]
+    if stale:
+        banner = (f"{STALE_BANNER} Trained by commit `{trained_by(report.parent)}`; the code or params its cells depend "
+                  "on have changed since (`python scripts/cpu_snapshot.py status` lists what), so these are not the "
+                  "current code's numbers.")
+        lines = [banner, ""] + lines
+    report.write_text("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,11 +186,25 @@ def main() -> None:
     collect_parser = commands.add_parser("collect")
     collect_parser.add_argument("paper", choices=sorted(PAPERS))
     collect_parser.add_argument("workdir", type=Path)
+    status_parser = commands.add_parser("status")
+    status_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
+    status_parser.add_argument("--mark", action="store_true", help="banner on each stale snapshot's report, none on a fresh one")
     args = parser.parse_args()
     if args.command == "run":
         run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}")
-    else:
+    elif args.command == "collect":
         collect(args.paper, args.workdir)
+    else:
+        unknown = sorted(set(args.papers) - set(PAPERS))
+        if unknown:
+            parser.error(f"status: unknown paper(s) {unknown}; allowed {sorted(PAPERS)}")
+        for paper in args.papers or sorted(PAPERS):
+            changes = status(paper)
+            print(f"{paper}: {'stale' if changes else 'fresh'} against HEAD")
+            for line in changes:
+                print(f"  {line}")
+            if args.mark:
+                mark(paper, bool(changes))
 
 
 if __name__ == "__main__":
