@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable
 
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from huggingface_hub import try_to_load_from_cache
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel, PreTrainedTokenizerFast
 
 from fedrepro.errors import ConfigError
