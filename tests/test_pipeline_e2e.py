@@ -1,6 +1,7 @@
 """One end-to-end `dvc repro` of the embedded default in a fresh copy, then no-op, kill-and-resume and `dvc exp run -S`."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,7 +234,8 @@ def _pgr_layout(folder, rng) -> None:
 
 def test_a_users_own_qa_collections_and_relation_corpus_run_from_params_alone(tmp_path):
     """Two QA collections in FiQA's layout as FedMatch's clients and a corpus in PGR's layout as FedCMC's dataset,
-    declared in the user's params.yaml (files, sha256s, layouts); nothing inside the package is edited."""
+    declared in the user's params.yaml (files, sha256s, layouts); nothing inside the package is edited. FedCMC's
+    backbone is a local directory of saved weights, as a user without the hub would give it."""
     import hashlib
 
     import numpy as np
@@ -254,6 +256,11 @@ def test_a_users_own_qa_collections_and_relation_corpus_run_from_params_alone(tm
     params["fedmatch"].update(methods=["fedavg", "fedmatch_h_lr"], table2=["fedmatch_h_lr"], table3=["fedavg", "fedmatch_h_lr"])
     params["fedcmc"].update(methods=["fedavg"], datasets=["my_genes"], alphas=[0.5])
     params["fedcmc"]["settings"]["rounds"] = 2
+    # the paper scale's route without the hub: the backbone as a directory the user saved (the packaged MiniLM here)
+    from fedrepro.models.backbone import minilm_path
+
+    shutil.copytree(minilm_path(), tmp_path / "my-weights")
+    params["fedcmc"]["settings"].update(backbone=str(tmp_path / "my-weights"), keep_layers=1, max_length=32, lr=2e-4)
     params["fedcmc"]["sweeps"].update(dataset="my_genes", alpha=0.5, clients=[], local_epochs=[], vectors=[], subset_modes=[],
                                       subset_dataset="my_genes")
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

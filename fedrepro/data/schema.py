@@ -11,6 +11,8 @@ holds ``label``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from fedrepro.errors import DataError
@@ -70,3 +72,11 @@ def normalise_space(text: str) -> str:
 def bm25_tokens(text: str) -> list[str]:
     """The paper's preprocessing for BM25: whitespace tokenisation and lower-casing."""
     return str(text).lower().split()
+
+
+def need_file(path: Path) -> Path:
+    """A raw file a loader cannot do without: its absence names the file and how each kind of file gets there."""
+    if not path.is_file():
+        raise DataError(f"missing raw file {path}: a public one comes with acquire (data.source); one of your own must be "
+                        "under data.mirror and declared in data.own_files as `<path under the mirror>: <sha256>`")
+    return path

@@ -159,3 +159,17 @@ def test_real_mirror_collection(name):
         assert per_split["train"] > 7 * per_split["test"]
     assert set(coll.pairs["answer_id"]) <= set(coll.answers["answer_id"])
     assert coll.notes
+
+
+def test_a_collection_of_your_own_is_read_from_its_folder_and_a_missing_file_says_how_to_declare_it(tmp_path):
+    """data.qa_layouts: {bank_faq: fiqa} reads <raw>/bank_faq/ with FiQA's loader and names the collection bank_faq."""
+    folder = tmp_path / "bank_faq"
+    folder.mkdir()
+    (folder / "FiQA_train_question_final.tsv").write_text("\tqid\tquestion\n0\t1\thow do loans work\n1\t2\twhat is a card\n")
+    (folder / "FiQA_train_question_doc_final.tsv").write_text("\tqid\tdocid\n0\t1\t10\n1\t2\t20\n")
+    with pytest.raises(DataError, match=r"missing raw file .*bank_faq/FinBERT-QA_test_answers.csv: .* declared in "
+                                        r"data.own_files as `<path under the mirror>: <sha256>`"):
+        load_collection("bank_faq", tmp_path, layout="fiqa")
+    (folder / "FinBERT-QA_test_answers.csv").write_text("10\tloans work by lending\n20\ta card pays\n")
+    collection = load_collection("bank_faq", tmp_path, layout="fiqa")
+    assert collection.name == "bank_faq" and set(collection.pairs["question_id"]) == {"1", "2"}
