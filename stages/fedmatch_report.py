@@ -1,11 +1,11 @@
-"""Stage fedmatch_report: reports/fedmatch/{report.md, results.csv, metrics.json, figures/} and the README block."""
+"""Stage fedmatch_report: reports/fedmatch/{report.md, results.csv, metrics.json, figures/}."""
 
 from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, atomic_file, read_json, write_json
-from fedrepro.report.markdown import chance_levels, readme_block, render_report, replace_readme_block, write_figures
+from fedrepro.report.markdown import chance_levels, render_report, write_figures
 from fedrepro.report.fedmatch import load_fedmatch, results_frame
 
 OUT = Path("reports/fedmatch")
@@ -24,11 +24,6 @@ def main() -> None:
     overall = data.results[(data.results.sweep.isna()) & (data.results.client == "overall")]
     means = overall.groupby(["metric", "method"])["value"].mean().round(4)
     write_json(OUT / "metrics.json", {metric: means[metric].to_dict() for metric in ("mrr", "map")})
-    readme = Path("README.md")
-    if readme.exists() and params.scale == "embedded":
-        updated = replace_readme_block(readme.read_text(encoding="utf-8"), readme_block(params, data, chance))
-        with atomic_file(readme) as handle:
-            handle.write(updated)
 
 
 if __name__ == "__main__":

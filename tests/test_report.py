@@ -1,9 +1,8 @@
-"""Report helpers: verdicts follow the measured numbers, mean ± std tables, TREC round trips, the README block."""
+"""Report helpers: verdicts follow the measured numbers, mean ± std tables, TREC round trips."""
 
 import pandas as pd
 
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
-from fedrepro.report.markdown import README_END, README_START, replace_readme_block
 from fedrepro.report.results import (missed_clients, missed_clients_section, paired_test, read_trec, summary_table,
                                      verdict)
 
@@ -41,12 +40,6 @@ def test_trec_files_round_trip_to_the_same_metrics(tmp_path):
     (tmp_path / "c.run").write_text(run_text)
     assert run_text.splitlines()[0] == "q1 Q0 x 1 0.900000 tag"
     assert ranking_metrics(*read_trec(tmp_path / "c.qrels", tmp_path / "c.run")) == ranking_metrics(qrels, run)
-
-
-def test_readme_block_is_replaced_between_markers_only():
-    readme = f"intro\n{README_START}\nold\n{README_END}\noutro\n"
-    updated = replace_readme_block(readme, f"{README_START}\nnew\n{README_END}")
-    assert updated == f"intro\n{README_START}\nnew\n{README_END}\noutro\n"
 
 
 def test_the_report_lists_each_client_a_round_went_on_without():

@@ -1,4 +1,4 @@
-"""FedMatch's markdown report and the README results block, rendered from pipeline outputs only."""
+"""FedMatch's markdown report, rendered from pipeline outputs only."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep
 from fedrepro.report.results import OVERALL, missed_clients_section, summary_table
 from fedrepro.tasks.qa import qrels_and_run
 
-README_START, README_END = "<!-- results:start (written by stages/fedmatch_report.py) -->", "<!-- results:end -->"
 
 INSERTION_TEXT = """\
 | insertion | where the patch sits (code: `fedrepro/models/patches.py`) | paper's words | released code's option |
@@ -222,28 +221,3 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
                   "seeds. It checks the pipeline and shows learning above chance; it is not the paper's setting, and its "
                   "verdicts carry little weight. The CPU-scale snapshot on the five real collections is in `reports/cpu/fedmatch/`.", ""]
     return "\n".join(lines)
-
-
-def readme_block(params: Params, data: FedMatchResults, chance: dict) -> str:
-    """Table 3's overall MAP/MRR, framed by markers the report stage rewrites."""
-    rows = params.fedmatch.table3
-    overall_rows = data.results[data.results.row.isin(rows) & (data.results.client == OVERALL)]
-    table = pd.DataFrame({
-        metric.upper(): summary_table(overall_rows, metric, rows, {**LABELS, **marked_labels(data)}, chance)[OVERALL]
-        for metric in ("map", "mrr")
-    })
-    return "\n".join([
-        README_START,
-        f"FedMatch Table 3 at scale `{params.scale}`, overall test MAP/MRR ({_over_seeds(len(params.fedmatch.seeds))}; "
-        "full report with Table 2, Figs 5-8 and the claims: [reports/fedmatch/report.md](reports/fedmatch/report.md)):",
-        "",
-        table.to_markdown(),
-        README_END,
-    ])
-
-
-def replace_readme_block(readme: str, block: str) -> str:
-    if README_START not in readme or README_END not in readme:
-        return readme
-    head, rest = readme.split(README_START, 1)
-    return head + block + rest.split(README_END, 1)[1]
