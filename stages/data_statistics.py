@@ -5,7 +5,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_file, read_json
-from fedrepro.report.statistics import render_statistics
+from fedrepro.report.data_tables import render_statistics
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 import pandas as pd
 
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
-from fedrepro.report.results import (missed_clients, missed_clients_section, paired_test, read_trec, summary_table,
-                                     verdict)
+from fedrepro.report.results import missed_clients, missed_clients_section, read_trec, summary_table
+from fedrepro.report.statistics import paired_test, verdict
 
 
 def results(values: dict[str, list[float]]) -> pd.DataFrame:

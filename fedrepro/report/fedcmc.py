@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import f1_score
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
@@ -27,8 +26,9 @@ from fedrepro.metrics.classification import trivial_scores
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.results import missed_clients, missed_clients_section, verdict
-from fedrepro.seeding import derive_seed
+from fedrepro.report.results import missed_clients, missed_clients_section
+from fedrepro.report.statistics import (BOOTSTRAP_SEED, RESAMPLES, Bootstrap, bootstrap_contrast, bootstrap_difference, interval_verdict,
+                                        micro_f1)
 
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "moon": "MOON", "fedrs": "FedRS",
           "fedlc": "FedLC", "fedcmc": "FedCMC"}
@@ -39,8 +39,6 @@ PAPER_GAINS = {0.05: {"i2b2": 12.99, "chemprot_cpr5": 8.39, "pgr": 4.04},
 PAPER_ROUNDS = {"fedcmc": 5, "fedrs": 15, "fedavg": 20}
 """Rounds to 45% F1 at alpha 0.05 the paper reports (Fig 3a)."""
 TABLE = "table"
-RESAMPLES = 1000
-BOOTSTRAP_SEED = 0
 CHANCE = "trivial"
 CELL_FIELDS = ["method", "dataset", "alpha", "clients", "local_epochs", "seed", "vectors", "subset", "name", "partition"]
 
@@ -177,92 +175,6 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
         missed += missed_clients(key, metrics["history"])
     return FedCMCResults(pd.DataFrame(rows), pd.DataFrame(rounds), predictions, diagnostics, info, partitions, classes, positive,
                          missed)
-
-
-# ----- micro-F1 and the paired bootstrap ---------------------------------------------------------------------
-def sentence_counts(gold, predicted, positive) -> np.ndarray:
-    """Per sentence (tp, fp, fn) of micro-F1 over the ``positive`` classes, as scikit-learn counts them with
-    ``labels=positive``: a hit on a positive class is a tp; a wrong positive prediction a fp; a positive gold
-    label predicted wrong a fn (so a wrong positive-for-positive sentence is both)."""
-    gold, predicted = np.asarray(gold, dtype=object), np.asarray(predicted, dtype=object)
-    keep = set(positive)
-    gold_pos = np.fromiter((g in keep for g in gold), bool, len(gold))
-    pred_pos = np.fromiter((p in keep for p in predicted), bool, len(predicted))
-    right = gold == predicted
-    return np.stack([gold_pos & right, pred_pos & ~right, gold_pos & ~right], axis=1).astype(float)
-
-
-def _f1(sums: np.ndarray) -> np.ndarray:
-    """Micro-F1 from summed (tp, fp, fn) in the last axis; 0 where there is nothing to score (zero_division=0)."""
-    tp, fp, fn = sums[..., 0], sums[..., 1], sums[..., 2]
-    denominator = 2 * tp + fp + fn
-    return np.divide(2 * tp, denominator, out=np.zeros_like(denominator, dtype=float), where=denominator > 0)
-
-
-def micro_f1(gold, predicted, positive) -> float:
-    return float(_f1(sentence_counts(gold, predicted, positive).sum(axis=0)))
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    difference: float
-    """the contrast on the full test sets (micro-F1, 0-1)."""
-    low: float
-    high: float
-    """the 2.5% and 97.5% percentiles over the resamples."""
-    sentences: int
-    resamples: int
-    seeds: int
-
-
-def bootstrap_contrast(terms: list[tuple[float, str, list[pd.DataFrame]]], positive: dict[str, list[str]],
-                       resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
-    """Paired bootstrap of sum_i weight_i * (micro-F1 of term i, averaged over its seeds' predictions).
-
-    Each term is (weight, test set, [predictions of each seed]). The sentences of each test set (those every
-    term on it scored, matched by sentence_id) are resampled with replacement once per resample and shared by
-    all its terms and seeds, so the comparison is paired; a contrast over several test sets resamples each
-    independently. A difference A − B is [(1, d, A), (−1, d, B)]; with one seed list per side of equal length
-    the seed-mean of each side per resample equals the mean of the per-seed differences.
-    """
-    totals, point, sentences, seeds = np.zeros(resamples), 0.0, 0, 0
-    for group in sorted({g for _, g, _ in terms}):
-        members = [(w, frames) for w, g, frames in terms if g == group]
-        ids = sorted(set.intersection(*[set(f["sentence_id"]) for _, frames in members for f in frames]))
-        n = len(ids)
-        if n == 0:
-            raise DataError(f"bootstrap: the predictions on test set {group!r} share no sentence")
-        rng = np.random.default_rng(derive_seed(seed, group))
-        draws = rng.integers(0, n, size=(resamples, n))
-        weights = np.bincount((draws + np.arange(resamples)[:, None] * n).ravel(), minlength=resamples * n)
-        weights = weights.reshape(resamples, n).astype(float)
-        for weight, frames in members:
-            counts = [sentence_counts(*f.set_index("sentence_id").loc[ids, ["label", "predicted"]].to_numpy().T, positive[group])
-                      for f in frames]
-            stacked = np.concatenate(counts, axis=1)  # n x 3*seeds
-            resampled = (weights @ stacked).reshape(resamples, len(frames), 3)
-            totals += weight * _f1(resampled).mean(axis=1)
-            point += weight * float(np.mean([_f1(c.sum(axis=0)) for c in counts]))
-            seeds = max(seeds, len(frames))
-        sentences += n
-    low, high = np.percentile(totals, [2.5, 97.5])
-    return Bootstrap(float(point), float(low), float(high), sentences, resamples, seeds)
-
-
-def bootstrap_difference(better: list[pd.DataFrame], worse: list[pd.DataFrame], positive: list[str],
-                         resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
-    """Micro-F1 of ``better`` minus ``worse`` on one test set (lists of per-seed predictions), paired bootstrap."""
-    return bootstrap_contrast([(1.0, "test", better), (-1.0, "test", worse)], {"test": positive}, resamples, seed)
-
-
-def interval_verdict(result: Bootstrap) -> str:
-    """The claim 'the contrast is positive': holds if the 95% interval is above 0, reversed if below, else not
-    significant (results.verdict's wording; 'no difference' when the predictions score exactly the same)."""
-    if result.low > 0 or result.high < 0:
-        return verdict(result.low if result.low > 0 else result.high, 0.0)
-    if result.difference == 0 and result.low == result.high == 0:
-        return "not significant (no difference)"
-    return verdict(result.difference, 1.0)
 
 
 def _test_text(result: Bootstrap, what: str = "") -> str:

@@ -14,7 +14,8 @@ from fedrepro.fedmatch.cells import Cell, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.fl.health import Health, cell_health, training_losses
 from fedrepro.metrics.summary import mean_std
-from fedrepro.report.results import OVERALL, load_cell, missed_clients, paired_test, verdict
+from fedrepro.report.results import OVERALL, load_cell, missed_clients
+from fedrepro.report.statistics import paired_test, verdict
 
 LABELS = {name: method.label for name, method in METHODS.items()}
 

@@ -1,12 +1,10 @@
-"""Collecting evaluated cells into tidy frames, mean ± std tables over seeds, and paired significance tests."""
+"""Collecting evaluated cells into tidy frames and mean ± std tables over seeds (the tests are in ``statistics``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fedrepro.io import read_json
 from fedrepro.metrics.ranking import per_question_metrics
@@ -75,22 +73,3 @@ def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: d
     frame = pd.DataFrame.from_dict(table, orient="index")[clients]
     frame.index.name = "method"
     return frame
-
-
-def paired_test(better: pd.Series, worse: pd.Series) -> tuple[float, float, int]:
-    """Mean difference and two-sided paired t-test p-value over the questions both sides were scored on.
-
-    Each side is a per-question metric (already averaged over seeds), indexed by (client, question).
-    """
-    joined = pd.concat([better.rename("a"), worse.rename("b")], axis=1, join="inner").dropna()
-    diff = (joined["a"] - joined["b"]).to_numpy()
-    if len(diff) < 2 or np.allclose(diff, diff[0]):
-        return float(diff.mean()) if len(diff) else 0.0, 1.0, len(diff)
-    return float(diff.mean()), float(stats.ttest_rel(joined["a"], joined["b"]).pvalue), len(diff)
-
-
-def verdict(difference: float, p_value: float, alpha: float = 0.05) -> str:
-    """holds / does not hold / not significant, for a claim that ``difference`` is positive."""
-    if p_value < alpha:
-        return "holds" if difference > 0 else "does not hold (significantly reversed)"
-    return "not significant (" + ("same direction" if difference > 0 else "opposite direction") + ")"

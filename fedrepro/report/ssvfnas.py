@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
@@ -24,10 +23,9 @@ from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
-from fedrepro.report.fedcmc import RESAMPLES, Bootstrap, bootstrap_contrast, interval_verdict
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, messages_figure
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.results import verdict
+from fedrepro.report.statistics import RESAMPLES, Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
 from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell, baseline_cells, dp_name, partitions, retrain_health, table_cells
 
 LABELS = {"vfnas1": "VFNAS-1", "vfnas2": "VFNAS-2", "ss_vfnas1": "SS-VFNAS-1", "ss_vfnas2": "SS-VFNAS-2",
@@ -561,16 +559,6 @@ def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
 
 
 # ----- claims -------------------------------------------------------------------------------------------------
-def sign_test(ours: list[float], theirs: list[float]) -> tuple[int, int, int, float]:
-    """Two-sided exact sign test that ``ours`` is lower than ``theirs`` over paired values: (wins, losses, ties, p);
-    ties are left out (p = 1 when every pair ties)."""
-    wins = sum(a < b for a, b in zip(ours, theirs))
-    losses = sum(a > b for a, b in zip(ours, theirs))
-    ties = len(ours) - wins - losses
-    p = float(stats.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
-    return wins, losses, ties, p
-
-
 def _sign_verdict(wins: int, losses: int, p: float) -> str:
     if wins + losses == 0:
         return "not significant (no difference)"
