@@ -5,8 +5,8 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, atomic_file, read_json, write_json
-from fedrepro.report.markdown import chance_levels, render_report, write_figures
-from fedrepro.report.fedmatch import load_fedmatch, results_frame
+from fedrepro.fedmatch.render import render_report
+from fedrepro.fedmatch.report import chance_levels, load_fedmatch, results_frame, write_figures
 
 OUT = Path("reports/fedmatch")
 

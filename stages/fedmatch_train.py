@@ -22,7 +22,7 @@ from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
 from fedrepro.models.backbone import check_loadable
 from fedrepro.models.patches import patch_effect, patch_norms
-from fedrepro.report.fedmatch import history_health
+from fedrepro.fedmatch.report import history_health
 from fedrepro.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
 

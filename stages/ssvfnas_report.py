@@ -9,7 +9,8 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, atomic_file, write_json
-from fedrepro.report.ssvfnas import load_ssvfnas, render_report, results_frame, summary_metrics, write_figures
+from fedrepro.ssvfnas.render import render_report
+from fedrepro.ssvfnas.report import load_ssvfnas, results_frame, summary_metrics, write_figures
 
 DATA, OUT = Path("data/ssvfnas"), Path("reports/ssvfnas")
 

@@ -15,8 +15,9 @@ from sklearn.metrics import f1_score
 from fedrepro.config import parse_params
 from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
-from fedrepro.report.fedcmc import (chance_scores, claims_table, identical_predictions, largest_holder_share, load_fedcmc,
-                                    main_table, render_report, rounds_to_target, summary_metrics, write_figures)
+from fedrepro.fedcmc.render import render_report
+from fedrepro.fedcmc.report import (chance_scores, claims_table, identical_predictions, largest_holder_share, load_fedcmc, main_table,
+                                    rounds_to_target, summary_metrics, write_figures)
 from fedrepro.report.statistics import bootstrap_contrast, bootstrap_difference, interval_verdict, micro_f1
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,8 +2,7 @@
 
 import pandas as pd
 
-from fedrepro.report.fedmatch import (FedMatchResults, _compare, health_table, history_health, marked_labels,
-                                      patch_table)
+from fedrepro.fedmatch.report import FedMatchResults, _compare, health_table, history_health, marked_labels, patch_table
 
 CLIENTS = ("a", "b")
 
@@ -70,7 +69,7 @@ def test_patch_table_shows_each_clients_up_norm_down_change_and_down_norm():
 def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_norms():
     from fedrepro.config import parse_params
     from fedrepro.fl.health import RULE
-    from fedrepro.report.markdown import render_report
+    from fedrepro.fedmatch.render import render_report
     from test_config import with_change
 
     raw = with_change("fedmatch.methods", ["fedavg", "fedmatch_h_lr"])

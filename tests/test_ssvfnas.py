@@ -428,7 +428,8 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
 
 
 def test_the_report_renders_on_fake_cell_folders(tmp_path):
-    from fedrepro.report.ssvfnas import claims_table, load_ssvfnas, render_report, results_frame, summary_metrics, write_figures
+    from fedrepro.ssvfnas.render import render_report
+    from fedrepro.ssvfnas.report import claims_table, load_ssvfnas, results_frame, summary_metrics, write_figures
 
     raw = raw_params()
     preset = raw["scales"]["embedded"]["ssvfnas"]
@@ -447,7 +448,7 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     alpha = report[report.index("## Architecture weights"):report.index("## The hand-designed baseline")]
     assert "α moved in 32 of 32 search cells" in alpha  # fake entropy falls from 1.7917 to 1.71
     assert "8 of 8 derive identical genotypes" in alpha  # every fake cell has the same genotype
-    from fedrepro.report.ssvfnas import reliance_table
+    from fedrepro.ssvfnas.report import reliance_table
     reliance = reliance_table(data, params).set_index(["dataset-K", "DP"])["top weight share on the other parties"]
     assert reliance[("digits-k2", "no DP")] == "0.50" and reliance[("digits-k2", "σ1 = 1, σ2 = 1")] == "0.17"
     assert "hand-designed" in report and "Poisson" in report and "BatchNorm" in report and "released_code" in report
@@ -484,7 +485,8 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
 
 def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_claim_rests_on_it(tmp_path):
     from fedrepro.fl.health import RULE
-    from fedrepro.report.ssvfnas import claims_table, health_table, load_ssvfnas, main_table, render_report
+    from fedrepro.ssvfnas.render import render_report
+    from fedrepro.ssvfnas.report import claims_table, health_table, load_ssvfnas, main_table
 
     params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
     bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name

@@ -1,24 +1,18 @@
-"""FedMatch's markdown report, rendered from pipeline outputs only."""
+"""FedMatch's markdown report: the tables, claims and figures of ``report`` put in order with the setup they need
+to be read, from pipeline outputs only."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pandas as pd
 
 from fedrepro.config import Params
+from fedrepro.fedmatch.cells import SWEEPS
+from fedrepro.fedmatch.report import (LABELS, FedMatchResults, claims_table, communication_table, health_table, marked_labels,
+                                      patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
-from fedrepro.fedmatch.cells import SWEEPS
-from fedrepro.fedmatch.methods import FIGURE_METHOD
-from fedrepro.io import read_table
-from fedrepro.metrics.ranking import random_ranking_metrics
-from fedrepro.metrics.summary import overall
-from fedrepro.report.fedmatch import (LABELS, FedMatchResults, _sweep_series, claims_table, communication_table, health_table,
-                                      marked_labels, patch_table, training_caveats)
-from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
-from fedrepro.report.results import OVERALL, missed_clients_section, summary_table
-from fedrepro.tasks.qa import qrels_and_run
+from fedrepro.report.formatting import over_seeds
+from fedrepro.report.results import missed_clients_section, summary_table
 
 
 INSERTION_TEXT = """\
@@ -32,53 +26,6 @@ INSERTION_TEXT = """\
 PAL = down-projection to r, multi-head self-attention in that space (padding masked), up-projection, GELU;
 LR = down-projection to r, GELU, up-projection. Every up-projection starts at zero, so each patched model
 starts exactly as the unpatched one; patch parameters are private by name (`.patch.`) and never leave their client."""
-
-
-def chance_levels(mined: Path, split: str = "test") -> dict:
-    """Exact expected MAP/MRR of a random ordering of each client's ``split`` candidates: a method is worth its
-    margin over this."""
-    clients = {}
-    for folder in sorted(p for p in Path(mined).iterdir() if p.is_dir()):
-        candidates = read_table(folder / "candidates.parquet")
-        clients[folder.name] = random_ranking_metrics(*qrels_and_run(candidates[candidates["split"] == split].assign(score=0.0)))
-    return {"clients": clients, "overall": overall(clients)}
-
-
-def _sweep_table(data: FedMatchResults, sweep: str) -> pd.DataFrame:
-    clients = sorted(c for c in set(data.results.client) if c != OVERALL) + [OVERALL]
-    return pd.DataFrame({c: _sweep_series(data, sweep, c, "mrr") for c in clients})
-
-
-def write_figures(data: FedMatchResults, params: Params, folder: Path) -> None:
-    """The PNG figures and, for `dvc plots`, one CSV per figure (overall MAP/MRR per sweep point)."""
-    tables = data.histories[data.histories.sweep.isna() & data.histories.method.isin(params.fedmatch.table3)]
-    convergence_figure(tables, LABELS, folder / "convergence.png")
-    tables.groupby(["method", "round"])["train_loss"].mean().reset_index().to_csv(folder / "convergence.csv", index=False, float_format="%.6g")
-    styles = {"shared_layers": dict(reverse=True), "patch_size": dict(log2=True), "aggregate_every": {}}
-    for number, sweep in zip((5, 6, 7), styles):
-        table = _sweep_table(data, sweep)
-        if table.empty:
-            continue
-        sweep_figure(table, SWEEPS[sweep].split(": ")[1], f"Fig {number}: FedMatch H+LR, test MRR", folder / f"fig{number}_{sweep}.png", **styles[sweep])
-        _figure_csv(data, sweep, FIGURE_METHOD, folder / f"fig{number}_{sweep}.csv")
-    client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
-    curves = [pd.DataFrame({m: _sweep_series(data, "data_ratio", client, m, method) for m in ("map", "mrr")})
-              for method in params.fedmatch.sweeps.data_ratio_methods[:2]]
-    if len(curves) == 2 and not curves[0].empty:
-        names = tuple(LABELS[m] for m in params.fedmatch.sweeps.data_ratio_methods[:2])
-        data_ratio_figure(curves[0], curves[1], names, client, folder / "fig8_data_ratio.png")
-    for method in params.fedmatch.sweeps.data_ratio_methods:
-        _figure_csv(data, "data_ratio", method, folder / f"fig8_data_ratio_{method}.csv")
-
-
-def _figure_csv(data: FedMatchResults, sweep: str, method: str, path: Path) -> None:
-    frame = pd.DataFrame({f"overall_{m}": _sweep_series(data, sweep, OVERALL, m, method) for m in ("map", "mrr")})
-    frame.index.name = sweep
-    frame.reset_index().to_csv(path, index=False, float_format="%.6f")
-
-
-def _over_seeds(count: int) -> str:
-    return f"mean ± std over {count} seeds" if count > 1 else "1 seed"
 
 
 def _results_for(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
@@ -156,7 +103,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         "",
     ]
     for metric in ("map", "mrr"):
-        lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
+        lines += [f"Test {metric.upper()} ({over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table2), metric, fm.table2, labels, chance).to_markdown(), ""]
     lines += ["## Table 3: FedMatch against the baselines", "",
               "RE2 and ESIM are trained per client from scratch on random word embeddings (no pretrained vectors can be "
@@ -169,7 +116,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "triples much further (see the training losses below) and on capped data it can overfit; the health "
               "section shows its validation curve.", ""]
     for metric in ("map", "mrr"):
-        lines += [f"Test {metric.upper()} ({_over_seeds(len(seeds))})", "",
+        lines += [f"Test {metric.upper()} ({over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance).to_markdown(), ""]
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict "
@@ -212,7 +159,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
             lines += [f"Not run at this scale (`fedmatch.sweeps.{sweep}` is empty) to fit the time budget.", ""]
             continue
         if sweep != "data_ratio":
-            lines += [_sweep_table(data, sweep).to_markdown(floatfmt=".3f"), ""]
+            lines += [sweep_table(data, sweep).to_markdown(floatfmt=".3f"), ""]
         lines += [f"![fig {number}](figures/fig{number}_{sweep}.png)", ""]
     if params.scale == "embedded":
         lines += ["## What this run is and is not", "",

@@ -1,4 +1,5 @@
-"""FedMatch's report: Tables 2-3, Figs 5-8, the claims table, bytes and parameters, from the cells' outputs only."""
+"""FedMatch's report: Tables 2-3, Figs 5-8, the claims table, bytes and parameters, from the cells' outputs only
+(``render`` writes them into the markdown)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import pandas as pd
 from scipy import stats
 
 from fedrepro.config import Params
-from fedrepro.fedmatch.cells import Cell, sweep_cells, table_cells
+from fedrepro.fedmatch.cells import SWEEPS, Cell, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.fl.health import Health, cell_health, training_losses
-from fedrepro.metrics.summary import mean_std
+from fedrepro.io import read_table
+from fedrepro.metrics.ranking import random_ranking_metrics
+from fedrepro.metrics.summary import mean_std, overall
+from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
 from fedrepro.report.results import OVERALL, load_cell, missed_clients
 from fedrepro.report.statistics import paired_test, verdict
+from fedrepro.tasks.qa import qrels_and_run
 
 LABELS = {name: method.label for name, method in METHODS.items()}
 
@@ -253,6 +258,50 @@ def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, dict]]:
                      "verdict": "holds (direction)" if margin[low] > margin[high] else "does not hold",
                      "test": "relative MAP margins at the smallest and largest ratio (mean over sweep seeds)"}))
     return rows
+
+
+# ----- chance and figures -----------------------------------------------------------------------------------
+def chance_levels(mined: Path, split: str = "test") -> dict:
+    """Exact expected MAP/MRR of a random ordering of each client's ``split`` candidates: a method is worth its
+    margin over this."""
+    clients = {}
+    for folder in sorted(p for p in Path(mined).iterdir() if p.is_dir()):
+        candidates = read_table(folder / "candidates.parquet")
+        clients[folder.name] = random_ranking_metrics(*qrels_and_run(candidates[candidates["split"] == split].assign(score=0.0)))
+    return {"clients": clients, "overall": overall(clients)}
+
+
+def sweep_table(data: FedMatchResults, sweep: str) -> pd.DataFrame:
+    clients = sorted(c for c in set(data.results.client) if c != OVERALL) + [OVERALL]
+    return pd.DataFrame({c: _sweep_series(data, sweep, c, "mrr") for c in clients})
+
+
+def write_figures(data: FedMatchResults, params: Params, folder: Path) -> None:
+    """The PNG figures and, for `dvc plots`, one CSV per figure (overall MAP/MRR per sweep point)."""
+    tables = data.histories[data.histories.sweep.isna() & data.histories.method.isin(params.fedmatch.table3)]
+    convergence_figure(tables, LABELS, folder / "convergence.png")
+    tables.groupby(["method", "round"])["train_loss"].mean().reset_index().to_csv(folder / "convergence.csv", index=False, float_format="%.6g")
+    styles = {"shared_layers": dict(reverse=True), "patch_size": dict(log2=True), "aggregate_every": {}}
+    for number, sweep in zip((5, 6, 7), styles):
+        table = sweep_table(data, sweep)
+        if table.empty:
+            continue
+        sweep_figure(table, SWEEPS[sweep].split(": ")[1], f"Fig {number}: FedMatch H+LR, test MRR", folder / f"fig{number}_{sweep}.png", **styles[sweep])
+        _figure_csv(data, sweep, FIGURE_METHOD, folder / f"fig{number}_{sweep}.csv")
+    client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
+    curves = [pd.DataFrame({m: _sweep_series(data, "data_ratio", client, m, method) for m in ("map", "mrr")})
+              for method in params.fedmatch.sweeps.data_ratio_methods[:2]]
+    if len(curves) == 2 and not curves[0].empty:
+        names = tuple(LABELS[m] for m in params.fedmatch.sweeps.data_ratio_methods[:2])
+        data_ratio_figure(curves[0], curves[1], names, client, folder / "fig8_data_ratio.png")
+    for method in params.fedmatch.sweeps.data_ratio_methods:
+        _figure_csv(data, "data_ratio", method, folder / f"fig8_data_ratio_{method}.csv")
+
+
+def _figure_csv(data: FedMatchResults, sweep: str, method: str, path: Path) -> None:
+    frame = pd.DataFrame({f"overall_{m}": _sweep_series(data, sweep, OVERALL, m, method) for m in ("map", "mrr")})
+    frame.index.name = sweep
+    frame.reset_index().to_csv(path, index=False, float_format="%.6f")
 
 
 # ----- tables ---------------------------------------------------------------------------------------------

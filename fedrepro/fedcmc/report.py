@@ -2,13 +2,12 @@
 memory, and the claims table with paired bootstrap tests, from the cells' outputs and params only.
 
 ``load_fedcmc`` reads every cell the params ask for once into ``FedCMCResults`` (tidy frames); the functions
-after it each build one table, figure or claim; ``render_report`` writes the markdown. Nothing here reads a
+after it each build one table, figure or claim; ``render.render_report`` writes the markdown. Nothing here reads a
 clock or an unseeded random source, so a rerun on the same cells gives the same bytes.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,17 +17,16 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
-from fedrepro.fl.health import RULE, cell_health, training_losses
-from fedrepro.hardware import describe
+from fedrepro.fl.health import cell_health, training_losses
 from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_points, table_cells
 from fedrepro.io import read_json
 from fedrepro.metrics.classification import trivial_scores
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.results import missed_clients, missed_clients_section
-from fedrepro.report.statistics import (BOOTSTRAP_SEED, RESAMPLES, Bootstrap, bootstrap_contrast, bootstrap_difference, interval_verdict,
-                                        micro_f1)
+from fedrepro.report.formatting import over_seeds
+from fedrepro.report.results import missed_clients
+from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, bootstrap_difference, interval_verdict, micro_f1
 
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "moon": "MOON", "fedrs": "FedRS",
           "fedlc": "FedLC", "fedcmc": "FedCMC"}
@@ -184,7 +182,7 @@ def _test_text(result: Bootstrap, what: str = "") -> str:
 
 
 # ----- selections and formatting ----------------------------------------------------------------------------
-def _pct(value: float) -> str:
+def percent(value: float) -> str:
     return f"{100 * value:.2f}"
 
 
@@ -192,16 +190,16 @@ def _pts(value: float) -> str:
     return f"{100 * value:+.2f}"
 
 
-def _fmt(values: list[float]) -> str:
+def mean_std_percent(values: list[float]) -> str:
     mean, std = mean_std(values)
     return f"{100 * mean:.2f} ± {100 * std:.2f}" if len(values) > 1 else f"{100 * mean:.2f}"
 
 
-def _label(method: str) -> str:
+def method_label(method: str) -> str:
     return LABELS.get(method, method)
 
 
-def _dataset_label(dataset: str) -> str:
+def dataset_label(dataset: str) -> str:
     return DATASET_LABELS.get(dataset, dataset)
 
 
@@ -212,12 +210,12 @@ def _select(data: FedCMCResults, group: str, **fields) -> pd.DataFrame:
     return frame.sort_values("seed", kind="stable")
 
 
-def _values(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> list[float]:
+def values_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> list[float]:
     return _select(data, group, **fields)[metric].tolist()
 
 
-def _mean(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> float:
-    values = _values(data, group, metric, **fields)
+def mean_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> float:
+    values = values_of(data, group, metric, **fields)
     return float(np.mean(values)) if values else float("nan")
 
 
@@ -225,7 +223,7 @@ def _frames(data: FedCMCResults, group: str, **fields) -> list[pd.DataFrame]:
     return [data.predictions[k] for k in _select(data, group, **fields)["key"]]
 
 
-def _point(dataset: str, alpha: float) -> str:
+def point_name(dataset: str, alpha: float) -> str:
     return f"{dataset} α={alpha:g}"
 
 
@@ -235,10 +233,10 @@ def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse:
     if not a or not b:
         return _not_run(finding, "its cells are not in this scale's grid")
     result = bootstrap_difference(a, b, data.positive[dataset])
-    name = lambda sel: _label(sel["method"]) + (f" (vectors: {sel['vectors']})" if "vectors" in sel else "")  # noqa: E731
+    name = lambda sel: method_label(sel["method"]) + (f" (vectors: {sel['vectors']})" if "vectors" in sel else "")  # noqa: E731
     return _guard(data, {"finding (paper)": finding,
-                         "measured": f"{what}{name(better)} {_pct(_mean(data, group, **better))} vs {name(worse)} "
-                                     f"{_pct(_mean(data, group, **worse))} micro-F1 ({_pts(result.difference)} points)",
+                         "measured": f"{what}{name(better)} {percent(mean_of(data, group, **better))} vs {name(worse)} "
+                                     f"{percent(mean_of(data, group, **worse))} micro-F1 ({_pts(result.difference)} points)",
                          "verdict": interval_verdict(result), "test": _test_text(result)}, group, better, worse)
 
 
@@ -279,8 +277,8 @@ def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
             cells = _select(data, TABLE, dataset=dataset, alpha=alpha, seed=seed)
             alike: dict[tuple, list[str]] = {}
             for key, method in zip(cells["key"], cells["method"]):
-                alike.setdefault(tuple(data.predictions[key]["predicted"]), []).append(_label(method))
-            groups += [f"{_point(dataset, alpha)} seed {seed}: {', '.join(m)}" for m in alike.values() if len(m) > 1]
+                alike.setdefault(tuple(data.predictions[key]["predicted"]), []).append(method_label(method))
+            groups += [f"{point_name(dataset, alpha)} seed {seed}: {', '.join(m)}" for m in alike.values() if len(m) > 1]
     return groups
 
 
@@ -315,17 +313,17 @@ def main_table(data: FedCMCResults, params: Params, metric: str) -> pd.DataFrame
     fc = params.fedcmc
     table = {}
     for method in fc.methods:
-        table[_label(method)] = {_point(d, a): _fmt(_values(data, TABLE, metric, method=method, dataset=d, alpha=a))
+        table[method_label(method)] = {point_name(d, a): mean_std_percent(values_of(data, TABLE, metric, method=method, dataset=d, alpha=a))
                                  + health_mark(data, TABLE, method=method, dataset=d, alpha=a) for d, a in main_points(params)}
     part = lambda d, a: Cell("fedavg", d, a, fc.settings.clients, fc.settings.local_epochs, 0).partition  # noqa: E731
     for d, a in main_points(params):
         for name, scores in chance_scores(data, d, part(d, a)).items():
-            table.setdefault(f"{CHANCE}: {name}", {})[_point(d, a)] = _pct(scores[metric])
+            table.setdefault(f"{CHANCE}: {name}", {})[point_name(d, a)] = percent(scores[metric])
     if metric == "micro_f1" and {"fedavg", "fedcmc"} <= set(fc.methods):
         table["FedCMC − FedAvg (measured, points)"] = {
-            _point(d, a): _pts(_mean(data, TABLE, method="fedcmc", dataset=d, alpha=a) - _mean(data, TABLE, method="fedavg", dataset=d, alpha=a))
+            point_name(d, a): _pts(mean_of(data, TABLE, method="fedcmc", dataset=d, alpha=a) - mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a))
             for d, a in main_points(params)}
-        table["FedCMC − FedAvg (paper)"] = {_point(d, a): (f"+{PAPER_GAINS[a][d]:.2f}" if d in PAPER_GAINS.get(a, {}) else "-")
+        table["FedCMC − FedAvg (paper)"] = {point_name(d, a): (f"+{PAPER_GAINS[a][d]:.2f}" if d in PAPER_GAINS.get(a, {}) else "-")
                                             for d, a in main_points(params)}
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method"
@@ -337,7 +335,7 @@ def sweep_table(data: FedCMCResults, sweep: str, rows: list[str], column: str, v
     """Methods x sweep points, 'mean ± std' over the sweep's seeds of test ``metric`` in %."""
     table = {}
     for method in rows:
-        table[_label(method)] = {str(v): _fmt(_values(data, sweep, metric, method=method, **{column: v}, **fixed)) for v in values}
+        table[method_label(method)] = {str(v): mean_std_percent(values_of(data, sweep, metric, method=method, **{column: v}, **fixed)) for v in values}
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method"
     return frame
@@ -376,10 +374,10 @@ def convergence_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     for method in fc.methods:
         curve = _curve(data, TABLE, method=method, dataset=point[0], alpha=point[1])
         reached = rounds_to_target(curve, fc.target_f1)
-        rows[_label(method)] = {f"rounds to {100 * fc.target_f1:g}% micro-F1": _rounds_text(reached, fc.settings.rounds),
+        rows[method_label(method)] = {f"rounds to {100 * fc.target_f1:g}% micro-F1": _rounds_text(reached, fc.settings.rounds),
                                 "paper (i2b2, α=0.05)": str(PAPER_ROUNDS.get(method, "-")),
-                                "best round micro-F1": _pct(curve.max()) if len(curve) else "-",
-                                "last round micro-F1": _pct(curve.iloc[-1]) if len(curve) else "-"}
+                                "best round micro-F1": percent(curve.max()) if len(curve) else "-",
+                                "last round micro-F1": percent(curve.iloc[-1]) if len(curve) else "-"}
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "method"
     return frame
@@ -392,7 +390,7 @@ def local_epochs_tables(data: FedCMCResults, params: Params) -> tuple[pd.DataFra
     final.columns = [f"E={e}" for e in final.columns]
     speed = {}
     for method in sw.methods:
-        speed[_label(method)] = {f"E={e}": _rounds_text(rounds_to_target(_curve(data, "local_epochs", method=method, local_epochs=e),
+        speed[method_label(method)] = {f"E={e}": _rounds_text(rounds_to_target(_curve(data, "local_epochs", method=method, local_epochs=e),
                                                                            fc.target_f1), fc.settings.rounds)
                                  for e in sw.local_epochs}
     speed_frame = pd.DataFrame.from_dict(speed, orient="index")
@@ -404,7 +402,7 @@ def vectors_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     """Fig 4: test micro-F1 (%) of FedCMC per vector rule, mean and std over the sweep's seeds."""
     rows = {}
     for rule in params.fedcmc.sweeps.vectors:
-        mean, std = mean_std(_values(data, "vectors", method="fedcmc", vectors=rule))
+        mean, std = mean_std(values_of(data, "vectors", method="fedcmc", vectors=rule))
         rows[rule] = {"mean": 100 * mean, "std": 100 * std}
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=["mean", "std"])
     frame.index.name = "vectors"
@@ -446,7 +444,7 @@ def figure1_cells(data: FedCMCResults, params: Params) -> tuple[str | None, str 
     note = ""
     if wanted.empty:
         wanted = _select(data, TABLE, method="fedavg").head(1)
-        note = (f" (the sweeps' point {_point(fc.sweeps.dataset, fc.sweeps.alpha)} is not in the main table, so the first "
+        note = (f" (the sweeps' point {point_name(fc.sweeps.dataset, fc.sweeps.alpha)} is not in the main table, so the first "
                 "FedAvg cell stands in)")
     row = wanted.iloc[0]
     other = _select(data, TABLE, method="fedcmc", dataset=row.dataset, alpha=row.alpha, seed=row.seed)
@@ -515,7 +513,7 @@ def communication_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
         up, down = float(rounds.bytes_up.mean()), float(later.bytes_down.mean() if len(later) else rounds.bytes_down.mean())
         if method == "fedavg":
             base = (up, down)
-        table[_label(method)] = {
+        table[method_label(method)] = {
             "clients / round": int(rounds.clients.iloc[0]),
             "bytes up / round": int(round(up)),
             "bytes down, round 1": int(rounds.bytes_down.iloc[0]),
@@ -584,7 +582,7 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     for alpha in [0.05, 0.5] + [a for a in fc.alphas if a not in (0.05, 0.5)]:
         for dataset in fc.datasets:
             paper = PAPER_GAINS.get(alpha, {}).get(dataset)
-            finding = f"Table 2: FedCMC beats FedAvg on {_dataset_label(dataset)} at α={alpha:g}" + (
+            finding = f"Table 2: FedCMC beats FedAvg on {dataset_label(dataset)} at α={alpha:g}" + (
                 f" (paper: +{paper:.2f} F1)" if paper is not None else
                 " (the paper reports no number for this dataset)" if alpha in PAPER_GAINS else " (α of the paper's set-up; no number reported)")
             if alpha not in fc.alphas:
@@ -598,11 +596,11 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     if "fedcmc" in fc.methods and len(fc.methods) > 1:
         for dataset, alpha in main_points(params):
             others = [m for m in fc.methods if m != "fedcmc"]
-            strongest = max(others, key=lambda m: (_mean(data, TABLE, method=m, dataset=dataset, alpha=alpha), -others.index(m)))
-            row = _compare(data, f"Table 2: FedCMC is the best method on {_dataset_label(dataset)} at α={alpha:g}", TABLE,
+            strongest = max(others, key=lambda m: (mean_of(data, TABLE, method=m, dataset=dataset, alpha=alpha), -others.index(m)))
+            row = _compare(data, f"Table 2: FedCMC is the best method on {dataset_label(dataset)} at α={alpha:g}", TABLE,
                            dict(method="fedcmc", dataset=dataset, alpha=alpha), dict(method=strongest, dataset=dataset, alpha=alpha),
-                           dataset, what=f"strongest other method: {_label(strongest)}; ")
-            if _mean(data, TABLE, method="fedcmc", dataset=dataset, alpha=alpha) < _mean(data, TABLE, method=strongest, dataset=dataset, alpha=alpha):
+                           dataset, what=f"strongest other method: {method_label(strongest)}; ")
+            if mean_of(data, TABLE, method="fedcmc", dataset=dataset, alpha=alpha) < mean_of(data, TABLE, method=strongest, dataset=dataset, alpha=alpha):
                 row["verdict"] = f"does not hold (vs the best: {row['verdict']})"
             rows.append(row)
     else:
@@ -610,19 +608,19 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     # (d) FedRS and FedLC beat FedAvg and MOON (pooled over the main table's points)
     for better in ("fedrs", "fedlc"):
         for worse in ("fedavg", "moon"):
-            finding = f"Table 2: {_label(better)} is significantly better than {_label(worse)}"
+            finding = f"Table 2: {method_label(better)} is significantly better than {method_label(worse)}"
             if not _methods_present(params, better, worse):
-                rows.append(_not_run(finding, f"{_label(better)} or {_label(worse)} is not in fedcmc.methods"))
+                rows.append(_not_run(finding, f"{method_label(better)} or {method_label(worse)} is not in fedcmc.methods"))
                 continue
             points = main_points(params)
             terms = [(s / len(points), d, _frames(data, TABLE, method=m, dataset=d, alpha=a))
                      for d, a in points for m, s in ((better, 1.0), (worse, -1.0))]
             result = bootstrap_contrast(terms, data.positive)
-            mean = lambda m: float(np.mean([_mean(data, TABLE, method=m, dataset=d, alpha=a) for d, a in points]))  # noqa: E731
+            mean = lambda m: float(np.mean([mean_of(data, TABLE, method=m, dataset=d, alpha=a) for d, a in points]))  # noqa: E731
             rows.append(_guard(data, {
                 "finding (paper)": finding,
-                "measured": f"mean over {len(points)} dataset x α points: {_label(better)} {_pct(mean(better))} vs "
-                            f"{_label(worse)} {_pct(mean(worse))} micro-F1 ({_pts(result.difference)} points)",
+                "measured": f"mean over {len(points)} dataset x α points: {method_label(better)} {percent(mean(better))} vs "
+                            f"{method_label(worse)} {percent(mean(worse))} micro-F1 ({_pts(result.difference)} points)",
                 "verdict": interval_verdict(result),
                 "test": _test_text(result, ", sentences resampled within each dataset's test set, mean of the per-point differences")},
                 TABLE, *[dict(method=m, dataset=d, alpha=a) for d, a in points for m in (better, worse)]))
@@ -636,7 +634,7 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     rows += _subset_claims(data, params)
     # (i) FedAvg loses more than FedCMC from α=0.5 to 0.05
     for dataset in fc.datasets:
-        finding = f"FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on {_dataset_label(dataset)}"
+        finding = f"FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on {dataset_label(dataset)}"
         if not {0.05, 0.5} <= set(fc.alphas) or not _methods_present(params, "fedavg", "fedcmc"):
             rows.append(_not_run(finding, "needs α 0.05 and 0.5 and both methods in the main table"))
             continue
@@ -644,7 +642,7 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
         terms = [(1.0, dataset, sel("fedavg", 0.5)), (-1.0, dataset, sel("fedavg", 0.05)),
                  (-1.0, dataset, sel("fedcmc", 0.5)), (1.0, dataset, sel("fedcmc", 0.05))]
         result = bootstrap_contrast(terms, data.positive)
-        drop = lambda m: _mean(data, TABLE, method=m, dataset=dataset, alpha=0.05) - _mean(data, TABLE, method=m, dataset=dataset, alpha=0.5)  # noqa: E731
+        drop = lambda m: mean_of(data, TABLE, method=m, dataset=dataset, alpha=0.05) - mean_of(data, TABLE, method=m, dataset=dataset, alpha=0.5)  # noqa: E731
         rows.append(_guard(data, {"finding (paper)": finding,
                                   "measured": f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
                                   "verdict": interval_verdict(result),
@@ -660,8 +658,8 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
     point, target, total = figure_point(params), fc.target_f1, fc.settings.rounds
     rows = []
     for rival in ("fedavg", "fedrs"):
-        finding = (f"Fig 3a: FedCMC reaches {100 * target:g}% F1 in fewer rounds than {_label(rival)} "
-                   f"(paper, α=0.05: FedCMC {PAPER_ROUNDS['fedcmc']}, {_label(rival)} {PAPER_ROUNDS[rival]})")
+        finding = (f"Fig 3a: FedCMC reaches {100 * target:g}% F1 in fewer rounds than {method_label(rival)} "
+                   f"(paper, α=0.05: FedCMC {PAPER_ROUNDS['fedcmc']}, {method_label(rival)} {PAPER_ROUNDS[rival]})")
         if point is None or not _methods_present(params, "fedcmc", rival):
             rows.append(_not_run(finding, "the sweeps' point or a method is not in the main table"))
             continue
@@ -678,7 +676,7 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
             result = "does not hold (descriptive)"
         rows.append(_guard(data, {
             "finding (paper)": finding,
-            "measured": f"{_point(*point)}: FedCMC {_rounds_text(ours, total)}, {_label(rival)} {_rounds_text(theirs, total)} "
+            "measured": f"{point_name(*point)}: FedCMC {_rounds_text(ours, total)}, {method_label(rival)} {_rounds_text(theirs, total)} "
                         "(rounds, seed-mean curve)",
             "verdict": result, "test": "descriptive (no test): first evaluated round at or above the target"},
             TABLE, *[dict(method=m, dataset=point[0], alpha=point[1]) for m in ("fedcmc", rival)]))
@@ -691,7 +689,7 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
         speed = {m: (rounds_to_target(_curve(data, "local_epochs", method=m, local_epochs=low), target),
                      rounds_to_target(_curve(data, "local_epochs", method=m, local_epochs=high), target)) for m in sw.methods}
         faster = {m: (b if b is not None else total + 1) < (a if a is not None else total + 1) for m, (a, b) in speed.items()}
-        measured = "; ".join(f"{_label(m)} E={low}: {_rounds_text(a, total)}, E={high}: {_rounds_text(b, total)}" for m, (a, b) in speed.items())
+        measured = "; ".join(f"{method_label(m)} E={low}: {_rounds_text(a, total)}, E={high}: {_rounds_text(b, total)}" for m, (a, b) in speed.items())
         if "fedcmc" not in speed:
             result = "not run at this scale (FedCMC not in sweeps.methods)"
         else:
@@ -707,7 +705,7 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
 def _vector_claims(data: FedCMCResults, params: Params) -> list[dict]:
     sw = params.fedcmc.sweeps
     dataset, rows = sw.dataset, []
-    where = f" ({_dataset_label(dataset)}, α={sw.vectors_alpha:g})"
+    where = f" ({dataset_label(dataset)}, α={sw.vectors_alpha:g})"
     for better, worse, finding in (("major", "random", "Fig 4: major vectors beat random vectors"),
                                    ("major", "minor", "Fig 4: major vectors beat minor vectors"),
                                    ("none", "minor", "Fig 4: minor vectors are worse than none (FedAvg)")):
@@ -731,7 +729,7 @@ def _clients_claims(data: FedCMCResults, params: Params) -> list[dict]:
         terms = [(1.0, sw.dataset, sel("fedcmc", high)), (-1.0, sw.dataset, sel("fedavg", high)),
                  (-1.0, sw.dataset, sel("fedcmc", low)), (1.0, sw.dataset, sel("fedavg", low))]
         result = bootstrap_contrast(terms, data.positive)
-        gap = lambda k: _mean(data, "clients", method="fedcmc", clients=k) - _mean(data, "clients", method="fedavg", clients=k)  # noqa: E731
+        gap = lambda k: mean_of(data, "clients", method="fedcmc", clients=k) - mean_of(data, "clients", method="fedavg", clients=k)  # noqa: E731
         rows.append(_guard(data, {"finding (paper)": finding,
                                   "measured": "gap " + ", ".join(f"{_pts(gap(k))} at {k}" for k in sw.clients) + " clients (points)",
                                   "verdict": interval_verdict(result),
@@ -742,11 +740,11 @@ def _clients_claims(data: FedCMCResults, params: Params) -> list[dict]:
             if k == params.fedcmc.settings.clients:
                 continue
             others = [m for m in sw.methods if m != "fedcmc"]
-            strongest = max(others, key=lambda m: (_mean(data, "clients", method=m, clients=k), -others.index(m)))
+            strongest = max(others, key=lambda m: (mean_of(data, "clients", method=m, clients=k), -others.index(m)))
             row = _compare(data, f"Clients table: FedCMC is the best method with {k} clients", "clients",
                            dict(method="fedcmc", clients=k), dict(method=strongest, clients=k), sw.dataset,
-                           what=f"strongest other: {_label(strongest)}; ")
-            if _mean(data, "clients", method="fedcmc", clients=k) < _mean(data, "clients", method=strongest, clients=k):
+                           what=f"strongest other: {method_label(strongest)}; ")
+            if mean_of(data, "clients", method="fedcmc", clients=k) < mean_of(data, "clients", method=strongest, clients=k):
                 row["verdict"] = f"does not hold (vs the best: {row['verdict']})"
             rows.append(row)
     return rows
@@ -759,9 +757,9 @@ def _subset_claims(data: FedCMCResults, params: Params) -> list[dict]:
     for mode in ("balanced", "natural"):
         for rival in ("fedrs", "fedlc"):
             if mode == "balanced":
-                finding = f"Table 3: on the balanced {sw.subset_size}-sentence subset {_label(rival)} is close to FedCMC"
+                finding = f"Table 3: on the balanced {sw.subset_size}-sentence subset {method_label(rival)} is close to FedCMC"
             else:
-                finding = f"Table 3: on the natural {sw.subset_size}-sentence subset FedCMC is ahead of {_label(rival)}"
+                finding = f"Table 3: on the natural {sw.subset_size}-sentence subset FedCMC is ahead of {method_label(rival)}"
             if mode not in sw.subset_modes or rival not in rivals or "fedcmc" not in sw.subset_methods:
                 rows.append(_not_run(finding, "its mode or methods are not in fedcmc.sweeps"))
                 continue
@@ -813,7 +811,7 @@ def results_frame(data: FedCMCResults) -> pd.DataFrame:
 
 def summary_metrics(data: FedCMCResults, params: Params) -> dict:
     """metrics.json for `dvc exp show`: mean test micro-F1 over the main-table cells per method."""
-    return {"f1": {m: round(_mean(data, TABLE, method=m), 4) for m in params.fedcmc.methods}}
+    return {"f1": {m: round(mean_of(data, TABLE, method=m), 4) for m in params.fedcmc.methods}}
 
 
 def _convergence_frame(data: FedCMCResults, params: Params) -> pd.DataFrame:
@@ -831,7 +829,7 @@ def _local_epochs_frame(data: FedCMCResults, params: Params) -> tuple[pd.DataFra
     colours = {m: f"C{i}" for i, m in enumerate(sw.methods)}
     for method in sw.methods:
         for index, epochs in enumerate(sw.local_epochs):
-            name = f"{_label(method)}, E={epochs}"
+            name = f"{method_label(method)}, E={epochs}"
             columns[name] = _curve(data, "local_epochs", method=method, local_epochs=epochs)
             styles[name] = {"color": colours[method], "linestyle": ("-", "--", ":", "-.")[index % 4]}
     frame = pd.DataFrame(columns)
@@ -856,293 +854,19 @@ def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
     convergence = _convergence_frame(data, params)
     if not convergence.empty:
         renamed = convergence.rename(columns=LABELS)
-        f1_curves_figure(renamed, f"Fig 3a: {_point(*figure_point(params))}, test micro-F1 ({_over_seeds(len(fc.seeds))})",
+        f1_curves_figure(renamed, f"Fig 3a: {point_name(*figure_point(params))}, test micro-F1 ({over_seeds(len(fc.seeds))})",
                          folder / "fig3a_convergence.png", fc.target_f1)
     convergence.reindex(columns=list(fc.methods)).reset_index().to_csv(folder / "fig3a_convergence.csv", index=False, float_format="%.6f")
     if fc.sweeps.local_epochs:
         frame, styles = _local_epochs_frame(data, params)
-        f1_curves_figure(frame, f"Fig 3b: {_point(fc.sweeps.dataset, fc.sweeps.alpha)}, local epochs E", folder / "fig3b_local_epochs.png",
+        f1_curves_figure(frame, f"Fig 3b: {point_name(fc.sweeps.dataset, fc.sweeps.alpha)}, local epochs E", folder / "fig3b_local_epochs.png",
                          fc.target_f1, styles)
         frame.reset_index().to_csv(folder / "fig3b_local_epochs.csv", index=False, float_format="%.6f")
     vectors = vectors_table(data, params)
     if not vectors.empty:
-        bar_figure(vectors, f"Fig 4: FedCMC's vectors, {_point(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}", "test micro-F1 (%)",
+        bar_figure(vectors, f"Fig 4: FedCMC's vectors, {point_name(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}", "test micro-F1 (%)",
                    folder / "fig4_vectors.png")
     (vectors / 100).rename(columns={"mean": "micro_f1"}).reset_index().to_csv(folder / "fig4_vectors.csv", index=False, float_format="%.6f")
     (folder / "partitions").mkdir(exist_ok=True)
     for name, part in sorted(data.partitions.items()):
         shutil.copyfile(part.heatmap, folder / "partitions" / f"{name}.png")
-
-
-# ----- the report ------------------------------------------------------------------------------------------
-def _backbone_text(params: Params) -> str:
-    settings = params.fedcmc.settings
-    if settings.backbone == "tiny":
-        tiny = params.model.tiny
-        return (f"`tiny` (a BERT initialised at random: {tiny.layers} layers, hidden {tiny.hidden}, {tiny.heads} heads, "
-                f"WordPiece vocabulary trained on the corpora's training text)")
-    if settings.backbone == "minilm":
-        text = "`minilm` (the packaged pretrained all-MiniLM-L6-v2)"
-    else:
-        text = f"`{settings.backbone}`"
-    return text + (f", lowest {settings.keep_layers} encoder layers kept" if settings.keep_layers else "")
-
-
-def _over_seeds(count: int) -> str:
-    return f"mean ± std over {count} seeds" if count > 1 else "1 seed"
-
-
-def _not_run_text(sweep: str) -> list[str]:
-    return [f"Not run at this scale (`fedcmc.sweeps.{sweep}` is empty).", ""]
-
-
-def _empty_clients(data: FedCMCResults) -> str:
-    parts = []
-    for name, part in sorted(data.partitions.items()):
-        totals = part.counts.sum(axis=1)
-        parts.append(f"{name}: {int((totals == 0).sum())} of {len(totals)}")
-    return "; ".join(parts)
-
-
-def _dataset_lines(data: FedCMCResults, params: Params) -> list[str]:
-    negative = params.fedcmc.settings.negative_labels
-    lines = []
-    for dataset in sorted(data.classes):
-        classes = data.classes[dataset]
-        present = [c for c in classes if c in set(negative)]
-        part = next(p for _, p in sorted(data.partitions.items()) if p.info["dataset"] == dataset and not p.info.get("subset"))
-        sentences = part.info.get("sentences", {})
-        lines.append(f"  - `{dataset}`" + (f" ({DATASET_LABELS[dataset]})" if dataset in DATASET_LABELS else " (not one of the paper's corpora)")
-                     + f": {len(classes)} classes ({', '.join(classes)}); {sentences.get('train', 0)} train / {sentences.get('valid', 0)} "
-                     f"valid / {sentences.get('test', 0)} test sentences after the caps; "
-                     + (f"negative label(s) {', '.join(present)} left out of F1." if present else
-                        "none of the negative labels occurs, so every class counts and micro-F1 = accuracy."))
-    return lines
-
-
-def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[str]:
-    fc = params.fedcmc
-    part = lambda d, a: Cell("fedavg", d, a, fc.settings.clients, fc.settings.local_epochs, 0).partition  # noqa: E731
-    lines = []
-    synthetic = [d for d in fc.datasets if d not in DATASET_LABELS]
-    if synthetic:
-        lines.append(f"The main table runs on {', '.join(f'`{d}`' for d in synthetic)}, which is not one of the paper's corpora: "
-                     "these numbers test the pipeline and the direction of the effects, not the paper's values.")
-    near = []
-    for dataset, alpha in main_points(params):
-        chance = chance_level(data, dataset, part(dataset, alpha))
-        for method in fc.methods:
-            value = _mean(data, TABLE, method=method, dataset=dataset, alpha=alpha)
-            if value - chance < 0.01:
-                near.append(f"{_label(method)} at {_point(dataset, alpha)} ({_pct(value)} vs {_pct(chance)})")
-    if near:
-        lines.append("These main-table cells score less than 1 point above the better trivial baseline (always the "
-                     "commonest positive class, or stratified random; or below it), so training learned little beyond the prior there and comparisons involving them say "
-                     "little about the methods: " + "; ".join(near) + ".")
-    else:
-        lines.append("Every main-table cell scores more than 1 point above the better trivial baseline.")
-    widths = [float(high) - float(low) for low, high in re.findall(r"95% CI \[([+-][0-9.]+), ([+-][0-9.]+)\]", "\n".join(claims["test"]))]
-    if widths:
-        lines.append(f"The 95% bootstrap intervals of the tested claims are {np.median(widths):.2f} points wide (median): "
-                     "a smaller difference cannot be told from the choice of test sentences here.")
-    single = [name for name, seeds in (("main-table", fc.seeds), ("sweep", fc.sweeps.seeds)) if len(seeds) == 1]
-    if single:
-        lines.append(f"The {' and '.join(single)} cells have one training seed each: their intervals cover the sampling of test "
-                     "sentences only, not the spread between training runs, which in small federated runs is often as large "
-                     "as the differences between methods.")
-    verdicts = claims["verdict"]
-    tested = verdicts[~verdicts.str.startswith("not run")]
-    counts = {k: int(tested.str.startswith(k).sum()) for k in ("holds", "does not hold", "not significant", "not measurable")}
-    lines.append(f"Of {len(verdicts)} claims rows, {len(verdicts) - len(tested)} are not run at this scale; of the rest "
-                 f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['not significant']} not significant"
-                 + (f", {counts['not measurable']} not measurable" if counts["not measurable"] else "") + ".")
-    if fc.settings.rounds < max(PAPER_ROUNDS.values()):
-        lines.append(f"The run has {fc.settings.rounds} rounds; the paper's Fig 3a numbers reach {max(PAPER_ROUNDS.values())} "
-                     "rounds, so the convergence claims are checked on a much shorter horizon and a method 'not reached' here "
-                     "may still reach the target later.")
-    return [" ".join(lines), ""]
-
-
-def render_report(params: Params, data: FedCMCResults) -> str:
-    fc, settings, sw, train = params.fedcmc, params.fedcmc.settings, params.fedcmc.sweeps, params.train
-    truncated = max(int(i.get("truncated_train_sentences", 0)) for i in data.info.values())
-    scheme = {"dirichlet": "Dirichlet per class (each class's training sentences split among the clients by p_c ~ Dir_K(α))",
-              "iid": "IID (uniform)", "quantity": "quantity skew"}[settings.partition]
-    lines = [
-        f"# FedCMC — reproduction at scale `{params.scale}`",
-        "",
-        f"Written by the `fedcmc_report` stage at scale `{params.scale}` from the cells' own outputs; nothing is typed in by hand. "
-        "Paper: FedCMC (Zhang et al., federated contrastive learning with major classifier vectors for medical relation "
-        "extraction; arXiv 2301.05376, Applied Intelligence 2023; no public code). Its absolute numbers are not comparable "
-        "with these (other data sizes, backbone and budget); the claims table checks its stated relative findings.",
-        "",
-        "## Setup",
-        "",
-        "- Datasets:",
-        *_dataset_lines(data, params),
-        f"- Caps: at most {settings.max_train_sentences or 'all'} training and {settings.max_eval_sentences or 'all'} valid/test "
-        f"sentences per corpus (a seeded sample keeping the label mix); {truncated} training sentences were longer than "
-        f"{settings.max_length} tokens and were cut (the most in any one cell).",
-        f"- Grid: α in {', '.join(f'{a:g}' for a in fc.alphas)}; {settings.clients} clients; {settings.rounds} rounds; "
-        f"{settings.local_work()}; every client "
-        "trains every round. Seeds: main table "
-        f"{', '.join(map(str, fc.seeds))}; sweeps {', '.join(map(str, sw.seeds))}. The paper: 10 clients, 1 local epoch, "
-        "3 seeds, lr 5e-5, batch 8, DistilBERT.",
-        f"- Model: relation classifier on {_backbone_text(params)}, max length {settings.max_length}; entity markers "
-        "`<e1>..</e1>`, `<e2>..</e2>` as added tokens, each entity the sum of its word-piece outputs, the relation "
-        f"feature [h_e1; h_e2] (2d), a linear classifier C x 2d. Adam, lr {settings.lr:g}, {train.warmup_fraction:.0%} warm-up then "
-        f"linear decay, batch {settings.batch_size}, gradient norm clipped at {train.max_grad_norm:g}, {train.precision} steps; "
-        "aggregation weights p_k = N_k / N.",
-        f"- Partition: {scheme}; NIID-Bench's balance trick {'on' if settings.balance else 'off'}; minimum client size "
-        + (f"{settings.min_client_size} (bounded redraws)" if settings.min_client_size else
-           "none (a client the draw leaves empty sits out every round)")
-        + f". Clients with no training sentence, per partition: {_empty_clients(data)}.",
-        f"- F1: the headline is micro-F1 over the positive classes (every class but the negative labels "
-        f"{', '.join(f'`{n}`' for n in settings.negative_labels)}; every class when a corpus has none of them), macro-F1 "
-        "beside it; percentages with 2 decimals as in the paper.",
-        "- Evaluation: the global (aggregated) model on the global test set, the union of the clients' test shares, because "
-        "the paper evaluates the aggregated model on each dataset's test set. Nothing is selected on the test set; the "
-        "per-round test F1 (Figs 3a, 3b) is only reported.",
-        "- Deviations and unstated values:",
-        f"  - FedCMC's mu and temperature are not given in the paper: mu = {settings.fedcmc_mu:g}, temperature = "
-        f"{settings.fedcmc_temperature:g} here.",
-        "  - FedCMC's round 1 is FedAvg: no classifier vectors exist before the first aggregation.",
-        "  - SCAFFOLD runs under Adam like every method here; its variates are the clients' mean raw local gradients "
-        "(under plain SGD the same quantity as its option II), and the correction is added before Adam rescales the "
-        "gradient; SCAFFOLD's analysis assumes SGD (`fedrepro/fl/algorithms/scaffold.py`).",
-        f"  - MOON (mu {settings.moon_mu:g}, temperature {settings.moon_temperature:g}, projection {settings.moon_projection_dim}): "
-        "its classifier stays on the relation features as in every other method, not on top of the projection "
-        "(`moon.py`), so only the contrastive term differs.",
-        f"  - FedRS (a = {settings.fedrs_alpha:g}): "
-        + ("the paper's binary present/absent mask, a different method from its author's code"
-           if settings.fedrs_mask else "its author's count-scaled logits n_c / max n * (1 − a) + a, not the binary mask")
-        + " (`fedrs.py`).",
-        f"  - FedLC's tau is not given in its paper: tau = {settings.fedlc_tau:g} (`fedlc.py`).",
-        f"  - FedProx mu = {settings.fedprox_mu:g} (not given for this paper).",
-        f"- Hardware the cells ran on: {describe([i.get('hardware') for i in data.info.values()])}. The same seed gives the "
-        "same bits on the same machine type; another instruction set moves the numbers a little (README, Reproducibility).",
-        "",
-    ]
-    # Table 2
-    lines += ["## Table 2: methods x dataset x α", "",
-              "The paper reports FedCMC's F1 gain over FedAvg: +12.99 (i2b2), +8.39 (ChemProt), +4.04 (PGR) at α = 0.05 and "
-              "+9.08, +7.81, +2.12 at α = 0.5 (the paper writes '%'; read here as F1 points), and FedRS and FedLC well "
-              "above FedAvg and MOON. The trivial rows need no model: always the partition's most frequent positive "
-              "training class, and stratified random guessing from its training prior (expected score).", ""]
-    for metric, name in (("micro_f1", "micro-F1"), ("macro_f1", "macro-F1")):
-        lines += [f"Test {name} in % ({_over_seeds(len(fc.seeds))})", "", main_table(data, params, metric).to_markdown(disable_numparse=True), ""]
-    counts = data.cells["health"].value_counts()
-    lines += [f"† a cell diverged, ° a cell had not converged: {RULE}. Of {len(data.cells)} cells: "
-              + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
-    flagged = health_table(data)
-    if not flagged.empty:
-        lines += ["Cells flagged by that rule (no claim rests on a diverged one):", "",
-                  flagged.to_markdown(index=False), ""]
-    alike = identical_predictions(data, params)
-    if alike:
-        lines += ["Methods whose cells predicted every test sentence alike (different algorithms agree sentence for "
-                  "sentence only when their models collapsed onto the same few answers; their rows are equal, not "
-                  "close): " + "; ".join(alike) + ".", ""]
-    # clients table
-    lines += ["## The clients table (more clients)", ""]
-    if sw.clients:
-        lines += [f"{_dataset_label(sw.dataset)}, α = {sw.alpha:g}, test micro-F1 in % ({_over_seeds(len(sw.seeds))}), columns = "
-                  "clients. The paper reports FedCMC best at 10, 20 and 50 clients on i2b2 with its gap over the others "
-                  "growing with the clients (ANCHORS.md gives no numbers).", "",
-                  sweep_table(data, "clients", sw.methods, "clients", sw.clients).to_markdown(disable_numparse=True), ""]
-    else:
-        lines += _not_run_text("clients")
-    # Table 3
-    lines += ["## Table 3: balanced vs natural training subset", ""]
-    if sw.subset_modes:
-        lines += [f"{sw.subset_size} training sentences of {_dataset_label(sw.subset_dataset)} (balanced: {sw.subset_size} / C per "
-                  f"class; natural: the corpus's label mix), α = {sw.alpha:g}, {settings.clients} clients, "
-                  f"{f'at most {settings.max_eval_sentences} test sentences' if settings.max_eval_sentences else 'the whole test set'}; "
-                  f"sentences of a no-relation class ({', '.join(settings.negative_labels)}) leave every split, as the paper's "
-                  "CPR has only its five relation types; "
-                  f"test micro-F1 in % ({_over_seeds(len(sw.seeds))}). The paper (500 ChemProt sentences, 100 per class): "
-                  "FedRS and FedLC about as good as FedCMC on the balanced subset, FedCMC ahead on the natural one.", "",
-                  sweep_table(data, "subsets", sw.subset_methods, "subset", sw.subset_modes).to_markdown(disable_numparse=True), ""]
-    else:
-        lines += _not_run_text("subset_modes")
-    # Fig 1
-    lines += ["## Fig 1 and Observation 3: local average similarity d_{k,c}", ""]
-    fedavg, _, which = figure1_cells(data, params)
-    if fedavg is not None and data.diagnostics[fedavg]:
-        lines += ["d_{k,c} is the mean cosine similarity of class c's classifier vector to the other classes' vectors in "
-                  "client k's classifier after its local training (uploading clients only). The paper's Observation 3: "
-                  "the client holding most of class c has the smallest d_{k,c} in every round, which is why FedCMC "
-                  "takes class c's vector from argmin_k d_{k,c}. " + which, "",
-                  "![fig 1](figures/fig1_similarity.png)", "",
-                  "Share of classes whose smallest-d client (FedAvg) or picked client (FedCMC; its picks in round r feed "
-                  "round r + 1) is the class's largest holder, against a uniform pick among the clients holding the "
-                  "class:", "", observation3_table(data, params).to_markdown(disable_numparse=True), ""]
-    else:
-        lines += [which if fedavg is None else "The FedAvg cell recorded no per-round diagnostics.", ""]
-    # Fig 3a / 3b
-    lines += ["## Fig 3a: convergence", ""]
-    point = figure_point(params)
-    if point is None:
-        lines += [f"The sweeps' point {_point(sw.dataset, sw.alpha)} is not in the main table, so Fig 3a is not drawn.", ""]
-    elif not settings.eval_every:
-        lines += ["`fedcmc.settings.eval_every` is 0: no per-round test F1 was recorded.", ""]
-    else:
-        lines += [f"{_point(*point)}: the global model's test micro-F1 after each round ({_over_seeds(len(fc.seeds))}), and the rounds each "
-                  f"method needs to reach the target {100 * fc.target_f1:g}% (`fedcmc.target_f1`). The paper (i2b2, α = 0.05): "
-                  "FedCMC 5 rounds, FedRS 15, FedAvg 20.", "",
-                  "![fig 3a](figures/fig3a_convergence.png)", "", convergence_table(data, params).to_markdown(disable_numparse=True), ""]
-        chance = chance_level(data, point[0], Cell("fedavg", *point, settings.clients, settings.local_epochs, 0).partition)
-        if fc.target_f1 <= chance:
-            lines += [f"The target {100 * fc.target_f1:g}% is at or below the better trivial baseline on this test set "
-                      f"({_pct(chance)}%), so reaching it says nothing about learning here.", ""]
-    lines += ["## Fig 3b: local epochs", ""]
-    if sw.local_epochs:
-        final, speed = local_epochs_tables(data, params)
-        lines += [f"{_point(sw.dataset, sw.alpha)}, {settings.clients} clients, E local epochs between aggregations. The paper: "
-                  "more local epochs speed up FedCMC but not FedAvg or FedRS, and FedAvg's F1 varies more.", "",
-                  "![fig 3b](figures/fig3b_local_epochs.png)", "",
-                  f"Final test micro-F1 in % ({_over_seeds(len(sw.seeds))})", "", final.to_markdown(disable_numparse=True), "",
-                  f"Rounds to {100 * fc.target_f1:g}% micro-F1 (seed-mean curve)", "", speed.to_markdown(disable_numparse=True), ""]
-    else:
-        lines += _not_run_text("local_epochs")
-    # Fig 4
-    lines += ["## Fig 4: which classifier vectors", ""]
-    if sw.vectors:
-        shown = pd.DataFrame({"test micro-F1 (%)": [_fmt(_values(data, "vectors", method="fedcmc", vectors=v)) for v in sw.vectors]},
-                             index=pd.Index(sw.vectors, name="vectors"))
-        lines += [f"FedCMC at {_point(sw.dataset, sw.vectors_alpha)} with class c's vector taken from the smallest-d client "
-                  "(major), a seeded random client (random), the largest-d client (minor), or no vectors and no contrastive "
-                  f"term (none = FedAvg); {_over_seeds(len(sw.seeds))}. The paper (i2b2 and CPR, α = 0.01): major clearly "
-                  "best, minor worst, below none.", "", "![fig 4](figures/fig4_vectors.png)", "", shown.to_markdown(disable_numparse=True), ""]
-    else:
-        lines += _not_run_text("vectors")
-    # partitions
-    lines += ["## Partitions", "",
-              "Every client split the grid trains on (`data/fedcmc/partitions/`); skew is the sample-weighted Jensen-Shannon "
-              "distance of the clients' label distributions to the pooled one (0 = IID, 1 = disjoint).", "",
-              partitions_table(data, params).to_markdown(disable_numparse=True), ""]
-    for name in sorted(data.partitions):
-        lines += [f"![{name}](figures/partitions/{name}.png)", ""]
-    # communication and memory
-    comm = communication_table(data, params)
-    where = f"{_point(*point)}, seed {fc.seeds[0]}" if point is not None else f"the first main-table cell of each method, seed {fc.seeds[0]}"
-    lines += ["## Communication and memory", "",
-              f"One main-table cell per method ({where}). Bytes are counted by the channel (`fedrepro/fl/channel.py`) and summed "
-              "over the clients of a round. FedCMC downloads the C major vectors (C x 2d floats) with the model from round 2 "
-              "on; SCAFFOLD's control variates travel with the weights both ways, about doubling each direction; MOON keeps "
-              "each client's previous model and SCAFFOLD each client's variate as private state.", "",
-              comm.to_markdown(disable_numparse=True), ""]
-    extra = fedcmc_extra_download(data, params)
-    if extra:
-        lines += [extra, ""]
-    lines += missed_clients_section(data.missed)
-    # claims
-    claims = claims_table(data, params)
-    lines += ["## Claims checked at this scale", "",
-              "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict follows "
-              f"the numbers whatever they are. Tested claims use a paired bootstrap over test sentences ({RESAMPLES} resamples, "
-              f"seed {BOOTSTRAP_SEED}) of the micro-F1 difference: 'holds' if its 95% interval is above 0, 'does not hold "
-              "(significantly reversed)' if below, else 'not significant'. Claims on rounds or on Observation 3 are "
-              "descriptive.", "", claims.to_markdown(index=False, disable_numparse=True), ""]
-    lines += ["## What this run can and cannot say", ""] + _closing(data, params, claims)
-    return "\n".join(lines)

@@ -3,7 +3,7 @@ messages per step, the searched cells, the hand-designed baseline and the claims
 params only.
 
 ``load_ssvfnas`` reads every cell the params ask for once into ``SSVFNASResults`` (tidy frames); the functions
-after it each build one table, figure or claim; ``render_report`` writes the markdown. Nothing here reads a clock
+after it each build one table, figure or claim; ``render.render_report`` writes the markdown. Nothing here reads a clock
 or an unseeded random source, so a rerun on the same cells gives the same bytes.
 """
 
@@ -19,13 +19,12 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
-from fedrepro.fl.health import RULE
-from fedrepro.hardware import describe
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, messages_figure
+from fedrepro.report.formatting import over_seeds
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.statistics import RESAMPLES, Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
+from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
 from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell, baseline_cells, dp_name, partitions, retrain_health, table_cells
 
 LABELS = {"vfnas1": "VFNAS-1", "vfnas2": "VFNAS-2", "ss_vfnas1": "SS-VFNAS-1", "ss_vfnas2": "SS-VFNAS-2",
@@ -184,18 +183,18 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
 
 
 # ----- selections and formatting ----------------------------------------------------------------------------
-def _label(method: str) -> str:
+def method_label(method: str) -> str:
     return LABELS.get(method, method)
 
 
-def _select(data: SSVFNASResults, **fields) -> pd.DataFrame:
+def select_cells(data: SSVFNASResults, **fields) -> pd.DataFrame:
     frame = data.cells
     for name, value in fields.items():
         frame = frame[frame[name] == value]
     return frame.sort_values("seed", kind="stable")
 
 
-def _pct(value: float) -> str:
+def percent(value: float) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
 
@@ -224,23 +223,25 @@ def _eps(values: list[float], status: str) -> str:
     return f"{mean:.2f}" + (f" ± {std:.2f}" if std > 0 else "")
 
 
-def _over_seeds(count: int) -> str:
-    return f"mean ± std over {count} seeds" if count > 1 else "1 seed"
-
-
-def _level_text(level: list[float]) -> str:
+def dp_level_text(level: list[float]) -> str:
     s1, s2 = level
     if s1 == 0 and s2 == 0:
         return "no DP"
     return f"σ1 = {s1:g}, σ2 = {s2:g}"
 
 
-def _noisy_levels(params: Params) -> list[list[float]]:
+def noisy_levels(params: Params) -> list[list[float]]:
     return [lvl for lvl in params.ssvfnas.dp_levels if lvl[0] > 0 and lvl[1] > 0]
 
 
-def _points(params: Params) -> list[str]:
+def partition_names(params: Params) -> list[str]:
     return [f"{d}-k{k}" for d, k, _ in partitions(params)]
+
+
+def cell_hardware(data: SSVFNASResults) -> list[dict | None]:
+    """The machine each cell ran on, as its metrics.json records it: the report names them, as the same seed gives the
+    same bits only on the same machine type."""
+    return [read_json(folder / "metrics.json").get("hardware") for folder in data.folders.values()]
 
 
 # ----- steps / bytes / epsilon to the target ------------------------------------------------------------------
@@ -270,16 +271,16 @@ def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     accuracy, collaborative steps, messages, MB of the search and of the retraining, and epsilon (worst party) of the
     search and in total."""
     ss, rows = params.ssvfnas, []
-    for point in _points(params):
+    for point in partition_names(params):
         for level in ss.dp_levels:
             for method in list(ss.methods) + [BASELINE]:
-                sel = _select(data, partition=point, dp=dp_name(level), method=method)
+                sel = select_cells(data, partition=point, dp=dp_name(level), method=method)
                 if sel.empty:
                     continue
                 search = method != BASELINE
                 status = sel["epsilon_status"].iloc[0]
                 rows.append({
-                    "dataset-K": point, "DP": _level_text(level), "method": _label(method),
+                    "dataset-K": point, "DP": dp_level_text(level), "method": method_label(method),
                     "test accuracy (%)": _fmt(sel["accuracy"].tolist()) + mark_of(sel["health"]),
                     "held-out valid accuracy (%)": _fmt(sel["valid_accuracy"].tolist()),
                     "supernet accuracy (%)": _fmt(sel["search_accuracy"].tolist()) if search else "-",
@@ -306,14 +307,14 @@ def target_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     ss = params.ssvfnas
     reached = target_frame(data, params).set_index("key")
     rows = []
-    for point in _points(params):
+    for point in partition_names(params):
         for level in ss.dp_levels:
             for method in ss.methods:
-                sel = _select(data, partition=point, dp=dp_name(level), method=method)
+                sel = select_cells(data, partition=point, dp=dp_name(level), method=method)
                 hits = reached.loc[sel["key"]]
                 ok = hits[hits["reached"]]
                 status = sel["epsilon_status"].iloc[0] if not sel.empty else ""
-                rows.append({"dataset-K": point, "DP": _level_text(level), "method": _label(method),
+                rows.append({"dataset-K": point, "DP": dp_level_text(level), "method": method_label(method),
                              "seeds reached": f"{len(ok)} of {len(hits)}",
                              "steps": f"{ok['target_step'].mean():.1f}" if len(ok) else f"not in {ss.search.steps}",
                              "MB": _mb(ok["target_bytes"].mean()) if len(ok) else "-",
@@ -328,7 +329,7 @@ def messages_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     for method in ss.methods:
         rule, _ = METHODS[method]
         for k in sorted({c for c in data.cells.parties}):
-            sel = _select(data, method=method, parties=k)
+            sel = select_cells(data, method=method, parties=k)
             if sel.empty:
                 continue
             first = sel.iloc[0]
@@ -337,7 +338,7 @@ def messages_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                 expected = (12 if ss.search.second_order else 4) * s
             else:
                 expected = (2 if ss.fidelity == "paper" else 4) * s
-            rows.setdefault(_label(method), {})[f"K={k}"] = (
+            rows.setdefault(method_label(method), {})[f"K={k}"] = (
                 f"{int(first.messages_per_step)} msgs ({expected} expected), {int(first.exchanges_per_step)} exchanges, "
                 f"{int(first.bytes_per_step):,} B")
     frame = pd.DataFrame.from_dict(rows, orient="index")
@@ -349,18 +350,18 @@ def parameters_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     """Per dataset-K: bottom networks' parameters (summed over parties) of the supernets, the derived networks (mean
     over a method's cells) and the hand-designed baseline, and the reference size the baseline was matched to."""
     rows = {}
-    for point in _points(params):
+    for point in partition_names(params):
         row = {}
-        search = _select(data, partition=point)
+        search = select_cells(data, partition=point)
         search = search[search.method != BASELINE]
         if not search.empty:
             row["supernets"] = f"{int(search['params_supernet'].iloc[0]):,}"
         for method in params.ssvfnas.methods:
-            sel = _select(data, partition=point, method=method)
+            sel = select_cells(data, partition=point, method=method)
             if not sel.empty:
                 low, high = int(sel["params_bottom"].min()), int(sel["params_bottom"].max())
-                row[f"derived, {_label(method)}"] = f"{low:,}" if low == high else f"{low:,} - {high:,}"
-        base = _select(data, partition=point, method=BASELINE)
+                row[f"derived, {method_label(method)}"] = f"{low:,}" if low == high else f"{low:,} - {high:,}"
+        base = select_cells(data, partition=point, method=BASELINE)
         if not base.empty:
             row["expected derived size (baseline sized to)"] = f"{int(base['params_target'].iloc[0]):,}"
             row["hand-designed"] = f"{int(base['params_bottom'].iloc[0]):,}"
@@ -379,9 +380,9 @@ def genotype_text(genotype: dict) -> str:
 def shown_cells(data: SSVFNASResults, params: Params) -> list[str]:
     """The cells whose searched genotypes the report draws: every method x dataset-K at the first DP level, first seed."""
     ss, keys = params.ssvfnas, []
-    for point in _points(params):
+    for point in partition_names(params):
         for method in ss.methods:
-            sel = _select(data, partition=point, method=method, dp=dp_name(ss.dp_levels[0]), seed=ss.seeds[0])
+            sel = select_cells(data, partition=point, method=method, dp=dp_name(ss.dp_levels[0]), seed=ss.seeds[0])
             keys += sel["key"].tolist()
     return keys
 
@@ -392,7 +393,7 @@ def genotypes_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
         row = data.cells.set_index("key").loc[key]
         part = data.partitions[row.partition]
         for j, genotype in enumerate(data.genotypes[key]):
-            rows.append({"dataset-K": row.partition, "method": _label(row.method),
+            rows.append({"dataset-K": row.partition, "method": method_label(row.method),
                          "party": f"party_{j}" + (" (labels)" if j == part["label_party"] else ""),
                          "space": genotype["kind"], "derived cell (node: op(input), ...)": genotype_text(genotype)})
     return pd.DataFrame(rows)
@@ -402,49 +403,17 @@ def reliance_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     """Per dataset-K and DP level, over every method's cells and the baseline's: the retrained test accuracy, the label
     party's accuracy with every other party's embedding zeroed, and the top network's weight share on the other parties."""
     rows = []
-    for point in _points(params):
+    for point in partition_names(params):
         for level in params.ssvfnas.dp_levels:
-            sel = _select(data, partition=point, dp=dp_name(level))
+            sel = select_cells(data, partition=point, dp=dp_name(level))
             if sel.empty:
                 continue
-            rows.append({"dataset-K": point, "DP": _level_text(level), "cells": len(sel),
+            rows.append({"dataset-K": point, "DP": dp_level_text(level), "cells": len(sel),
                          "test accuracy (%)": _fmt(sel["accuracy"].tolist()),
                          "label party alone (%)": _fmt(sel["label_only_accuracy"].tolist()),
                          "top weight share on the other parties": f"{sel['top_share_others'].mean():.2f}",
                          "test rows (1 error =)": f"{int(sel['test_samples'].iloc[0])} ({100 / sel['test_samples'].iloc[0]:.2f} points)"})
     return pd.DataFrame(rows)
-
-
-def _reliance_lines(data: SSVFNASResults, params: Params) -> list[str]:
-    lines = ["The retrained networks (every method and the baseline) evaluated once more on the test rows with every other "
-             "party's embedding replaced by zeros (`test.accuracy_label_party_only`; the top network is linear, so this drops "
-             "exactly their terms of the logits), and the share of the top network's weight norm on the other parties' "
-             "embeddings (`retrain.top_weight_norms`). Under DP an embedding clipped to norm C1 = "
-             f"{params.ssvfnas.dp.clip_forward:g} carries about C1 / √{params.ssvfnas.search.out_dim} = "
-             f"{params.ssvfnas.dp.clip_forward / math.sqrt(params.ssvfnas.search.out_dim):.2f} per entry and arrives with "
-             f"noise of std σ1 × C1 = {params.ssvfnas.dp.clip_forward:g} σ1 per entry: where the top network learns to turn "
-             "such embeddings down, a DP cell decides from the label party's own features, and its accuracy approaches the "
-             "label party's alone.", "", reliance_table(data, params).to_markdown(index=False, disable_numparse=True), ""]
-    clear = [lvl for lvl in params.ssvfnas.dp_levels if lvl[0] == 0 and lvl[1] == 0]
-    notes = []
-    for point in _points(params):
-        if not clear:
-            break
-        base = _select(data, partition=point, dp=dp_name(clear[0]))
-        for level in _noisy_levels(params):
-            noisy = _select(data, partition=point, dp=dp_name(level))
-            if base.empty or noisy.empty or noisy["accuracy"].mean() < base["accuracy"].mean():
-                continue
-            n = int(noisy["test_samples"].iloc[0])
-            errors = lambda f: (1 - f["accuracy"]).mean() * n  # noqa: E731
-            notes.append(f"{point}, {_level_text(level)}: no lower than without DP ({_pct(noisy['accuracy'].mean())}% vs "
-                         f"{_pct(base['accuracy'].mean())}%, {errors(noisy):.2f} vs {errors(base):.2f} errors a cell on {n} test "
-                         f"rows). The label party alone scores {_pct(noisy['label_only_accuracy'].mean())}% under DP "
-                         f"({_pct(base['label_only_accuracy'].mean())}% without) and the top network's weight share on the other "
-                         f"parties falls from {base['top_share_others'].mean():.2f} to {noisy['top_share_others'].mean():.2f}: "
-                         "DP here measures the label party's own features, which suffice on this test set, not a federation "
-                         "that gains from noise.")
-    return lines + ["- " + n for n in notes] + ([""] if notes else [])
 
 
 def _kept_edges(genotype: dict) -> list[list[tuple[int, str]]]:
@@ -458,12 +427,12 @@ def alpha_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     derived genotype is the one their starting alphas alone give."""
     rows = []
     for method in params.ssvfnas.methods:
-        sel = _select(data, method=method)
+        sel = select_cells(data, method=method)
         if sel.empty:
             continue
         drop = sel["alpha_entropy_start"] - sel["alpha_entropy_end"]
         moved = int((drop > ALPHA_MOVED * sel["alpha_entropy_uniform"]).sum())
-        row = {"method": _label(method), "cells": len(sel),
+        row = {"method": method_label(method), "cells": len(sel),
                "entropy uniform": f"{sel['alpha_entropy_uniform'].mean():.4f}",
                "entropy at search start": f"{sel['alpha_entropy_start'].mean():.4f}",
                "entropy at end": f"{sel['alpha_entropy_end'].mean():.4f}",
@@ -498,46 +467,8 @@ def rule_agreement(data: SSVFNASResults, params: Params) -> list[dict]:
     return out
 
 
-def _alpha_moved(frame: pd.DataFrame) -> pd.Series:
+def alpha_moved(frame: pd.DataFrame) -> pd.Series:
     return frame["alpha_entropy_start"] - frame["alpha_entropy_end"] > ALPHA_MOVED * frame["alpha_entropy_uniform"]
-
-
-def _alpha_lines(data: SSVFNASResults, params: Params) -> list[str]:
-    s = params.ssvfnas.search
-    search = data.cells[data.cells.method != BASELINE]
-    lines = [f"Entropy of softmax(α), mean over edges and parties, in nats (uniform = ln(ops)); α_start = α when the search "
-             "begins (after the pre-search for the SS- methods); α shift = the largest absolute change of any α entry since "
-             "α_start (the pre-search's: since the random initialisation). Every curve point records the entropy and the "
-             "shift (`alpha_entropy`, `alpha_shift` in each cell's curve.csv). 'α moved': the entropy fell by more than "
-             f"{100 * ALPHA_MOVED:g}% of the uniform value.", "",
-             alpha_table(data, params).to_markdown(index=False, disable_numparse=True), ""]
-    if search.empty:
-        return lines
-    moved = _alpha_moved(search)
-    bound = s.steps * s.arch_lr
-    notes = [f"Adam moves each α by about its learning rate a step whatever the gradient's size, so {s.steps} steps at arch lr "
-             f"{s.arch_lr:g} move it by at most about {bound:.3g} (measured: at most {search['alpha_max_shift'].max():.4f}); "
-             f"α moved in {int(moved.sum())} of {len(search)} search cells."]
-    if moved.mean() < 0.5:
-        notes.append(f"Where α did not move, softmax weights stay within about {100 * (math.exp(2 * bound) - 1):.1f}% of uniform: "
-                     "the derived genotype is the ranking of these tiny shifts, i.e. of the sign of the early α gradients, "
-                     "not a choice the mixture has made.")
-    same = int(search["alpha_genotype_as_at_start"].sum())
-    notes.append(f"{same} of {len(search)} derived genotypes equal the genotype of the starting α alone (DARTS's 1e-3 random "
-                 "initialisation, or the pre-search's α)" + (", so most are the initial ties" if same > len(search) / 2 else
-                                                            ", so the search, not the initial ties, set them") +
-                 f"; {100 * search['alpha_parameter_free_edges'].mean():.0f}% of the derived edges are parameter-free ops "
-                 "(pooling, skip, identity), the ops a supernet leans on while its parametric ops are still untrained.")
-    for row in rule_agreement(data, params):
-        one, two = row["pair"]
-        still = not _alpha_moved(search[search.method.isin([one, two])]).any()
-        notes.append(f"{_label(one)} vs {_label(two)} over {row['pairs']} matched cells: supernet test accuracy differs by "
-                     f"{100 * row['mean_gap']:.2f} points on average over the curve points (at most {100 * row['max_gap']:.2f}); "
-                     f"{row['same_genotypes']} of {row['pairs']} derive identical genotypes." +
-                     (" α stayed near its start in every one of them, and the two rules differ only in how they update α: "
-                      "they train the same weights from the same initialisation on the same batches, so their curves "
-                      "coincide." if still else ""))
-    return lines + ["- " + n for n in notes] + [""]
 
 
 def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
@@ -624,8 +555,8 @@ def _bootstrap_text(result: Bootstrap, pairs: int) -> str:
 
 
 def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> dict:
-    finding = (f"SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: {_label(ours)} vs "
-               f"{_label(theirs)} ({RULES[METHODS[ours][0]]})")
+    finding = (f"SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: {method_label(ours)} vs "
+               f"{method_label(theirs)} ({RULES[METHODS[ours][0]]})")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
         return _not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, params.ssvfnas.dp_levels)
@@ -639,8 +570,8 @@ def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -
     mean = lambda v: float(np.mean([s for s in v if s != censored])) if any(s != censored for s in v) else float("nan")  # noqa: E731
     return {"finding (paper)": finding,
             "measured": (f"target {100 * params.ssvfnas.target_accuracy:g}% reached in {sum(s != censored for s in a)} of {len(a)} "
-                         f"{_label(ours)} cells (mean {mean(a):.1f} steps, {_mb(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
-                         f"{sum(s != censored for s in b)} of {len(b)} {_label(theirs)} cells (mean {mean(b):.1f} steps, "
+                         f"{method_label(ours)} cells (mean {mean(a):.1f} steps, {_mb(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
+                         f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
                          f"{_mb(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
             "verdict": _sign_verdict(wins, losses, p),
             "test": (f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
@@ -648,8 +579,8 @@ def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -
 
 
 def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> dict:
-    finding = f"Privacy is amplified by less communication: {_label(ours)} reaches the target at a smaller epsilon than {_label(theirs)}"
-    levels = _noisy_levels(params)
+    finding = f"Privacy is amplified by less communication: {method_label(ours)} reaches the target at a smaller epsilon than {method_label(theirs)}"
+    levels = noisy_levels(params)
     if not levels:
         return _not_run(finding, "no DP level with noise on both sides in ssvfnas.dp_levels")
     if params.ssvfnas.fidelity == "released_code":
@@ -692,7 +623,7 @@ def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: st
     eps = sorted({round(x.epsilon_total, 2) for x, _ in pairs if math.isfinite(x.epsilon_total)})
     at = f" at ε (total) {', '.join(f'{e:g}' for e in eps)}" if eps and budget else ""
     return _guard({"finding (paper)": finding,
-                   "measured": f"test accuracy {_pct(mean_a)} vs {_pct(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
+                   "measured": f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
                    "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}, pairs)
 
 
@@ -704,14 +635,14 @@ def _messages_claim(data: SSVFNASResults, params: Params) -> dict:
     parts, holds, tied = [], True, True
     for k in sorted(set(data.cells.parties)):
         for m2, m1 in pairs:
-            a, b = _select(data, method=m2, parties=k), _select(data, method=m1, parties=k)
+            a, b = select_cells(data, method=m2, parties=k), select_cells(data, method=m1, parties=k)
             if a.empty or b.empty:
                 continue
             ma, mb = int(a.messages_per_step.iloc[0]), int(b.messages_per_step.iloc[0])
             xa, xb = int(a.exchanges_per_step.iloc[0]), int(b.exchanges_per_step.iloc[0])
             holds &= ma < mb and xa < xb
             tied &= ma == mb
-            parts.append(f"K={k}: {_label(m2)} {ma} messages / {xa} exchanges vs {_label(m1)} {mb} / {xb}")
+            parts.append(f"K={k}: {method_label(m2)} {ma} messages / {xa} exchanges vs {method_label(m1)} {mb} / {xb}")
             break
     return {"finding (paper)": finding, "measured": "; ".join(parts),
             "verdict": "holds" if holds else ("does not hold (equal)" if tied else "does not hold"),
@@ -725,27 +656,27 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
         rows.append(_steps_claim(data, params, ours, theirs))
     for ours, theirs in PAIRS:
         rows.append(_epsilon_claim(data, params, ours, theirs))
-    noisy, clear = _noisy_levels(params), [lvl for lvl in ss.dp_levels if lvl[0] == 0 and lvl[1] == 0]
+    noisy, clear = noisy_levels(params), [lvl for lvl in ss.dp_levels if lvl[0] == 0 and lvl[1] == 0]
     for ours, theirs in PAIRS:
-        rows.append(_accuracy_claim(data, params, f"At the same privacy budget (same DP level and steps), {_label(ours)} is more "
-                                    f"accurate than {_label(theirs)}", ours, theirs, noisy,
+        rows.append(_accuracy_claim(data, params, f"At the same privacy budget (same DP level and steps), {method_label(ours)} is more "
+                                    f"accurate than {method_label(theirs)}", ours, theirs, noisy,
                                     "no DP level with noise on both sides in ssvfnas.dp_levels", budget=True))
     for ours, theirs in PAIRS:
-        rows.append(_accuracy_claim(data, params, f"Without DP, {_label(ours)} is at least as accurate as {_label(theirs)} "
+        rows.append(_accuracy_claim(data, params, f"Without DP, {method_label(ours)} is at least as accurate as {method_label(theirs)} "
                                     "(the paper's SS-VFNAS results sit at or above VFNAS's)", ours, theirs, clear,
                                     "no DP level [0, 0] in ssvfnas.dp_levels"))
     rows.append(_not_run("SS pre-search yields networks that generalise across tasks",
                          "the grid has one task per dataset; no transfer task is run at any scale"))
     for method in ss.methods:
-        rows.append(_accuracy_claim(data, params, f"Issue 8 check: the architecture {_label(method)} searched beats the hand-designed "
+        rows.append(_accuracy_claim(data, params, f"Issue 8 check: the architecture {method_label(method)} searched beats the hand-designed "
                                     "network of similar size trained the same way", method, BASELINE, list(ss.dp_levels), "no DP level"))
     if noisy and clear:
         for method in ss.methods:
-            row = _accuracy_claim(data, params, f"Issue 8 check: DP costs {_label(method)} accuracy (no DP vs each noisy level)",
+            row = _accuracy_claim(data, params, f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
                                   method, method, [], "")
             pairs = []
             index = data.cells.set_index("key", drop=False)
-            for _, a in _select(data, method=method).iterrows():
+            for _, a in select_cells(data, method=method).iterrows():
                 if a.sigma_forward == 0 and a.sigma_backward == 0:
                     for lvl in noisy:
                         name = Cell(method, a.dataset, a.parties, float(lvl[0]), float(lvl[1]), a.seed).name
@@ -753,9 +684,9 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                             pairs.append((a, index.loc[name]))
             if pairs:
                 result = accuracy_contrast(data, pairs)
-                row = _guard({"finding (paper)": f"Issue 8 check: DP costs {_label(method)} accuracy (no DP vs each noisy level)",
-                              "measured": f"test accuracy {_pct(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
-                                          f"{_pct(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} "
+                row = _guard({"finding (paper)": f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
+                              "measured": f"test accuracy {percent(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
+                                          f"{percent(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} "
                                           "matched pair(s)",
                               "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}, pairs)
             rows.append(row)
@@ -776,21 +707,21 @@ def summary_metrics(data: SSVFNASResults, params: Params) -> dict:
     paper's Poisson-amplified figure beside it."""
     epsilon: dict = {"headline": "no_amplification", "no_amplification": {}, "amplified_poisson_assumed": {}}
     search = data.cells[data.cells.method != BASELINE]
-    for level in _noisy_levels(params):
-        for point in _points(params):
+    for level in noisy_levels(params):
+        for point in partition_names(params):
             sel = search[(search.dp == dp_name(level)) & (search.partition == point)]
             if sel.empty or sel["epsilon_total"].isna().any():
                 continue
             for key, column in (("no_amplification", "epsilon_total"), ("amplified_poisson_assumed", "epsilon_total_amplified")):
                 epsilon[key].setdefault(dp_name(level), {})[point] = round(float(sel[column].mean()), 4)
-    return {"accuracy": {m: round(float(_select(data, method=m)["accuracy"].mean()), 4)
+    return {"accuracy": {m: round(float(select_cells(data, method=m)["accuracy"].mean()), 4)
                          for m in list(params.ssvfnas.methods) + [BASELINE]},
             "epsilon_total": epsilon}
 
 
 def _curve(data: SSVFNASResults, **fields) -> pd.DataFrame:
     """Seed-mean curve (step, bytes, messages, accuracy, epsilon) of the selected search cells."""
-    keys = _select(data, **fields)["key"]
+    keys = select_cells(data, **fields)["key"]
     frame = data.curves[data.curves.key.isin(keys)]
     if frame.empty:
         return pd.DataFrame(columns=["step", "bytes", "messages", "accuracy", "epsilon"])
@@ -801,33 +732,33 @@ def _curve(data: SSVFNASResults, **fields) -> pd.DataFrame:
 
 def figure_point(params: Params) -> str:
     """The dataset-K of the dvc plots CSVs: the first partition of the grid."""
-    return _points(params)[0]
+    return partition_names(params)[0]
 
 
 def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
     """PNGs and, for `dvc plots`, CSVs: accuracy vs bytes per dataset-K, accuracy vs epsilon, messages per step, the
     searched cells (copied from the cells)."""
     folder, ss = Path(folder), params.ssvfnas
-    for point in _points(params):
-        panels = {_level_text(lvl): {_label(m): _curve(data, partition=point, dp=dp_name(lvl), method=m) for m in ss.methods}
+    for point in partition_names(params):
+        panels = {dp_level_text(lvl): {method_label(m): _curve(data, partition=point, dp=dp_name(lvl), method=m) for m in ss.methods}
                   for lvl in ss.dp_levels}
-        accuracy_bytes_figure(panels, f"{point}: supernets' test accuracy vs bytes ({_over_seeds(len(ss.seeds))}, mean)",
+        accuracy_bytes_figure(panels, f"{point}: supernets' test accuracy vs bytes ({over_seeds(len(ss.seeds))}, mean)",
                               folder / f"accuracy_vs_bytes_{point}.png", ss.target_accuracy)
         points, unbounded = {}, {}
         for method in list(ss.methods) + [BASELINE]:
             rows = []
-            for lvl in _noisy_levels(params):
-                sel = _select(data, partition=point, dp=dp_name(lvl), method=method)
+            for lvl in noisy_levels(params):
+                sel = select_cells(data, partition=point, dp=dp_name(lvl), method=method)
                 if not sel.empty and sel["epsilon_total"].notna().all():
                     rows.append({"epsilon": sel["epsilon_total"].mean(), "accuracy": sel["accuracy"].mean()})
-            points[_label(method)] = pd.DataFrame(rows, columns=["epsilon", "accuracy"]).sort_values("epsilon")
-            clear = _select(data, partition=point, dp="nodp", method=method)
+            points[method_label(method)] = pd.DataFrame(rows, columns=["epsilon", "accuracy"]).sort_values("epsilon")
+            clear = select_cells(data, partition=point, dp="nodp", method=method)
             if not clear.empty:
-                unbounded[_label(method)] = float(clear["accuracy"].mean())
+                unbounded[method_label(method)] = float(clear["accuracy"].mean())
         curves = {}
-        for lvl in _noisy_levels(params):
+        for lvl in noisy_levels(params):
             for method in ss.methods:
-                name = _label(method) + (f" ({_level_text(lvl)})" if len(_noisy_levels(params)) > 1 else "")
+                name = method_label(method) + (f" ({dp_level_text(lvl)})" if len(noisy_levels(params)) > 1 else "")
                 curves[name] = _curve(data, partition=point, dp=dp_name(lvl), method=method)[["epsilon", "accuracy"]]
         accuracy_epsilon_figure(points, unbounded, curves, f"{point}: test accuracy vs epsilon (δ = {ss.dp.delta:g})",
                                 folder / f"accuracy_vs_epsilon_{point}.png")
@@ -836,8 +767,8 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
         _curve(data, partition=point, dp=dp_name(ss.dp_levels[0]), method=method).rename(columns={"accuracy": "test_accuracy"}).to_csv(
             folder / f"accuracy_vs_bytes_{method}.csv", index=False, float_format="%.6g")
         rows = []
-        for lvl in _noisy_levels(params):
-            sel = _select(data, partition=point, dp=dp_name(lvl), method=method)
+        for lvl in noisy_levels(params):
+            sel = select_cells(data, partition=point, dp=dp_name(lvl), method=method)
             if not sel.empty and sel["epsilon_total"].notna().all():
                 rows.append({"dp": dp_name(lvl), "epsilon": sel["epsilon_total"].mean(), "test_accuracy": sel["accuracy"].mean()})
         pd.DataFrame(rows, columns=["dp", "epsilon", "test_accuracy"]).to_csv(folder / f"accuracy_vs_epsilon_{method}.csv", index=False,
@@ -845,10 +776,10 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
     counts = {}
     for method in ss.methods:
         for k in sorted(set(data.cells.parties)):
-            sel = _select(data, method=method, parties=k)
+            sel = select_cells(data, method=method, parties=k)
             if not sel.empty:
-                counts.setdefault(_label(method), {})[f"messages K={k}"] = sel.messages_per_step.iloc[0]
-                counts[_label(method)][f"exchanges K={k}"] = sel.exchanges_per_step.iloc[0]
+                counts.setdefault(method_label(method), {})[f"messages K={k}"] = sel.messages_per_step.iloc[0]
+                counts[method_label(method)][f"exchanges K={k}"] = sel.exchanges_per_step.iloc[0]
     table = pd.DataFrame.from_dict(counts, orient="index")
     messages_figure(table, "Messages and sequential exchanges per collaborative step (channel counts)", folder / "messages_per_step.png")
     table.index.name = "method"
@@ -857,228 +788,3 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
         source = data.folders[key] / "cells"
         if source.is_dir():
             shutil.copytree(source, folder / "cells" / key)
-
-
-def _figure_links(data: SSVFNASResults, params: Params) -> list[str]:
-    lines = []
-    for key in shown_cells(data, params):
-        row = data.cells.set_index("key").loc[key]
-        images = " ".join(f"![{key} party_{j}](figures/cells/{key}/party_{j}.png)" for j in range(int(row.parties)))
-        lines += [f"**{_label(row.method)}, {row.partition}** (`{key}`)", "", images, ""]
-    return lines
-
-
-def _closing(data: SSVFNASResults, params: Params, claims: pd.DataFrame) -> list[str]:
-    ss = params.ssvfnas
-    lines = []
-    if params.scale == "embedded":
-        lines.append(f"This is the embedded scale: the digits only, {ss.search.steps} search steps, {ss.retrain.steps} retraining "
-                     f"steps, width {ss.search.width}, {ss.search.cells} cell(s) of {ss.search.nodes} nodes, {len(ss.seeds)} seed(s). "
-                     "It checks that every table, figure and claim is produced from the cells and shows learning; its verdicts "
-                     "carry little weight.")
-    weak = [f"`{row.key}` {_pct(row.accuracy)}%" for row in data.cells.itertuples()
-            if row.accuracy <= 1.5 / data.partitions[row.partition]["classes"]]
-    if weak:
-        lines.append(f"{len(weak)} of {len(data.cells)} cells end at most 1.5x chance (1 / classes) in test accuracy, e.g. "
-                     + ", ".join(weak[:4]) + ": their comparisons say more about the budget (or the noise) than about the method.")
-    if len(ss.seeds) == 1:
-        lines.append("One seed per cell: the sign tests pair cells across dataset-K and DP levels only, and the bootstrap "
-                     "intervals cover the sampling of test samples, not the spread between training runs.")
-    reached = target_frame(data, params)
-    if not reached.empty:
-        lines.append(f"The target accuracy {100 * ss.target_accuracy:g}% (`ssvfnas.target_accuracy`) was reached by "
-                     f"{int(reached.reached.sum())} of {len(reached)} searches.")
-    lines.append("The supernet curves measure the one-shot supernets while they are searched (the paper's accuracy vs "
-                 "communication); the main table's accuracy is the derived architecture retrained from scratch, a different "
-                 "network; both are on the same held-out test rows, on which nothing is selected.")
-    unsound = data.cells[data.cells["health"].isin(["diverged", "not converged"])]
-    if not unsound.empty:
-        lines.append(f"{int((unsound['health'] == 'diverged').sum())} of {len(data.cells)} cells diverged and "
-                     f"{int((unsound['health'] == 'not converged').sum())} had not converged in their retraining (marked in "
-                     "the main table): a diverged cell's accuracy says nothing about its method, and an unconverged one's "
-                     "is where this budget stopped, not where the method settles.")
-    tested = claims["verdict"][~claims["verdict"].str.startswith("not run")]
-    counts = {k: int(tested.str.startswith(k).sum()) for k in ("holds", "does not hold", "not significant", "inconclusive")}
-    lines.append(f"Of {len(claims)} claims rows, {len(claims) - len(tested)} are not run at this scale; of the rest "
-                 f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['not significant']} are not "
-                 f"significant, {counts['inconclusive']} are inconclusive (they rest on a diverged cell).")
-    return [" ".join(lines), ""]
-
-
-def _deviations(params: Params) -> list[str]:
-    ss = params.ssvfnas
-    released = ss.fidelity == "released_code"
-    lines = [
-        "- Deviations, unstated values and DP assumptions:",
-        ("  - Data: ModelNet40's rendered views from `data.modelnet40_dir` (the publisher's test split kept, an object's "
-         "views never in two splits)" if "modelnet40" in ss.datasets else
-         "  - Data: the paper's ModelNet40 views and CheXpert are not available here") +
-        "; the digits (8x8 images cut into halves or quarters, one view per party) and FATE's vertically split tables "
-        "stand in for what is missing. CheXpert (multi-label) has a loader but is not in the grid, which reports accuracy; "
-        "FATE's regression sets (motor, student, dvisits) are left out for the same reason.",
-        "  - Alignment: a plain intersection of sample ids (FATE offers a private set intersection; every party here would "
-        "see the others' ids).",
-        "  - Net_c, the label party's top network, is not specified in the paper: one linear layer on the concatenated "
-        "embeddings here. Stride-2 reduction cells do not fit 8x4 / 4x4 images: normal cells only.",
-        f"  - Retraining: the derived networks are trained from scratch on train (less the held-out rows) + search-valid for "
-        f"{ss.retrain.steps} steps "
-        f"(SGD, lr {ss.retrain.lr:g} cosine to {ss.retrain.lr_min:g}) under the cell's DP level, like the hand-designed baseline; "
-        "its epsilon composes with the search's.",
-        f"  - Hand-designed baseline: a plain stack of {ss.retrain.baseline_depth} layers per party (conv3x3-BN-ReLU or "
-        "Linear-ReLU), its width chosen so that its parameter count is closest to that of a reference derived cell (every "
-        "node fed by the two latest states through the space's main parametric op); the parameters table shows how close "
-        "the searched networks come to that size.",
-        f"  - Learning rates at this scale: search {ss.search.lr:g}, MoCo {ss.moco.lr:g}, retraining {ss.retrain.lr:g} "
-        "(the released code: 0.025 over 50 epochs; short runs need larger steps).",
-        "  - Test rows and the held-out validation rows cross the same forward mechanism at evaluation (the label party never "
-        "sees an un-noised embedding); these evaluations are measurements on rows nothing trains on and are not counted in "
-        "epsilon.",
-        "  - ε, the headline, holds for what runs: no amplification by subsampling. In split learning every party knows "
-        "the sample ids of each batch, and batches are fixed-size draws from seeded shuffles (`batch_at`), so a release is a "
-        "Gaussian mechanism at rate 1 for each sample it holds and none for the others; the ledger counts each sample's "
-        "releases over the search and the retraining and reports its most-released sample's ε (opacus' RDP accountant at "
-        "sample rate 1). 'ε total, amplified (Poisson assumed)' is the paper's accounting beside it: Poisson subsampling at "
-        "rate batch / split size hidden from the adversary, every step composed at that rate; neither assumption holds here, "
-        "so it understates ε. Both treat a release as depending on a sample only through its own row, as the paper does; a "
-        "party's weights are trained on its own un-noised rows, so later releases depend on earlier samples too, which "
-        "neither covers.",
-        "  - Per-sample clipping bounds a sample's influence only if its embedding depends on that sample alone: the conv "
-        "space's BatchNorm (train mode) mixes the samples of a batch, which weakens the guarantee on the digits; the MLP "
-        "space (FATE tables) uses LayerNorm and keeps it.",
-        "  - The label party's epsilon composes its K-1 returned gradients per pass (they may collude); releases of one "
-        "batch within a step are pooled as one Gaussian mechanism; the train and search-valid halves compose in parallel.",
-    ]
-    if ss.search.second_order:
-        lines.append("  - Second-order DARTS exchanges each party's squared gradient norm and the total, un-noised, outside "
-                     "the accounted mechanisms.")
-    lines.append(f"  - Fidelity `{ss.fidelity}`: " + (
-        "the released code's mechanism (batch-level clipping, σ used as the noise std whatever the clip, no accountant: "
-        "epsilon is n/a), MoCo without augmentations and with the momentum update once per epoch, MiLeNAS's train and "
-        "valid passes sent one after the other." if released else
-        "the paper's mechanism (per-sample clipping to C1 / C2, noise σ·C, epsilon from opacus' RDP accountant); the released "
-        "code's batch-level clip, its std-named 'variance' and its missing accountant are `fidelity: released_code`."))
-    return lines
-
-
-def _health_lines(data: SSVFNASResults, params: Params) -> list[str]:
-    """The marks' legend, the shared rule quoted, what a round and a score are here, and the flagged cells."""
-    counts = data.cells["health"].value_counts()
-    lines = [f"† a cell diverged, ° a cell had not converged: {RULE}. A round is a validation point of the cell's "
-             f"retraining (every {params.ssvfnas.retrain.eval_every} steps, its mean training loss since the previous one) "
-             "and the validation score its accuracy on the held-out rows. The rule judges the retraining, whose accuracy the "
-             "tables report; the claims on steps and ε to the target rest on the searches' supernet curves, and the messages "
-             f"claim on the channel's counts, which it does not judge. Of {len(data.cells)} cells: "
-             + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
-    flagged = health_table(data)
-    if not flagged.empty:
-        lines += ["Cells flagged by that rule (no accuracy claim rests on a diverged one):", "",
-                  flagged.to_markdown(index=False), ""]
-    return lines
-
-
-def _skipped_lines(data: SSVFNASResults) -> list[str]:
-    if not data.skipped:
-        return []
-    parts = [f"{x['dataset']} at K={x['parties']} (the data allows K in {x['allowed']})" for x in data.skipped]
-    return ["- Not run: " + ", ".join(parts) + "."]
-
-
-def render_report(params: Params, data: SSVFNASResults) -> str:
-    ss = params.ssvfnas
-    s, m, r, dp = ss.search, ss.moco, ss.retrain, ss.dp
-    claims = claims_table(data, params)
-    lines = [
-        f"# SS-VFNAS — reproduction at scale `{params.scale}`",
-        "",
-        f"Written by the `ssvfnas_report` stage at scale `{params.scale}` from the cells' own outputs; nothing is typed in by hand. "
-        "Paper: Self-supervised Cross-silo Federated Neural Architecture Search (SS-VFNAS, arXiv 2101.11896); authors' code "
-        "in FederatedAI/research (publications/ss_vfnas). Its absolute numbers (ModelNet40, CheXpert) are not comparable "
-        "with these; the claims table checks its stated relative findings.",
-        "",
-        "## Setup",
-        "",
-        f"- Grid: methods {', '.join(_label(x) for x in ss.methods)} (1 = DARTS bi-level, first order"
-        + (" with the second-order option on" if s.second_order else "") + "; 2 = MiLeNAS mixed-level, λ = "
-        f"{s.milenas_lambda:g}; SS- = MoCo v2 pre-search at every party first) x dataset-K {', '.join(_points(params))} x DP "
-        f"levels {', '.join(_level_text(lvl) for lvl in ss.dp_levels)} x seeds {', '.join(map(str, ss.seeds))}; the hand-designed "
-        "baseline once per dataset-K x DP level x seed.",
-        *_skipped_lines(data),
-        f"- Rows: a stratified {100 * r.held_out_fraction:g}% of each partition's train split (seeded by data.seed; the rows "
-        "the sanity protocol holds out) is held out of every phase: no pre-search, search or retraining step trains on it, "
-        "and 'train' below is the rest. The retraining is validated on it; nothing is chosen on it or on test.",
-        f"- Parties: party K (the label party) holds the labels and Net_c; every other party sends its embedding N_j "
-        f"({s.out_dim} floats a sample) and gets dL/dN_j back, through the channel that counts every message "
-        "(`fedrepro/vfl/protocol.py`).",
-        f"- Search: each party's supernet of {s.cells} cell(s), {s.nodes} intermediate nodes, width {s.width} (conv space for "
-        f"image views, MLP space for tables); {s.steps} collaborative steps, batch {s.batch_size} from train (w) and search-valid "
-        f"(α); SGD lr {s.lr:g} cosine to {s.lr_min:g}, momentum {s.momentum:g}, weight decay {s.weight_decay:g}, each party's "
-        f"gradient clipped at {s.grad_clip:g}; Adam on α, lr {s.arch_lr:g}, weight decay {s.arch_weight_decay:g}. Test accuracy "
-        f"of the supernets every {s.eval_every} steps.",
-        f"- Pre-search (SS- methods): MoCo v2 on each party's own train + search-valid rows, {m.steps} steps, batch "
-        f"{m.batch_size}, SGD lr {m.lr:g}, projection {m.projection_dim}, queue {m.queue_size}, momentum {m.momentum:g}, "
-        f"temperature {m.temperature:g}; augmentations: shifts, noise and erasing for images, feature resampling and noise for "
-        "tables (`fedrepro/vfl/moco.py`). No message crosses; the search starts from the pre-searched weights and α.",
-        f"- Retraining: derived architectures (DARTS discretisation: two strongest inputs per node) trained from scratch, "
-        f"{r.steps} steps, batch {r.batch_size}" + (f", width {r.width}" if r.width else "") + (f", {r.cells} cells" if r.cells else "")
-        + f"; the main table's accuracy is theirs. Every {r.eval_every} steps, its mean training loss since the previous "
-        "point and its accuracy on the held-out rows (`retrain.curve` of each cell's metrics.json), which the health rule "
-        "judges.",
-        f"- DP: Gaussian mechanism on sent embeddings (clip C1 = {dp.clip_forward:g}, noise multiplier σ1) and returned "
-        f"gradients (C2 = {dp.clip_backward:g}, σ2); ε at δ = {dp.delta:g}, worst party, from opacus' RDP accountant over "
-        "every release a sample took part in, without amplification by subsampling (the headline; the amplified figure the "
-        "paper's accounting gives is beside it, see below); a side with σ = 0 has no mechanism (ε = ∞).",
-        *_deviations(params),
-        f"- Hardware the cells ran on: {describe([read_json(f / 'metrics.json').get('hardware') for f in data.folders.values()])}. "
-        "The same seed gives the same bits on the same machine type; another instruction set moves the numbers a little.",
-        "",
-        "## Partitions", "",
-        "Made once by `ssvfnas_partition` (stratified, seeded by the dataset, so a dataset's K values share the same rows "
-        "and splits); each party scales only its own features from its own training rows.", "",
-        partitions_table(data).to_markdown(disable_numparse=True), "",
-        "## Main table", "",
-        f"Retrained test accuracy ({_over_seeds(len(ss.seeds))}; † / ° mark a diverged / unconverged cell, see below), the "
-        "retrained networks' accuracy on the held-out validation rows at their last point (not test), the supernets' last "
-        "test accuracy, collaborative steps and "
-        "messages (search + retraining), megabytes exchanged, and ε (worst party) of the search and in total: the headline "
-        "without amplification, and the Poisson-amplified figure of the paper's accounting beside it.", "",
-        main_table(data, params).to_markdown(index=False, disable_numparse=True), "",
-        *_health_lines(data, params),
-        "## Steps, bytes and ε to the target accuracy", "",
-        f"The first curve point at which the supernets' test accuracy reaches {100 * ss.target_accuracy:g}% "
-        "(`ssvfnas.target_accuracy`), mean over the seeds that reached it. The paper: pre-search cuts the collaborative "
-        "steps, hence bytes and ε.", "",
-        target_table(data, params).to_markdown(index=False, disable_numparse=True), "",
-        "## Accuracy vs bytes", "",
-        "The supernets' test accuracy against the megabytes exchanged so far (seed mean); dashed lines are the SS- methods.", "",
-        *[f"![accuracy vs bytes, {p}](figures/accuracy_vs_bytes_{p}.png)\n" for p in _points(params)],
-        "## Accuracy vs ε", "",
-        "Left: retrained test accuracy against the total ε of each DP level with noise on both sides; dotted: each method "
-        "without DP. Right: the supernets' test accuracy against the ε spent so far in the search (seed means).", "",
-        *[f"![accuracy vs epsilon, {p}](figures/accuracy_vs_epsilon_{p}.png)\n" for p in _points(params)],
-        "## Messages per step: DARTS vs MiLeNAS", "",
-        "Counted by the channel in one search cell per method and K. A pass is K-1 embeddings up and K-1 gradients down; "
-        "DARTS first order needs two dependent passes a step (α on search-valid, then w on train), MiLeNAS one (train and "
-        "search-valid batches travel together)" + ("; the released-code fidelity sends them one after the other" if ss.fidelity ==
-                                                   "released_code" else "") + ".", "",
-        messages_table(data, params).to_markdown(disable_numparse=True), "", "![messages per step](figures/messages_per_step.png)", "",
-        "## The searched cells", "",
-        f"Each party's derived cell, at {_level_text(ss.dp_levels[0])}, seed {ss.seeds[0]}.", "",
-        genotypes_table(data, params).to_markdown(index=False, disable_numparse=True), "",
-        *_figure_links(data, params),
-        "## Architecture weights: did α move?", "",
-        *_alpha_lines(data, params),
-        "## What the label party carries alone", "",
-        *_reliance_lines(data, params),
-        "## The hand-designed baseline", "",
-        "Its rows are in the main table (`hand-designed`); parameters of the bottom networks, summed over parties:", "",
-        parameters_table(data, params).to_markdown(disable_numparse=True), "",
-        "## Claims checked at this scale", "",
-        "Each SS-VFNAS finding (ANCHORS.md) and the issue's own checks, with the measured numbers and the test used; a "
-        "verdict follows the numbers whatever they are. Steps and ε to the target: an exact sign test over matched cells "
-        f"(same dataset-K, DP level, seed; p < {ALPHA:g}). Accuracy: a paired bootstrap over test samples ({RESAMPLES} "
-        "resamples) of the retrained accuracy difference, 'holds' if its 95% interval is above 0.", "",
-        claims.to_markdown(index=False, disable_numparse=True), "",
-        "## What this run can and cannot say", "",
-        *_closing(data, params, claims),
-    ]
-    return "\n".join(lines)

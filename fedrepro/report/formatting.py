@@ -1,0 +1,8 @@
+"""How every paper's report words its numbers, so a table caption reads the same in each."""
+
+from __future__ import annotations
+
+
+def over_seeds(count: int) -> str:
+    """What a table cell's number is: the mean ± std over ``count`` seeds, or one seed's value."""
+    return f"mean ± std over {count} seeds" if count > 1 else "1 seed"
