@@ -47,8 +47,8 @@ def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
     assert labels == {"fedavg": "FedAvg", "individual": "BERT (individual) [diverged]",
                       "fedprox": "FedProx [not converged]"}
     claim = _compare(data, "FedAvg beats individual", ["fedavg"], ["individual"])
-    assert claim["verdict"].startswith("no verdict: rests on diverged cells (BERT (individual))")
-    assert not _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"])["verdict"].startswith("no verdict")
+    assert claim.verdict.startswith("no verdict: rests on diverged cells (BERT (individual))")
+    assert not _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict.startswith("no verdict")
     table = health_table(data, ["fedavg", "individual"])
     assert table["health"].tolist() == ["converged", "diverged"]
     assert "rose from 0.9 (round 1) to 1.4 (round 3)" in table["why"].iloc[1]

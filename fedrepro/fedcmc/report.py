@@ -24,6 +24,7 @@ from fedrepro.metrics.classification import trivial_scores
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
 from fedrepro.report.health import flagged_cells, mark_of
+from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.results import missed_clients
 from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, bootstrap_difference, interval_verdict, micro_f1
@@ -227,17 +228,17 @@ def point_name(dataset: str, alpha: float) -> str:
     return f"{dataset} α={alpha:g}"
 
 
-def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse: dict, dataset: str, what: str = "") -> dict:
+def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse: dict, dataset: str, what: str = "") -> Claim:
     """One claims row: the cells ``better`` selects beat those ``worse`` selects (test micro-F1, paired bootstrap)."""
     a, b = _frames(data, group, **better), _frames(data, group, **worse)
     if not a or not b:
-        return _not_run(finding, "its cells are not in this scale's grid")
+        return Claim.not_run(finding, "its cells are not in this scale's grid")
     result = bootstrap_difference(a, b, data.positive[dataset])
     name = lambda sel: method_label(sel["method"]) + (f" (vectors: {sel['vectors']})" if "vectors" in sel else "")  # noqa: E731
-    return _guard(data, {"finding (paper)": finding,
-                         "measured": f"{what}{name(better)} {percent(mean_of(data, group, **better))} vs {name(worse)} "
-                                     f"{percent(mean_of(data, group, **worse))} micro-F1 ({_pts(result.difference)} points)",
-                         "verdict": interval_verdict(result), "test": _test_text(result)}, group, better, worse)
+    return _guard(data, Claim(finding=finding,
+                              measured=f"{what}{name(better)} {percent(mean_of(data, group, **better))} vs {name(worse)} "
+                                       f"{percent(mean_of(data, group, **worse))} micro-F1 ({_pts(result.difference)} points)",
+                              verdict=interval_verdict(result), test=_test_text(result)), group, better, worse)
 
 
 def diverged_cells(data: FedCMCResults, group: str, *selections: dict) -> list[str]:
@@ -249,11 +250,11 @@ def diverged_cells(data: FedCMCResults, group: str, *selections: dict) -> list[s
     return sorted(set(names))
 
 
-def _guard(data: FedCMCResults, row: dict, group: str, *selections: dict) -> dict:
+def _guard(data: FedCMCResults, row: Claim, group: str, *selections: dict) -> Claim:
     """No claim rests on a diverged cell: its verdict says so instead of the test's."""
     diverged = diverged_cells(data, group, *selections)
     if diverged:
-        row["verdict"] = f"inconclusive: rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
+        row.verdict = f"inconclusive: rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
     return row
 
 
@@ -280,11 +281,6 @@ def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
                 alike.setdefault(tuple(data.predictions[key]["predicted"]), []).append(method_label(method))
             groups += [f"{point_name(dataset, alpha)} seed {seed}: {', '.join(m)}" for m in alike.values() if len(m) > 1]
     return groups
-
-
-def _not_run(finding: str, why: str = "") -> dict:
-    return {"finding (paper)": finding, "measured": "not run at this scale" + (f": {why}" if why else ""),
-            "verdict": "not run at this scale", "test": "-"}
 
 
 # ----- tables ---------------------------------------------------------------------------------------------
@@ -577,7 +573,7 @@ def _methods_present(params: Params, *methods: str) -> bool:
 
 def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     fc = params.fedcmc
-    rows: list[dict] = []
+    rows: list[Claim] = []
     # (a), (b): FedCMC over FedAvg at each alpha the paper reports, per dataset; other grid alphas after them
     for alpha in [0.05, 0.5] + [a for a in fc.alphas if a not in (0.05, 0.5)]:
         for dataset in fc.datasets:
@@ -586,9 +582,9 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
                 f" (paper: +{paper:.2f} F1)" if paper is not None else
                 " (the paper reports no number for this dataset)" if alpha in PAPER_GAINS else " (α of the paper's set-up; no number reported)")
             if alpha not in fc.alphas:
-                rows.append(_not_run(finding, f"α={alpha:g} is not in fedcmc.alphas"))
+                rows.append(Claim.not_run(finding, f"α={alpha:g} is not in fedcmc.alphas"))
             elif not _methods_present(params, "fedcmc", "fedavg"):
-                rows.append(_not_run(finding, "FedCMC or FedAvg is not in fedcmc.methods"))
+                rows.append(Claim.not_run(finding, "FedCMC or FedAvg is not in fedcmc.methods"))
             else:
                 rows.append(_compare(data, finding, TABLE, dict(method="fedcmc", dataset=dataset, alpha=alpha),
                                      dict(method="fedavg", dataset=dataset, alpha=alpha), dataset))
@@ -601,28 +597,28 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
                            dict(method="fedcmc", dataset=dataset, alpha=alpha), dict(method=strongest, dataset=dataset, alpha=alpha),
                            dataset, what=f"strongest other method: {method_label(strongest)}; ")
             if mean_of(data, TABLE, method="fedcmc", dataset=dataset, alpha=alpha) < mean_of(data, TABLE, method=strongest, dataset=dataset, alpha=alpha):
-                row["verdict"] = f"does not hold (vs the best: {row['verdict']})"
+                row.verdict = f"does not hold (vs the best: {row.verdict})"
             rows.append(row)
     else:
-        rows.append(_not_run("Table 2: FedCMC is the best method at every dataset and α", "FedCMC or its rivals are not in fedcmc.methods"))
+        rows.append(Claim.not_run("Table 2: FedCMC is the best method at every dataset and α", "FedCMC or its rivals are not in fedcmc.methods"))
     # (d) FedRS and FedLC beat FedAvg and MOON (pooled over the main table's points)
     for better in ("fedrs", "fedlc"):
         for worse in ("fedavg", "moon"):
             finding = f"Table 2: {method_label(better)} is significantly better than {method_label(worse)}"
             if not _methods_present(params, better, worse):
-                rows.append(_not_run(finding, f"{method_label(better)} or {method_label(worse)} is not in fedcmc.methods"))
+                rows.append(Claim.not_run(finding, f"{method_label(better)} or {method_label(worse)} is not in fedcmc.methods"))
                 continue
             points = main_points(params)
             terms = [(s / len(points), d, _frames(data, TABLE, method=m, dataset=d, alpha=a))
                      for d, a in points for m, s in ((better, 1.0), (worse, -1.0))]
             result = bootstrap_contrast(terms, data.positive)
             mean = lambda m: float(np.mean([mean_of(data, TABLE, method=m, dataset=d, alpha=a) for d, a in points]))  # noqa: E731
-            rows.append(_guard(data, {
-                "finding (paper)": finding,
-                "measured": f"mean over {len(points)} dataset x α points: {method_label(better)} {percent(mean(better))} vs "
+            rows.append(_guard(data, Claim(
+                finding=finding,
+                measured=f"mean over {len(points)} dataset x α points: {method_label(better)} {percent(mean(better))} vs "
                             f"{method_label(worse)} {percent(mean(worse))} micro-F1 ({_pts(result.difference)} points)",
-                "verdict": interval_verdict(result),
-                "test": _test_text(result, ", sentences resampled within each dataset's test set, mean of the per-point differences")},
+                verdict=interval_verdict(result),
+                test=_test_text(result, ", sentences resampled within each dataset's test set, mean of the per-point differences")),
                 TABLE, *[dict(method=m, dataset=d, alpha=a) for d, a in points for m in (better, worse)]))
     # (e) rounds to the target F1
     rows += _rounds_claims(data, params)
@@ -636,24 +632,24 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     for dataset in fc.datasets:
         finding = f"FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on {dataset_label(dataset)}"
         if not {0.05, 0.5} <= set(fc.alphas) or not _methods_present(params, "fedavg", "fedcmc"):
-            rows.append(_not_run(finding, "needs α 0.05 and 0.5 and both methods in the main table"))
+            rows.append(Claim.not_run(finding, "needs α 0.05 and 0.5 and both methods in the main table"))
             continue
         sel = lambda m, a: _frames(data, TABLE, method=m, dataset=dataset, alpha=a)  # noqa: E731
         terms = [(1.0, dataset, sel("fedavg", 0.5)), (-1.0, dataset, sel("fedavg", 0.05)),
                  (-1.0, dataset, sel("fedcmc", 0.5)), (1.0, dataset, sel("fedcmc", 0.05))]
         result = bootstrap_contrast(terms, data.positive)
         drop = lambda m: mean_of(data, TABLE, method=m, dataset=dataset, alpha=0.05) - mean_of(data, TABLE, method=m, dataset=dataset, alpha=0.5)  # noqa: E731
-        rows.append(_guard(data, {"finding (paper)": finding,
-                                  "measured": f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
-                                  "verdict": interval_verdict(result),
-                                  "test": _test_text(result, " of the difference of the two drops")},
+        rows.append(_guard(data, Claim(finding=finding,
+                                       measured=f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
+                                       verdict=interval_verdict(result),
+                                       test=_test_text(result, " of the difference of the two drops")),
                            TABLE, *[dict(method=m, dataset=dataset, alpha=a) for m in ("fedavg", "fedcmc") for a in (0.05, 0.5)]))
     # (j) Observation 3
     rows += _observation3_claims(data, params)
-    return pd.DataFrame(rows, columns=["finding (paper)", "measured", "verdict", "test"])
+    return claims_frame(rows)
 
 
-def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
+def _rounds_claims(data: FedCMCResults, params: Params) -> list[Claim]:
     fc = params.fedcmc
     point, target, total = figure_point(params), fc.target_f1, fc.settings.rounds
     rows = []
@@ -661,10 +657,10 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
         finding = (f"Fig 3a: FedCMC reaches {100 * target:g}% F1 in fewer rounds than {method_label(rival)} "
                    f"(paper, α=0.05: FedCMC {PAPER_ROUNDS['fedcmc']}, {method_label(rival)} {PAPER_ROUNDS[rival]})")
         if point is None or not _methods_present(params, "fedcmc", rival):
-            rows.append(_not_run(finding, "the sweeps' point or a method is not in the main table"))
+            rows.append(Claim.not_run(finding, "the sweeps' point or a method is not in the main table"))
             continue
         if not fc.settings.eval_every:
-            rows.append(_not_run(finding, "fedcmc.settings.eval_every = 0 (no per-round test F1)"))
+            rows.append(Claim.not_run(finding, "fedcmc.settings.eval_every = 0 (no per-round test F1)"))
             continue
         ours = rounds_to_target(_curve(data, TABLE, method="fedcmc", dataset=point[0], alpha=point[1]), target)
         theirs = rounds_to_target(_curve(data, TABLE, method=rival, dataset=point[0], alpha=point[1]), target)
@@ -674,16 +670,16 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
             result = "holds (descriptive)"
         else:
             result = "does not hold (descriptive)"
-        rows.append(_guard(data, {
-            "finding (paper)": finding,
-            "measured": f"{point_name(*point)}: FedCMC {_rounds_text(ours, total)}, {method_label(rival)} {_rounds_text(theirs, total)} "
+        rows.append(_guard(data, Claim(
+            finding=finding,
+            measured=f"{point_name(*point)}: FedCMC {_rounds_text(ours, total)}, {method_label(rival)} {_rounds_text(theirs, total)} "
                         "(rounds, seed-mean curve)",
-            "verdict": result, "test": "descriptive (no test): first evaluated round at or above the target"},
+            verdict=result, test="descriptive (no test): first evaluated round at or above the target"),
             TABLE, *[dict(method=m, dataset=point[0], alpha=point[1]) for m in ("fedcmc", rival)]))
     finding = "Fig 3b: more local epochs speed FedCMC up, not FedAvg or FedRS"
     sw = fc.sweeps
     if len(sw.local_epochs) < 2 or not fc.settings.eval_every:
-        rows.append(_not_run(finding, "fedcmc.sweeps.local_epochs has fewer than 2 points or eval_every = 0"))
+        rows.append(Claim.not_run(finding, "fedcmc.sweeps.local_epochs has fewer than 2 points or eval_every = 0"))
     else:
         low, high = min(sw.local_epochs), max(sw.local_epochs)
         speed = {m: (rounds_to_target(_curve(data, "local_epochs", method=m, local_epochs=low), target),
@@ -695,14 +691,14 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[dict]:
         else:
             result = "holds (descriptive)" if faster["fedcmc"] and not any(v for m, v in faster.items() if m != "fedcmc") \
                 else "does not hold (descriptive)"
-        rows.append(_guard(data, {"finding (paper)": finding, "measured": f"rounds to {100 * target:g}%: " + measured,
-                                  "verdict": result,
-                                  "test": "descriptive (no test): rounds to the target at the fewest and most local epochs"},
+        rows.append(_guard(data, Claim(finding=finding, measured=f"rounds to {100 * target:g}%: " + measured,
+                                       verdict=result,
+                                       test="descriptive (no test): rounds to the target at the fewest and most local epochs"),
                            "local_epochs", *[dict(method=m) for m in sw.methods]))
     return rows
 
 
-def _vector_claims(data: FedCMCResults, params: Params) -> list[dict]:
+def _vector_claims(data: FedCMCResults, params: Params) -> list[Claim]:
     sw = params.fedcmc.sweeps
     dataset, rows = sw.dataset, []
     where = f" ({dataset_label(dataset)}, α={sw.vectors_alpha:g})"
@@ -710,19 +706,19 @@ def _vector_claims(data: FedCMCResults, params: Params) -> list[dict]:
                                    ("major", "minor", "Fig 4: major vectors beat minor vectors"),
                                    ("none", "minor", "Fig 4: minor vectors are worse than none (FedAvg)")):
         if not {better, worse} <= set(sw.vectors):
-            rows.append(_not_run(finding + where, "a rule is not in fedcmc.sweeps.vectors"))
+            rows.append(Claim.not_run(finding + where, "a rule is not in fedcmc.sweeps.vectors"))
             continue
         rows.append(_compare(data, finding + where, "vectors", dict(method="fedcmc", vectors=better),
                              dict(method="fedcmc", vectors=worse), dataset))
     return rows
 
 
-def _clients_claims(data: FedCMCResults, params: Params) -> list[dict]:
+def _clients_claims(data: FedCMCResults, params: Params) -> list[Claim]:
     sw = params.fedcmc.sweeps
     rows = []
     finding = "Clients table: the FedCMC − FedAvg gap grows from 10 to 50 clients"
     if len(sw.clients) < 2 or not {"fedcmc", "fedavg"} <= set(sw.methods):
-        rows.append(_not_run(finding, "needs 2 client counts and FedCMC and FedAvg in fedcmc.sweeps.methods"))
+        rows.append(Claim.not_run(finding, "needs 2 client counts and FedCMC and FedAvg in fedcmc.sweeps.methods"))
     else:
         low, high = min(sw.clients), max(sw.clients)
         sel = lambda m, k: _frames(data, "clients", method=m, clients=k)  # noqa: E731
@@ -730,10 +726,10 @@ def _clients_claims(data: FedCMCResults, params: Params) -> list[dict]:
                  (-1.0, sw.dataset, sel("fedcmc", low)), (1.0, sw.dataset, sel("fedavg", low))]
         result = bootstrap_contrast(terms, data.positive)
         gap = lambda k: mean_of(data, "clients", method="fedcmc", clients=k) - mean_of(data, "clients", method="fedavg", clients=k)  # noqa: E731
-        rows.append(_guard(data, {"finding (paper)": finding,
-                                  "measured": "gap " + ", ".join(f"{_pts(gap(k))} at {k}" for k in sw.clients) + " clients (points)",
-                                  "verdict": interval_verdict(result),
-                                  "test": _test_text(result, f" of gap({high}) − gap({low})")},
+        rows.append(_guard(data, Claim(finding=finding,
+                                       measured="gap " + ", ".join(f"{_pts(gap(k))} at {k}" for k in sw.clients) + " clients (points)",
+                                       verdict=interval_verdict(result),
+                                       test=_test_text(result, f" of gap({high}) − gap({low})")),
                            "clients", *[dict(method=m) for m in ("fedcmc", "fedavg")]))
     if "fedcmc" in sw.methods and len(sw.methods) > 1:
         for k in sw.clients:
@@ -745,12 +741,12 @@ def _clients_claims(data: FedCMCResults, params: Params) -> list[dict]:
                            dict(method="fedcmc", clients=k), dict(method=strongest, clients=k), sw.dataset,
                            what=f"strongest other: {method_label(strongest)}; ")
             if mean_of(data, "clients", method="fedcmc", clients=k) < mean_of(data, "clients", method=strongest, clients=k):
-                row["verdict"] = f"does not hold (vs the best: {row['verdict']})"
+                row.verdict = f"does not hold (vs the best: {row.verdict})"
             rows.append(row)
     return rows
 
 
-def _subset_claims(data: FedCMCResults, params: Params) -> list[dict]:
+def _subset_claims(data: FedCMCResults, params: Params) -> list[Claim]:
     sw = params.fedcmc.sweeps
     rows, dataset = [], sw.subset_dataset
     rivals = [m for m in ("fedrs", "fedlc") if m in sw.subset_methods]
@@ -761,7 +757,7 @@ def _subset_claims(data: FedCMCResults, params: Params) -> list[dict]:
             else:
                 finding = f"Table 3: on the natural {sw.subset_size}-sentence subset FedCMC is ahead of {method_label(rival)}"
             if mode not in sw.subset_modes or rival not in rivals or "fedcmc" not in sw.subset_methods:
-                rows.append(_not_run(finding, "its mode or methods are not in fedcmc.sweeps"))
+                rows.append(Claim.not_run(finding, "its mode or methods are not in fedcmc.sweeps"))
                 continue
             selections = (dict(method="fedcmc", subset=mode), dict(method=rival, subset=mode))
             row = _compare(data, finding, "subsets", *selections, dataset)
@@ -769,37 +765,37 @@ def _subset_claims(data: FedCMCResults, params: Params) -> list[dict]:
                 result = bootstrap_difference(_frames(data, "subsets", method="fedcmc", subset=mode),
                                               _frames(data, "subsets", method=rival, subset=mode), data.positive[dataset])
                 if result.low <= 0 <= result.high:
-                    row["verdict"] = "holds (no significant difference; not a proof of equivalence)"
+                    row.verdict = "holds (no significant difference; not a proof of equivalence)"
                 else:
-                    row["verdict"] = "does not hold (FedCMC significantly " + ("ahead)" if result.low > 0 else "behind)")
+                    row.verdict = "does not hold (FedCMC significantly " + ("ahead)" if result.low > 0 else "behind)")
             rows.append(_guard(data, row, "subsets", *selections))
     return rows
 
 
-def _observation3_claims(data: FedCMCResults, params: Params) -> list[dict]:
+def _observation3_claims(data: FedCMCResults, params: Params) -> list[Claim]:
     finding = "Observation 3 (Fig 1): in every round the client holding most of class c has the smallest d_{k,c}"
     fedavg, fedcmc, which = figure1_cells(data, params)
     if fedavg is None or not data.diagnostics.get(fedavg):
-        return [_not_run(finding, "no FedAvg cell with per-round diagnostics")]
+        return [Claim.not_run(finding, "no FedAvg cell with per-round diagnostics")]
     row = data.cells.set_index("key").loc[fedavg]
     counts = cell_counts(data, fedavg)
     numbers = _observation3_numbers(data, fedavg, counts, "argmin")
     first, last = min(numbers), max(numbers)
     measured = "; ".join(f"round {r}: {numbers[r][0]:.0%} of {numbers[r][2]} classes (chance {numbers[r][1]:.0%})" for r in (first, last))
     holds = all(numbers[r][0] > numbers[r][1] for r in (first, last))
-    rows = [{"finding (paper)": finding, "measured": f"FedAvg `{row['name']}`: " + measured,
-             "verdict": "holds (descriptive: above chance in the first and last round)" if holds else "does not hold (descriptive)",
-             "test": "descriptive (no test): share of classes whose argmin_k d_{k,c} is the largest holder vs a uniform pick among holders"}]
+    rows = [Claim(finding=finding, measured=f"FedAvg `{row['name']}`: " + measured,
+                  verdict="holds (descriptive: above chance in the first and last round)" if holds else "does not hold (descriptive)",
+                  test="descriptive (no test): share of classes whose argmin_k d_{k,c} is the largest holder vs a uniform pick among holders")]
     if fedcmc is not None:
         picks = _observation3_numbers(data, fedcmc, counts, "vector_clients")
         if picks:
             shares = [v[0] for v in picks.values()]
             chance = next(iter(picks.values()))[1]
-            rows.append({"finding (paper)": "FedCMC's major vector of class c comes from the class's largest holder",
-                         "measured": f"FedCMC `{data.cells.set_index('key').loc[fedcmc, 'name']}`: {np.mean(shares):.0%} of classes over "
-                                     f"{len(picks)} rounds ({min(shares):.0%} to {max(shares):.0%}; chance {chance:.0%})",
-                         "verdict": "holds (descriptive: above chance)" if np.mean(shares) > chance else "does not hold (descriptive)",
-                         "test": "descriptive (no test): `vector_clients` of each round against the training counts"})
+            rows.append(Claim(finding="FedCMC's major vector of class c comes from the class's largest holder",
+                              measured=f"FedCMC `{data.cells.set_index('key').loc[fedcmc, 'name']}`: {np.mean(shares):.0%} of classes over "
+                                       f"{len(picks)} rounds ({min(shares):.0%} to {max(shares):.0%}; chance {chance:.0%})",
+                              verdict="holds (descriptive: above chance)" if np.mean(shares) > chance else "does not hold (descriptive)",
+                              test="descriptive (no test): `vector_clients` of each round against the training counts"))
     return rows
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ from fedrepro.fl.health import Health, cell_health, training_losses
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics
 from fedrepro.metrics.summary import mean_std, overall
+from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
 from fedrepro.report.results import OVERALL, load_cell, missed_clients
 from fedrepro.report.statistics import paired_test, verdict
@@ -117,26 +118,26 @@ def _overall(data: FedMatchResults, row: str, metric: str) -> float:
     return mean_std(values["value"].tolist())[0]
 
 
-def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr") -> dict:
+def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr") -> Claim:
     """One claims-table row: 'better' (rows averaged) beats 'worse' on overall ``metric``, tested per question."""
     diff, p_value, n = paired_test(_per_question(data, better, metric), _per_question(data, worse, metric))
     a = float(np.mean([_overall(data, r, metric) for r in better]))
     b = float(np.mean([_overall(data, r, metric) for r in worse]))
     name = lambda rows: " / ".join(LABELS.get(r, r) for r in rows)  # noqa: E731
-    return _guarded(data, {
-        "finding (paper)": finding,
-        "measured": f"{name(better)} {metric.upper()} {a:.3f} vs {name(worse)} {b:.3f} ({(a - b) / b:+.1%} relative)",
-        "verdict": verdict(diff, p_value),
-        "test": f"paired t-test over {n} test questions (per-question {metric.upper()}, mean over seeds): p = {p_value:.3g}"},
+    return _guarded(data, Claim(
+        finding=finding,
+        measured=f"{name(better)} {metric.upper()} {a:.3f} vs {name(worse)} {b:.3f} ({(a - b) / b:+.1%} relative)",
+        verdict=verdict(diff, p_value),
+        test=f"paired t-test over {n} test questions (per-question {metric.upper()}, mean over seeds): p = {p_value:.3g}"),
         better + worse)
 
 
-def _guarded(data: FedMatchResults, claim: dict, rows: list[str]) -> dict:
+def _guarded(data: FedMatchResults, claim: Claim, rows: list[str]) -> Claim:
     """No claim rests on a diverged cell: its verdict says so and keeps what the numbers alone would say."""
     diverged = diverged_rows(data, rows)
     if diverged:
         names = ", ".join(LABELS.get(r, r) for r in diverged)
-        claim = {**claim, "verdict": f"no verdict: rests on diverged cells ({names}); the numbers alone: {claim['verdict']}"}
+        claim = replace(claim, verdict=f"no verdict: rests on diverged cells ({names}); the numbers alone: {claim.verdict}")
     return claim
 
 
@@ -163,9 +164,9 @@ def claims_table(data: FedMatchResults, params: Params) -> pd.DataFrame:
         ranked = sorted(fm.table2, key=lambda m: -_overall(data, m, "mrr"))
         best = ranked[0] if ranked[0] != FIGURE_METHOD else ranked[1]
         row = _compare(data, "Table 2: H+LR is the best of the eight variants", [FIGURE_METHOD], [best])
-        row["measured"] = f"best variant by overall MRR: {LABELS[ranked[0]]}; " + row["measured"]
-        if ranked[0] != FIGURE_METHOD and not row["verdict"].startswith("no verdict"):
-            row["verdict"] = f"does not hold (vs the best: {row['verdict']})"
+        row.measured = f"best variant by overall MRR: {LABELS[ranked[0]]}; " + row.measured
+        if ranked[0] != FIGURE_METHOD and not row.verdict.startswith("no verdict"):
+            row.verdict = f"does not hold (vs the best: {row.verdict})"
         rows.append(row)
         rows.append(_compare(data, "Table 2: H+PAL over O+PAL, about +1.27% relative MRR", ["fedmatch_h_pal"], ["fedmatch_o_pal"]))
     for individual in ("individual_re2", "individual_esim", "individual"):
@@ -182,17 +183,17 @@ def claims_table(data: FedMatchResults, params: Params) -> pd.DataFrame:
         if rivals:
             strongest = max(rivals, key=lambda m: _overall(data, m, "mrr"))
             row = _compare(data, "Table 3: FedMatch beats every baseline", [FIGURE_METHOD], [strongest])
-            row["measured"] = f"strongest baseline: {LABELS[strongest]}; " + row["measured"]
+            row.measured = f"strongest baseline: {LABELS[strongest]}; " + row.measured
             rows.append(row)
     if {"fedavg", "fedavg_cs"} <= present:
         rows.append(_compare(data, "Client sampling (2 of 5) lowers FedAvg", ["fedavg"], ["fedavg_cs"]))
     if {FIGURE_METHOD, "fedmatch_cs"} <= present:
         rows.append(_compare(data, "FedMatch_CS is slightly above FedMatch", ["fedmatch_cs"], [FIGURE_METHOD]))
     rows += _figure_claims(data)
-    return pd.DataFrame(rows)
+    return claims_frame(rows)
 
 
-def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> dict:
+def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> Claim:
     """The paper: individual BERT beats FedAvg on FiQA MAP by about 3.13% relative (FedAvg fits heterogeneity badly)."""
     clients = sorted(c for c in set(data.results.client) if c != OVERALL)
     gaps = {}
@@ -206,57 +207,56 @@ def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> dict:
     else:
         measured = "no FiQA client at this scale"
         holds = "not applicable; " + ("individual wins on some client" if wins else "individual wins on no client")
-    return _guarded(data, {
-        "finding (paper)": "Table 3: individual BERT beats FedAvg on some collections (FiQA MAP, about +3.13% relative)",
-        "measured": measured + "; clients where individual MAP is higher: " + (", ".join(wins) or "none"),
-        "verdict": holds, "test": "per-client mean MAP over seeds (no significance test per client)"}, ["individual", "fedavg"])
+    return _guarded(data, Claim(
+        finding="Table 3: individual BERT beats FedAvg on some collections (FiQA MAP, about +3.13% relative)",
+        measured=measured + "; clients where individual MAP is higher: " + (", ".join(wins) or "none"),
+        verdict=holds, test="per-client mean MAP over seeds (no significance test per client)"), ["individual", "fedavg"])
 
 
-def _not_run(finding: str, sweep: str) -> dict:
-    return {"finding (paper)": finding, "measured": f"fedmatch.sweeps.{sweep} has fewer than 2 points at this scale",
-            "verdict": "not tested here", "test": "-"}
+def _sweep_not_run(finding: str, sweep: str) -> Claim:
+    return Claim.not_run(finding, f"fedmatch.sweeps.{sweep} has fewer than 2 points at this scale", verdict="not tested here", lead="")
 
 
-def _figure_claims(data: FedMatchResults) -> list[dict]:
+def _figure_claims(data: FedMatchResults) -> list[Claim]:
     """The sweeps' claims; each is guarded by the health of its own sweep's cells."""
     sweep_rows = lambda sweep: [r for r in data.health if r.startswith(f"{sweep}=")]  # noqa: E731
     return [_guarded(data, claim, sweep_rows(sweep)) for sweep, claim in _figure_claim_rows(data)]
 
 
-def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, dict]]:
+def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, Claim]]:
     rows = []
     layers = _sweep_series(data, "shared_layers", OVERALL, "mrr")
     if len(layers) < 2:
-        rows.append(("shared_layers", _not_run("Fig 5: overall MRR falls as fewer encoder layers are shared", "shared_layers")))
+        rows.append(("shared_layers", _sweep_not_run("Fig 5: overall MRR falls as fewer encoder layers are shared", "shared_layers")))
     else:
         rho = stats.spearmanr(layers.index, layers.values).statistic if len(set(layers.values)) > 1 else 0.0
-        rows.append(("shared_layers", {"finding (paper)": "Fig 5: overall MRR falls as fewer encoder layers are shared",
-                     "measured": ", ".join(f"{int(k)} shared: {v:.3f}" for k, v in layers.items()) + f"; Spearman rho = {rho:+.2f}",
-                     "verdict": ("holds (direction)" if rho > 0 else "does not hold") + f" over {len(layers)} points",
-                     "test": "rank correlation of shared layers and overall MRR (few points: direction only)"}))
+        rows.append(("shared_layers", Claim(finding="Fig 5: overall MRR falls as fewer encoder layers are shared",
+                                            measured=", ".join(f"{int(k)} shared: {v:.3f}" for k, v in layers.items()) + f"; Spearman rho = {rho:+.2f}",
+                                            verdict=("holds (direction)" if rho > 0 else "does not hold") + f" over {len(layers)} points",
+                                            test="rank correlation of shared layers and overall MRR (few points: direction only)")))
     if len(_sweep_series(data, "patch_size", OVERALL, "mrr")) < 2:
-        rows.append(("patch_size", _not_run("Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128)", "patch_size")))
+        rows.append(("patch_size", _sweep_not_run("Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128)", "patch_size")))
     for client in ("privacyqa", OVERALL):
         sizes = _sweep_series(data, "patch_size", client, "mrr")
         if len(sizes) >= 2:
             peak = int(sizes.idxmax())
-            rows.append(("patch_size", {"finding (paper)": f"Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128); {client}",
-                         "measured": ", ".join(f"r={int(k)}: {v:.3f}" for k, v in sizes.items()) + f"; peak at r={peak}",
-                         "verdict": ("holds (direction)" if peak not in (sizes.index.min(), sizes.index.max()) else "does not hold"),
-                         "test": "position of the maximum over the sweep (1 value per point: direction only)"}))
+            rows.append(("patch_size", Claim(finding=f"Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128); {client}",
+                                             measured=", ".join(f"r={int(k)}: {v:.3f}" for k, v in sizes.items()) + f"; peak at r={peak}",
+                                             verdict=("holds (direction)" if peak not in (sizes.index.min(), sizes.index.max()) else "does not hold"),
+                                             test="position of the maximum over the sweep (1 value per point: direction only)")))
             break
     client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
     ours = _sweep_series(data, "data_ratio", client, "map", FIGURE_METHOD)
     theirs = _sweep_series(data, "data_ratio", client, "map", "individual")
     if len(ours) < 2 or len(theirs) < 2:
-        rows.append(("data_ratio", _not_run("Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks", "data_ratio")))
+        rows.append(("data_ratio", _sweep_not_run("Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks", "data_ratio")))
     else:
         margin = (ours - theirs) / theirs
         low, high = margin.index.min(), margin.index.max()
-        rows.append(("data_ratio", {"finding (paper)": "Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks (2.60% at 100%, 7.23% at 20%)",
-                     "measured": f"{client}: margin {margin[high]:+.1%} at {high:.0%} of the data, {margin[low]:+.1%} at {low:.0%}",
-                     "verdict": "holds (direction)" if margin[low] > margin[high] else "does not hold",
-                     "test": "relative MAP margins at the smallest and largest ratio (mean over sweep seeds)"}))
+        rows.append(("data_ratio", Claim(finding="Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks (2.60% at 100%, 7.23% at 20%)",
+                                         measured=f"{client}: margin {margin[high]:+.1%} at {high:.0%} of the data, {margin[low]:+.1%} at {low:.0%}",
+                                         verdict="holds (direction)" if margin[low] > margin[high] else "does not hold",
+                                         test="relative MAP margins at the smallest and largest ratio (mean over sweep seeds)")))
     return rows
 
 

@@ -22,6 +22,7 @@ from fedrepro.errors import DataError
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, messages_figure
+from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
@@ -509,15 +510,11 @@ def _pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float
     return out
 
 
-def _not_run(finding: str, why: str) -> dict:
-    return {"finding (paper)": finding, "measured": "not run at this scale: " + why, "verdict": "not run at this scale", "test": "-"}
-
-
-def _guard(row: dict, pairs: list[tuple[pd.Series, pd.Series]]) -> dict:
+def _guard(row: Claim, pairs: list[tuple[pd.Series, pd.Series]]) -> Claim:
     """No claim rests on a diverged cell: its verdict says so instead of the test's (the numbers stay beside it)."""
     diverged = sorted({cell.key for pair in pairs for cell in pair if cell.health == "diverged"})
     if diverged:
-        row["verdict"] = f"inconclusive (diverged cell): rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
+        row.verdict = f"inconclusive (diverged cell): rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
     return row
 
 
@@ -554,11 +551,11 @@ def _bootstrap_text(result: Bootstrap, pairs: int) -> str:
             f"{100 * result.high:+.2f}]")
 
 
-def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> dict:
+def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
     finding = (f"SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: {method_label(ours)} vs "
                f"{method_label(theirs)} ({RULES[METHODS[ours][0]]})")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
-        return _not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
+        return Claim.not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, params.ssvfnas.dp_levels)
     targets = target_frame(data, params).set_index("key")
     censored = params.ssvfnas.search.steps + 1  # not reached: later than any step of the search
@@ -568,25 +565,25 @@ def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -
     bytes_a = [targets.loc[x.key, "target_bytes"] for x, _ in pairs if targets.loc[x.key, "reached"]]
     bytes_b = [targets.loc[y.key, "target_bytes"] for _, y in pairs if targets.loc[y.key, "reached"]]
     mean = lambda v: float(np.mean([s for s in v if s != censored])) if any(s != censored for s in v) else float("nan")  # noqa: E731
-    return {"finding (paper)": finding,
-            "measured": (f"target {100 * params.ssvfnas.target_accuracy:g}% reached in {sum(s != censored for s in a)} of {len(a)} "
-                         f"{method_label(ours)} cells (mean {mean(a):.1f} steps, {_mb(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
-                         f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
-                         f"{_mb(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
-            "verdict": _sign_verdict(wins, losses, p),
-            "test": (f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
-                     f"reached = after the last step): p = {p:.3g}; bytes per step are equal within a pair, so bytes follow steps")}
+    return Claim(finding=finding,
+                 measured=(f"target {100 * params.ssvfnas.target_accuracy:g}% reached in {sum(s != censored for s in a)} of {len(a)} "
+                           f"{method_label(ours)} cells (mean {mean(a):.1f} steps, {_mb(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
+                           f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
+                           f"{_mb(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
+                 verdict=_sign_verdict(wins, losses, p),
+                 test=(f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
+                       f"reached = after the last step): p = {p:.3g}; bytes per step are equal within a pair, so bytes follow steps"))
 
 
-def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> dict:
+def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
     finding = f"Privacy is amplified by less communication: {method_label(ours)} reaches the target at a smaller epsilon than {method_label(theirs)}"
     levels = noisy_levels(params)
     if not levels:
-        return _not_run(finding, "no DP level with noise on both sides in ssvfnas.dp_levels")
+        return Claim.not_run(finding, "no DP level with noise on both sides in ssvfnas.dp_levels")
     if params.ssvfnas.fidelity == "released_code":
-        return _not_run(finding, "fidelity released_code has no accountant")
+        return Claim.not_run(finding, "fidelity released_code has no accountant")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
-        return _not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
+        return Claim.not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, levels)
     targets = target_frame(data, params).set_index("key")
     a, b = [], []
@@ -599,39 +596,39 @@ def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str)
     wins, losses, ties, p = sign_test(a, b)
     finite_a = [v for v in a if math.isfinite(v)]
     finite_b = [v for v in b if math.isfinite(v)]
-    return {"finding (paper)": finding,
-            "measured": (f"{len(a)} of {len(pairs)} matched pairs with DP reach the target on at least one side; mean ε at the "
-                         f"target {np.mean(finite_a) if finite_a else float('nan'):.2f} vs {np.mean(finite_b) if finite_b else float('nan'):.2f}; "
-                         f"smaller in {wins}, larger in {losses}, tied in {ties}"),
-            "verdict": _sign_verdict(wins, losses, p),
-            "test": f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as ε = ∞): p = {p:.3g}"}
+    return Claim(finding=finding,
+                 measured=(f"{len(a)} of {len(pairs)} matched pairs with DP reach the target on at least one side; mean ε at the "
+                           f"target {np.mean(finite_a) if finite_a else float('nan'):.2f} vs {np.mean(finite_b) if finite_b else float('nan'):.2f}; "
+                           f"smaller in {wins}, larger in {losses}, tied in {ties}"),
+                 verdict=_sign_verdict(wins, losses, p),
+                 test=f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as ε = ∞): p = {p:.3g}")
 
 
 def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: str, theirs: str, levels: list[list[float]],
-                    why_empty: str, budget: bool = False) -> dict:
+                    why_empty: str, budget: bool = False) -> Claim:
     if not levels:
-        return _not_run(finding, why_empty)
+        return Claim.not_run(finding, why_empty)
     methods = set(params.ssvfnas.methods) | {BASELINE}
     if not {ours, theirs} <= methods:
-        return _not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
+        return Claim.not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, levels)
     if not pairs:
-        return _not_run(finding, "no matched cells")
+        return Claim.not_run(finding, "no matched cells")
     result = accuracy_contrast(data, pairs)
     mean_a = float(np.mean([x.accuracy for x, _ in pairs]))
     mean_b = float(np.mean([y.accuracy for _, y in pairs]))
     eps = sorted({round(x.epsilon_total, 2) for x, _ in pairs if math.isfinite(x.epsilon_total)})
     at = f" at ε (total) {', '.join(f'{e:g}' for e in eps)}" if eps and budget else ""
-    return _guard({"finding (paper)": finding,
-                   "measured": f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
-                   "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}, pairs)
+    return _guard(Claim(finding=finding,
+                        measured=f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
+                        verdict=interval_verdict(result), test=_bootstrap_text(result, len(pairs))), pairs)
 
 
-def _messages_claim(data: SSVFNASResults, params: Params) -> dict:
+def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
     finding = "VFNAS-2 (MiLeNAS) needs fewer messages per collaborative step than VFNAS-1 (DARTS)"
     pairs = [(m2, m1) for m2, m1 in (("vfnas2", "vfnas1"), ("ss_vfnas2", "ss_vfnas1")) if {m1, m2} <= set(params.ssvfnas.methods)]
     if not pairs:
-        return _not_run(finding, "VFNAS-1 and VFNAS-2 are not both in ssvfnas.methods")
+        return Claim.not_run(finding, "VFNAS-1 and VFNAS-2 are not both in ssvfnas.methods")
     parts, holds, tied = [], True, True
     for k in sorted(set(data.cells.parties)):
         for m2, m1 in pairs:
@@ -644,9 +641,9 @@ def _messages_claim(data: SSVFNASResults, params: Params) -> dict:
             tied &= ma == mb
             parts.append(f"K={k}: {method_label(m2)} {ma} messages / {xa} exchanges vs {method_label(m1)} {mb} / {xb}")
             break
-    return {"finding (paper)": finding, "measured": "; ".join(parts),
-            "verdict": "holds" if holds else ("does not hold (equal)" if tied else "does not hold"),
-            "test": "exact counts from the channel's log of every step (deterministic; no sampling involved)"}
+    return Claim(finding=finding, measured="; ".join(parts),
+                 verdict="holds" if holds else ("does not hold (equal)" if tied else "does not hold"),
+                 test="exact counts from the channel's log of every step (deterministic; no sampling involved)")
 
 
 def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
@@ -665,7 +662,7 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
         rows.append(_accuracy_claim(data, params, f"Without DP, {method_label(ours)} is at least as accurate as {method_label(theirs)} "
                                     "(the paper's SS-VFNAS results sit at or above VFNAS's)", ours, theirs, clear,
                                     "no DP level [0, 0] in ssvfnas.dp_levels"))
-    rows.append(_not_run("SS pre-search yields networks that generalise across tasks",
+    rows.append(Claim.not_run("SS pre-search yields networks that generalise across tasks",
                          "the grid has one task per dataset; no transfer task is run at any scale"))
     for method in ss.methods:
         rows.append(_accuracy_claim(data, params, f"Issue 8 check: the architecture {method_label(method)} searched beats the hand-designed "
@@ -684,13 +681,13 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                             pairs.append((a, index.loc[name]))
             if pairs:
                 result = accuracy_contrast(data, pairs)
-                row = _guard({"finding (paper)": f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
-                              "measured": f"test accuracy {percent(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
-                                          f"{percent(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} "
-                                          "matched pair(s)",
-                              "verdict": interval_verdict(result), "test": _bootstrap_text(result, len(pairs))}, pairs)
+                row = _guard(Claim(finding=f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
+                                   measured=f"test accuracy {percent(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
+                                            f"{percent(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} "
+                                            "matched pair(s)",
+                                   verdict=interval_verdict(result), test=_bootstrap_text(result, len(pairs))), pairs)
             rows.append(row)
-    return pd.DataFrame(rows, columns=["finding (paper)", "measured", "verdict", "test"])
+    return claims_frame(rows)
 
 
 # ----- outputs --------------------------------------------------------------------------------------------
