@@ -3,6 +3,8 @@
 import pandas as pd
 
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
+from fedrepro.report.claims import COLUMNS, Claim, claims_frame
+from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients, missed_clients_section, read_trec, summary_table
 from fedrepro.report.statistics import paired_test, verdict
 
@@ -51,3 +53,22 @@ def test_the_report_lists_each_client_a_round_went_on_without():
     text = "\n".join(missed_clients_section(missed))
     assert "2 client updates never reached the server" in text and "| cell_0 |" in text and "no reply" in text
     assert missed_clients_section(missed_clients("cell_0", history[:1])) == []
+
+
+def test_every_paper_words_a_claim_it_does_not_test_as_its_report_always_has():
+    fedcmc = Claim.not_run("F", "α=0.1 is not in fedcmc.alphas")
+    assert (fedcmc.measured, fedcmc.verdict, fedcmc.test) == ("not run at this scale: α=0.1 is not in fedcmc.alphas",
+                                                               "not run at this scale", "-")
+    assert Claim.not_run("F").measured == "not run at this scale"
+    assert Claim.not_run("F", "").measured == "not run at this scale: "  # SS-VFNAS's DP-cost row before its pairs are found
+    fedmatch = Claim.not_run("F", "fedmatch.sweeps.patch_size has fewer than 2 points at this scale", verdict="not tested here", lead="")
+    assert (fedmatch.measured, fedmatch.verdict) == ("fedmatch.sweeps.patch_size has fewer than 2 points at this scale", "not tested here")
+    frame = claims_frame([fedcmc, Claim("G", "1 vs 0", "holds", "t-test")])
+    assert list(frame.columns) == COLUMNS and frame["verdict"].tolist() == ["not run at this scale", "holds"]
+
+
+def test_seed_counts_and_empty_sweeps_read_the_same_in_every_report():
+    assert (over_seeds(1), over_seeds(3)) == ("1 seed", "mean ± std over 3 seeds")
+    assert sweep_not_run("fedcmc.sweeps.vectors") == ["Not run at this scale (`fedcmc.sweeps.vectors` is empty).", ""]
+    assert sweep_not_run("fedmatch.sweeps.patch_size", " to fit the time budget")[0] == (
+        "Not run at this scale (`fedmatch.sweeps.patch_size` is empty) to fit the time budget.")

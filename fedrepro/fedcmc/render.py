@@ -17,7 +17,7 @@ from fedrepro.fedcmc.report import (DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCR
                                     percent, point_name, sweep_table, values_of)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
-from fedrepro.report.formatting import over_seeds
+from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients_section
 from fedrepro.report.statistics import BOOTSTRAP_SEED, RESAMPLES
 
@@ -33,10 +33,6 @@ def _backbone_text(params: Params) -> str:
     else:
         text = f"`{settings.backbone}`"
     return text + (f", lowest {settings.keep_layers} encoder layers kept" if settings.keep_layers else "")
-
-
-def _not_run_text(sweep: str) -> list[str]:
-    return [f"Not run at this scale (`fedcmc.sweeps.{sweep}` is empty).", ""]
 
 
 def _empty_clients(data: FedCMCResults) -> str:
@@ -194,7 +190,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
                   "growing with the clients (ANCHORS.md gives no numbers).", "",
                   sweep_table(data, "clients", sw.methods, "clients", sw.clients).to_markdown(disable_numparse=True), ""]
     else:
-        lines += _not_run_text("clients")
+        lines += sweep_not_run("fedcmc.sweeps.clients")
     # Table 3
     lines += ["## Table 3: balanced vs natural training subset", ""]
     if sw.subset_modes:
@@ -207,7 +203,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
                   "FedRS and FedLC about as good as FedCMC on the balanced subset, FedCMC ahead on the natural one.", "",
                   sweep_table(data, "subsets", sw.subset_methods, "subset", sw.subset_modes).to_markdown(disable_numparse=True), ""]
     else:
-        lines += _not_run_text("subset_modes")
+        lines += sweep_not_run("fedcmc.sweeps.subset_modes")
     # Fig 1
     lines += ["## Fig 1 and Observation 3: local average similarity d_{k,c}", ""]
     fedavg, _, which = figure1_cells(data, params)
@@ -247,7 +243,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
                   f"Final test micro-F1 in % ({over_seeds(len(sw.seeds))})", "", final.to_markdown(disable_numparse=True), "",
                   f"Rounds to {100 * fc.target_f1:g}% micro-F1 (seed-mean curve)", "", speed.to_markdown(disable_numparse=True), ""]
     else:
-        lines += _not_run_text("local_epochs")
+        lines += sweep_not_run("fedcmc.sweeps.local_epochs")
     # Fig 4
     lines += ["## Fig 4: which classifier vectors", ""]
     if sw.vectors:
@@ -258,7 +254,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
                   f"term (none = FedAvg); {over_seeds(len(sw.seeds))}. The paper (i2b2 and CPR, α = 0.01): major clearly "
                   "best, minor worst, below none.", "", "![fig 4](figures/fig4_vectors.png)", "", shown.to_markdown(disable_numparse=True), ""]
     else:
-        lines += _not_run_text("vectors")
+        lines += sweep_not_run("fedcmc.sweeps.vectors")
     # partitions
     lines += ["## Partitions", "",
               "Every client split the grid trains on (`data/fedcmc/partitions/`); skew is the sample-weighted Jensen-Shannon "

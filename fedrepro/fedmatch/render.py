@@ -11,7 +11,7 @@ from fedrepro.fedmatch.report import (LABELS, FedMatchResults, claims_table, com
                                       patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
-from fedrepro.report.formatting import over_seeds
+from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients_section, summary_table
 
 
@@ -156,7 +156,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         lines += [f"**{SWEEPS[sweep]}**" + (" (FedMatch H+LR vs individual BERT; the same ratio for every client)"
                                              if sweep == "data_ratio" else ""), ""]
         if not getattr(fm.sweeps, sweep):
-            lines += [f"Not run at this scale (`fedmatch.sweeps.{sweep}` is empty) to fit the time budget.", ""]
+            lines += sweep_not_run(f"fedmatch.sweeps.{sweep}", " to fit the time budget")
             continue
         if sweep != "data_ratio":
             lines += [sweep_table(data, sweep).to_markdown(floatfmt=".3f"), ""]
