@@ -4,9 +4,9 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.io import atomic_dir, atomic_file, read_json, write_json
 from fedrepro.fedmatch.render import render_report
-from fedrepro.fedmatch.report import chance_levels, load_fedmatch, results_frame, write_figures
+from fedrepro.fedmatch.report import chance_levels, load_fedmatch, results_frame, summary_metrics, write_figures
+from fedrepro.io import atomic_dir, atomic_file, read_json, write_json
 
 OUT = Path("reports/fedmatch")
 
@@ -21,9 +21,7 @@ def main() -> None:
     with atomic_file(OUT / "report.md") as handle:
         handle.write(report)
     results_frame(data).to_csv(OUT / "results.csv", index=False, float_format="%.6f")
-    overall = data.results[(data.results.sweep.isna()) & (data.results.client == "overall")]
-    means = overall.groupby(["metric", "method"])["value"].mean().round(4)
-    write_json(OUT / "metrics.json", {metric: means[metric].to_dict() for metric in ("mrr", "map")})
+    write_json(OUT / "metrics.json", summary_metrics(data))
 
 
 if __name__ == "__main__":

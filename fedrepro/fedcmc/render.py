@@ -103,6 +103,7 @@ def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[
 
 
 def render_report(params: Params, data: FedCMCResults) -> str:
+    """reports/fedcmc/report.md: setup, the tables, the claims and what to read them with, figures."""
     fc, settings, sw, train = params.fedcmc, params.fedcmc.settings, params.fedcmc.sweeps, params.train
     truncated = max(int(i.get("truncated_train_sentences", 0)) for i in data.info.values())
     scheme = {"dirichlet": "Dirichlet per class (each class's training sentences split among the clients by p_c ~ Dir_K(α))",

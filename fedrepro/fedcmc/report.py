@@ -184,6 +184,7 @@ def _test_text(result: Bootstrap, what: str = "") -> str:
 
 # ----- selections and formatting ----------------------------------------------------------------------------
 def percent(value: float) -> str:
+    """A 0-1 score as a percentage with two decimals, the unit of every FedCMC table."""
     return f"{100 * value:.2f}"
 
 
@@ -192,15 +193,18 @@ def _pts(value: float) -> str:
 
 
 def mean_std_percent(values: list[float]) -> str:
+    """'mean ± std' in % over seeds (the mean alone for one seed)."""
     mean, std = mean_std(values)
     return f"{100 * mean:.2f} ± {100 * std:.2f}" if len(values) > 1 else f"{100 * mean:.2f}"
 
 
 def method_label(method: str) -> str:
+    """The paper's name of a method (the params' key where it has none)."""
     return LABELS.get(method, method)
 
 
 def dataset_label(dataset: str) -> str:
+    """The paper's name of a corpus (the params' key for one it does not use)."""
     return DATASET_LABELS.get(dataset, dataset)
 
 
@@ -212,10 +216,12 @@ def _select(data: FedCMCResults, group: str, **fields) -> pd.DataFrame:
 
 
 def values_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> list[float]:
+    """The selected cells' ``metric``, one value per seed in seed order."""
     return _select(data, group, **fields)[metric].tolist()
 
 
 def mean_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> float:
+    """The selected cells' mean ``metric`` over seeds; NaN where the grid has none."""
     values = values_of(data, group, metric, **fields)
     return float(np.mean(values)) if values else float("nan")
 
@@ -225,6 +231,7 @@ def _frames(data: FedCMCResults, group: str, **fields) -> list[pd.DataFrame]:
 
 
 def point_name(dataset: str, alpha: float) -> str:
+    """How the report names a main-table point: dataset and α."""
     return f"{dataset} α={alpha:g}"
 
 
@@ -300,6 +307,7 @@ def chance_level(data: FedCMCResults, dataset: str, partition: str, metric: str 
 
 
 def main_points(params: Params) -> list[tuple[str, float]]:
+    """The main table's dataset x α points, in the params' order."""
     return [(d, a) for d in params.fedcmc.datasets for a in params.fedcmc.alphas]
 
 
@@ -572,6 +580,7 @@ def _methods_present(params: Params, *methods: str) -> bool:
 
 
 def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
+    """Every finding the paper states (ANCHORS.md), each a Claim with its measurement, verdict and test."""
     fc = params.fedcmc
     rows: list[Claim] = []
     # (a), (b): FedCMC over FedAvg at each alpha the paper reports, per dataset; other grid alphas after them

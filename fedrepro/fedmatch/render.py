@@ -38,6 +38,7 @@ def _named_caps(caps: dict[str, int], what: str) -> str:
 
 
 def render_report(params: Params, data: FedMatchResults, chance: dict, partition: dict, mined: dict) -> str:
+    """reports/fedmatch/report.md: setup, Tables 2-3, claims, health, communication and figures."""
     fm, train, model, mine = params.fedmatch, params.train, params.model, params.data
     settings, labels = fm.settings, {**LABELS, **marked_labels(data)}
     clients = pd.DataFrame({

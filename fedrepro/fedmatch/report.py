@@ -151,6 +151,7 @@ def _sweep_series(data: FedMatchResults, sweep: str, client: str, metric: str, m
 
 
 def claims_table(data: FedMatchResults, params: Params) -> pd.DataFrame:
+    """Every finding the paper states (ANCHORS.md) that this scale's grid can test, each a Claim."""
     fm = params.fedmatch
     present = set(fm.methods)
     rows = []
@@ -272,6 +273,7 @@ def chance_levels(mined: Path, split: str = "test") -> dict:
 
 
 def sweep_table(data: FedMatchResults, sweep: str) -> pd.DataFrame:
+    """Sweep points x clients (+ overall): FedMatch H+LR's test MRR, mean over the sweep's seeds."""
     clients = sorted(c for c in set(data.results.client) if c != OVERALL) + [OVERALL]
     return pd.DataFrame({c: _sweep_series(data, sweep, c, "mrr") for c in clients})
 
@@ -346,7 +348,15 @@ def patch_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
 
 
 def results_frame(data: FedMatchResults) -> pd.DataFrame:
+    """results.csv: one row per cell, client (incl. overall) and metric."""
     return data.results.drop(columns="row")
+
+
+def summary_metrics(data: FedMatchResults) -> dict:
+    """metrics.json for `dvc exp show`: each table method's overall test MAP and MRR, mean over seeds."""
+    overall = data.results[(data.results.sweep.isna()) & (data.results.client == OVERALL)]
+    means = overall.groupby(["metric", "method"])["value"].mean().round(4)
+    return {metric: means[metric].to_dict() for metric in ("mrr", "map")}
 
 
 def training_caveats(data: FedMatchResults, chance: dict, rows: list[str]) -> list[str]:

@@ -14,6 +14,8 @@ COLUMNS = ["finding (paper)", "measured", "verdict", "test"]
 
 @dataclass
 class Claim:
+    """One row of a claims table: a finding the paper states and what this run says of it."""
+
     finding: str
     """as the paper states it (ANCHORS.md)."""
     measured: str

@@ -65,11 +65,14 @@ def _f1(sums: np.ndarray) -> np.ndarray:
 
 
 def micro_f1(gold, predicted, positive) -> float:
+    """Micro-F1 over the ``positive`` classes, counted as the bootstrap counts it."""
     return float(_f1(sentence_counts(gold, predicted, positive).sum(axis=0)))
 
 
 @dataclass(frozen=True)
 class Bootstrap:
+    """A paired bootstrap's result: the contrast, its 95% interval and what it was resampled over."""
+
     difference: float
     """the contrast on the full test sets (micro-F1, 0-1)."""
     low: float

@@ -214,6 +214,7 @@ def _skipped_lines(data: SSVFNASResults) -> list[str]:
 
 
 def render_report(params: Params, data: SSVFNASResults) -> str:
+    """reports/ssvfnas/report.md: setup and deviations, the tables, the claims, figures."""
     ss = params.ssvfnas
     s, m, r, dp = ss.search, ss.moco, ss.retrain, ss.dp
     claims = claims_table(data, params)

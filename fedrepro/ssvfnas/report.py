@@ -185,10 +185,12 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
 
 # ----- selections and formatting ----------------------------------------------------------------------------
 def method_label(method: str) -> str:
+    """The paper's name of a method (the hand-designed baseline named as such)."""
     return LABELS.get(method, method)
 
 
 def select_cells(data: SSVFNASResults, **fields) -> pd.DataFrame:
+    """The cells whose fields equal the given values."""
     frame = data.cells
     for name, value in fields.items():
         frame = frame[frame[name] == value]
@@ -196,6 +198,7 @@ def select_cells(data: SSVFNASResults, **fields) -> pd.DataFrame:
 
 
 def percent(value: float) -> str:
+    """A 0-1 accuracy in % with two decimals; '-' where there is none."""
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
 
@@ -225,6 +228,7 @@ def _eps(values: list[float], status: str) -> str:
 
 
 def dp_level_text(level: list[float]) -> str:
+    """How the report names a DP level: 'no DP' or the two noise multipliers."""
     s1, s2 = level
     if s1 == 0 and s2 == 0:
         return "no DP"
@@ -232,10 +236,12 @@ def dp_level_text(level: list[float]) -> str:
 
 
 def noisy_levels(params: Params) -> list[list[float]]:
+    """The DP levels with noise on both sides, the ones epsilon is accounted for."""
     return [lvl for lvl in params.ssvfnas.dp_levels if lvl[0] > 0 and lvl[1] > 0]
 
 
 def partition_names(params: Params) -> list[str]:
+    """The grid's dataset-K names, in the params' order."""
     return [f"{d}-k{k}" for d, k, _ in partitions(params)]
 
 
@@ -469,6 +475,7 @@ def rule_agreement(data: SSVFNASResults, params: Params) -> list[dict]:
 
 
 def alpha_moved(frame: pd.DataFrame) -> pd.Series:
+    """Per search cell: did the entropy of softmax(α) fall by more than ALPHA_MOVED of the uniform value?"""
     return frame["alpha_entropy_start"] - frame["alpha_entropy_end"] > ALPHA_MOVED * frame["alpha_entropy_uniform"]
 
 
@@ -535,6 +542,7 @@ def _as_frame(predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_contrast(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> Bootstrap:
+    """Paired bootstrap of the mean test-accuracy difference over matched (ours, theirs) cells."""
     terms = _accuracy_terms(data, pairs)
     positive = {}
     for _, group, frames in terms:
@@ -647,6 +655,7 @@ def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
 
 
 def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
+    """Every finding the paper states, each a Claim with its measurement, verdict and test."""
     ss = params.ssvfnas
     rows = [_messages_claim(data, params)]
     for ours, theirs in PAIRS:
