@@ -2,7 +2,7 @@
 
 With ``--mirror DIR`` it first prints the time to mine the top-5 training negatives of all five FedQA
 collections at full mirror size (every training question, each collection's whole training pool), as the
-pipeline's mine stage does. Then it prints (a) the time to mine top-5 negatives for every training question against the whole answer pool,
+pipeline's fedmatch_mine stage does. Then it prints (a) the time to mine top-5 negatives for every training question against the whole answer pool,
 (b) bm25s vs rank-bm25 per-query speed on the same queries (rank-bm25 is slow, so it is timed on a subset
 and scaled per query) and their top-10 overlap. Medians of repeats; timing is noisy, nothing is asserted.
 """

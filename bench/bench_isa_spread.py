@@ -41,7 +41,7 @@ KERNELS = {
     "sse4": ("avx2", {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}),
 }
 PAPERS = {
-    "fedmatch": {"data": ["mine", "tokenizer"], "stage": ["stages/fedmatch_train.py", "--tables"],
+    "fedmatch": {"data": ["fedmatch_mine", "fedmatch_tokenizer"], "stage": ["stages/fedmatch_train.py", "--tables"],
                  "checkpoints": "data/checkpoints/fedmatch", "seeds": "fedmatch.seeds"},
     "fedcmc": {"data": ["fedcmc_partition"], "stage": ["stages/fedcmc_train.py", "--tables"],
                "checkpoints": "data/checkpoints/fedcmc", "seeds": "fedcmc.seeds"},

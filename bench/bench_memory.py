@@ -8,7 +8,8 @@ imports). The run happens in this process; its peak is ``ru_maxrss``. The check 
 cannot be sized from outside (activations, autocast copies, allocator caches).
 For contrast: holding a full model per client, as the authors' code does, needs T x model bytes.
 
-Reads DIR/params.yaml, DIR/data/mined and DIR/data/tokenizer (outputs of the mine and tokenizer stages).
+Reads DIR/params.yaml, DIR/data/mined and DIR/data/tokenizer (outputs of the fedmatch_mine and fedmatch_tokenizer
+stages).
 Usage: python bench/bench_memory.py [--project DIR] [--scale cpu] [--rounds 2] [--max-triples 120]
 """
 

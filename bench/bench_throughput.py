@@ -11,7 +11,8 @@ share the global RNG, which changes dropout masks but not the work. The first ro
 A training sequence is one (question, answer) pair; a triple gives two.
 Target (issue): engine throughput >= 90% of the plain loop's (engine time / plain time <= 1.11).
 
-Reads DIR/params.yaml, DIR/data/mined and DIR/data/tokenizer (outputs of the mine and tokenizer stages).
+Reads DIR/params.yaml, DIR/data/mined and DIR/data/tokenizer (outputs of the fedmatch_mine and fedmatch_tokenizer
+stages).
 Usage: python bench/bench_throughput.py [--project DIR] [--scale cpu] [--rounds 4] [--max-triples 120]
                                         [--precision bf16 [fp32]]   (default: the scale's train.precision)
 """

@@ -38,7 +38,7 @@ PAPERS = {
         # Tables 2-3 at 1 seed fit the 2-core budget; Fig 5 at both ends; Figs 6-8 skipped
         "grid": {"fedmatch.seeds": [0], "fedmatch.sweeps.shared_layers": [2, 0], "fedmatch.sweeps.patch_size": [],
                  "fedmatch.sweeps.aggregate_every": [], "fedmatch.sweeps.data_ratio": []},
-        "targets": ["fedmatch_table", "fedmatch_fig5", "fedmatch_fig6", "fedmatch_fig7", "fedmatch_fig8", "fedmatch_report"],
+        "targets": ["fedmatch_table", "fedmatch_sweep", "fedmatch_report"],
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",

@@ -206,8 +206,8 @@ def reference_rows(model: CrossEncoder, checkpoint: Path, clients: dict[str, Cli
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkout", type=Path, help="a checkout whose prepare, partition and mine stages ran (data/prepared/qa, "
-                        "data/partition/qa, data/mined)")
+    parser.add_argument("checkout", type=Path, help="a checkout whose prepare, fedmatch_partition and fedmatch_mine stages ran "
+                        "(data/prepared/qa, data/partition/qa, data/mined)")
     parser.add_argument("--backbone", default="minilm", help="model.backbone of the checked scale")
     parser.add_argument("--max-length", type=int, default=64, help="model.max_length of the checked scale")
     parser.add_argument("--longer", type=int, nargs="*", default=[128, 256, 512], help="other lengths to score BM25 prefixes at")

@@ -1,7 +1,7 @@
 """FedMatch's training-sanity sweep: the pooled reference per learning rate against BM25 alone and random order.
 
-Run it in a checkout whose data stages (`dvc repro mine tokenizer`) ran at the scale being checked, then commit
-the tables it writes (sanity.md, sanity.csv, sanity.json):
+Run it in a checkout whose data stages (`dvc repro fedmatch_mine fedmatch_tokenizer`) ran at the scale being checked,
+then commit the tables it writes (sanity.md, sanity.csv, sanity.json):
 
     cd <clone> && python <this repo>/scripts/fedmatch_sanity.py --lrs 2e-5 5e-5 1e-4 5e-4 --rounds 3 \
         --margin 0.02 --deeper 0 5e-5 2 --out <this repo>/reports/cpu/fedmatch

@@ -1,4 +1,4 @@
-"""Stage fedmatch_table / fedmatch_fig<N>: train and evaluate cells of FedMatch's grid.
+"""Stage fedmatch_table / fedmatch_sweep@<sweep>: train and evaluate cells of FedMatch's grid.
 
 One process runs every row of Tables 2-3 (``--tables``: every method of fedmatch.methods x seed) or every point
 of a figure (``--sweep``): importing torch and transformers costs about 5 s a process, more than a small cell's

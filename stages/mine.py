@@ -1,4 +1,4 @@
-"""Stage mine: BM25 negatives for training (top-k non-gold, k=5 in the paper) and evaluation candidates."""
+"""Stage fedmatch_mine: BM25 negatives for training (top-k non-gold, k=5 in the paper) and evaluation candidates."""
 
 from pathlib import Path
 

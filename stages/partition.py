@@ -1,4 +1,4 @@
-"""Stage partition: carve the QA clients out of the prepared collections, capped so the size skew stays real.
+"""Stage fedmatch_partition: carve the QA clients out of the prepared collections, capped so the size skew stays real.
 
 embedded source: one client per insurance domain of InsuranceQA; mirror/official: one client per collection.
 """

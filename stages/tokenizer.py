@@ -1,4 +1,4 @@
-"""Stage tokenizer: for the tiny backbone, a WordPiece vocabulary trained on the clients' training text.
+"""Stage fedmatch_tokenizer: for the tiny backbone, a WordPiece vocabulary trained on the clients' training text.
 
 The vocabulary stands in for a public pretrained one (it is built from all clients' training text, so it is
 not private); other backbones bring their own tokenizer and this stage only records that.

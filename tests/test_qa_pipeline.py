@@ -130,7 +130,8 @@ def test_a_same_text_questions_gold_is_never_a_negative(tmp_path):
 
     write_clients({"c": QAClient(collection, pool, None, pool)}, tmp_path, largest=5, smallest=1, eval_questions=2, seed=0)
     written, kept = read_table(tmp_path / "qa/c/same_text_gold.parquet"), read_table(tmp_path / "qa/c/pairs.parquet")
-    assert written.equals(same_text_gold(kept, collection)), "the partition stage lists what the mine stage excludes"
+    assert written.equals(same_text_gold(kept, collection)), (
+        "the fedmatch_partition stage lists what the fedmatch_mine stage excludes")
 
 
 def test_a_question_asked_under_several_ids_lands_in_one_split_and_the_others_keep_theirs():
