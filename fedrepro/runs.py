@@ -16,7 +16,8 @@ from fedrepro.fedmatch.cells import Cell, cell_params
 from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.fl.runtime import CellRecipe, build_runtime
+from fedrepro.fl.recipe import CellRecipe
+from fedrepro.fl.runtime import build_runtime
 from fedrepro.io import code_digest
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder

@@ -16,7 +16,8 @@ from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.fl.runtime import CellRecipe, build_runtime
+from fedrepro.fl.recipe import CellRecipe
+from fedrepro.fl.runtime import build_runtime
 from fedrepro.io import code_digest, read_json, read_table
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.relation import RelationClassifier, add_entity_markers
