@@ -29,7 +29,8 @@ def fingerprint(cell: Any, inputs_digest: str, shaping: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str, only: str | None = None) -> tuple[Path, dict[Path, list]]:
+def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str,
+               only: str | None = None) -> tuple[Path, dict[Path, list]]:
     """The main table's cells a row per method (``tables/<method>``) and the folder the rows are written to: all of
     ``tables``, or with ``only`` that one row, rerun in place. ``allowed`` names the methods' params key."""
     if only is not None and only not in methods:
