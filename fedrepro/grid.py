@@ -53,10 +53,11 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         for row, cells in rows.items():
             for cell in cells:
                 started = time.perf_counter()
-                read = inputs(cell)
-                if read not in digests:
-                    digests[read] = tree_digest(*read)
-                metrics = run_cell(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name, digests[read])
+                folders = inputs(cell)
+                if folders not in digests:
+                    digests[folders] = tree_digest(*folders)
+                metrics = run_cell(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
+                                   digests[folders])
                 done += 1
                 print(f"[{done}/{total}] {cell.name}: {headline(metrics)} ({time.perf_counter() - started:.1f} s)",
                       file=sys.stderr, flush=True)
