@@ -19,7 +19,7 @@ from fedrepro.fedmatch.cells import Cell
 from fedrepro.metrics.ranking import ranking_metrics
 from fedrepro.metrics.summary import overall
 from fedrepro.io import tree_digest
-from fedrepro.runs import build_cell
+from fedrepro.fedmatch.runs import build_cell
 from fedrepro.tasks.qa import qrels_and_run
 
 

@@ -35,7 +35,7 @@ from fedrepro.config import Params, parse_params
 from fedrepro.fedmatch.cells import Cell
 from fedrepro.fl.engine import Engine, lr_factor
 from fedrepro.io import tree_digest
-from fedrepro.runs import build_cell
+from fedrepro.fedmatch.runs import build_cell
 from fedrepro.seeding import derive_seed
 
 CELL = Cell("fedmatch_h_lr", 0)

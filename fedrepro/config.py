@@ -16,6 +16,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedrepro.errors import ConfigError
+from fedrepro.fedcmc.methods import METHODS as FEDCMC_METHODS
+from fedrepro.fedcmc.methods import VECTORS as FEDCMC_VECTORS
+from fedrepro.fedmatch.methods import METHODS as FEDMATCH_METHODS
+from fedrepro.ssvfnas.methods import METHODS as SSVFNAS_METHODS
 from fedrepro.hardware import resolve_precision
 
 RE_CORPORA = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
@@ -174,21 +178,15 @@ class FedMatchParams(_Strict):
 
     @model_validator(mode="after")
     def _known_methods(self) -> "FedMatchParams":
-        from fedrepro.fedmatch.methods import METHODS
-
         for key, names in (("methods", self.methods), ("sweeps.data_ratio_methods", self.sweeps.data_ratio_methods)):
             for index, name in enumerate(names):
-                if name not in METHODS:
-                    raise ValueError(f"fedmatch.{key}.{index} = {name!r}: allowed {sorted(METHODS)}")
+                if name not in FEDMATCH_METHODS:
+                    raise ValueError(f"fedmatch.{key}.{index} = {name!r}: allowed {sorted(FEDMATCH_METHODS)}")
         for key in ("table2", "table3"):
             missing = [m for m in getattr(self, key) if m not in self.methods]
             if missing:
                 raise ValueError(f"fedmatch.{key} lists {missing}, which fedmatch.methods does not run; add them there")
         return self
-
-
-FEDCMC_METHODS = ("fedavg", "fedprox", "scaffold", "moon", "fedrs", "fedlc", "fedcmc")
-FEDCMC_VECTORS = ("major", "minor", "random", "none")
 
 
 class FedCMCSettings(_Strict):
@@ -261,9 +259,6 @@ class FedCMCParams(_Strict):
         return self
 
 
-SSVFNAS_METHODS = ("vfnas1", "vfnas2", "ss_vfnas1", "ss_vfnas2")
-
-
 class SSVFNASSplit(_Strict):
     """How ssvfnas_partition splits each aligned dataset (once, seeded by data.seed, stratified by label)."""
 
@@ -332,7 +327,7 @@ class SSVFNASDP(_Strict):
 
 
 class SSVFNASParams(_Strict):
-    methods: list[Literal[SSVFNAS_METHODS]] = Field(min_length=1)  # type: ignore[valid-type]
+    methods: list[Literal[tuple(SSVFNAS_METHODS)]] = Field(min_length=1)  # type: ignore[valid-type]
     datasets: list[str] = Field(min_length=1, description="digits and/or FATE classification sets of data.vertical_sets")
     parties: list[int] = Field(min_length=1, description="K values; each dataset runs at every K it allows")
     dp_levels: list[list[float]] = Field(min_length=1, description="(sigma1, sigma2) noise multipliers; [0, 0] = no DP")

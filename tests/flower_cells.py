@@ -27,7 +27,8 @@ from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
-from fedrepro.fl.runtime import CellRecipe, build_runtime  # noqa: E402
+from fedrepro.fl.recipe import CellRecipe  # noqa: E402
+from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
 from scaffold_invariant import control_variate_gap, largest_control  # noqa: E402
 from toy import FaultyNodesTask, ToyQATask, relation_task  # noqa: E402
@@ -147,7 +148,8 @@ def outsiders(folder: Path, drill: dict):
     connection without TLS. Each claims to serve a real client, with a state directory of its own."""
 
     def start(federation) -> None:
-        from fedrepro.fl.flower.deployment import CONNECTION, make_node_key
+        from fedrepro.fl.flower.certificates import make_node_key
+        from fedrepro.fl.flower.federation import CONNECTION
 
         key, _ = make_node_key(federation.folder / "outsider-keys", "unregistered")
         federation.start_supernode("unregistered", key, {"client-id": "client_00", "state-dir": str(folder / "unregistered")},
@@ -196,7 +198,7 @@ def run_node_kill(work: Path) -> dict:
     import signal
     import threading
 
-    from fedrepro.fl.flower.deployment import wait_until
+    from fedrepro.fl.flower.federation import wait_until
 
     folder = work / KILL_CASE
     deployment = build_runtime(recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False)

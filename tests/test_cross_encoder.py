@@ -7,7 +7,7 @@ from transformers import BertConfig, BertModel
 from fedrepro.config import parse_params
 from fedrepro.models.backbone import load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder
-from fedrepro.runs import build_model_factory
+from fedrepro.fedmatch.runs import build_model_factory
 from test_config import with_change
 
 

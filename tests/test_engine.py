@@ -206,11 +206,11 @@ def test_a_checkpoint_from_other_settings_is_not_resumed(tmp_path):
 def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
     import yaml
 
-    from fedrepro import runs
+    from fedrepro import grid
     from fedrepro.config import parse_params
-    from test_config import RAW
-
+    from fedrepro.fedmatch import runs
     from fedrepro.fedmatch.cells import Cell
+    from test_config import RAW
 
     params = parse_params(yaml.safe_load(yaml.safe_dump(RAW)))
     base = runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
@@ -223,7 +223,7 @@ def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
     settings = params.fedmatch.settings.model_copy(update={"cover_queries": 7})
     changed = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
     assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
-    monkeypatch.setattr(runs, "code_digest", lambda: "edited code")
+    monkeypatch.setattr(grid, "code_digest", lambda: "edited code")
     assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
 
 

@@ -17,7 +17,7 @@ from fedrepro.fl.algorithms.coverquery import with_cover_queries
 from fedrepro.fl.channel import SERVER
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.models.patches import PatchSpec, patch_norms
-from fedrepro.runs import algorithm_settings
+from fedrepro.fedmatch.runs import algorithm_settings
 from test_config import RAW
 from toy import ToyQATask
 

@@ -174,7 +174,7 @@ def toy_partition(tmp_path_factory):
 
 
 def _run(params, cell, partition, out, checkpoints):
-    return runs.run_cell(params, cell, partition, out, checkpoints, "inputs")
+    return runs.run_cell(params, cell, partition.parent, out, checkpoints, "inputs")
 
 
 def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):

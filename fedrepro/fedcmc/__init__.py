@@ -1,1 +1,2 @@
-"""FedCMC's track: the grid of cells (``cells``) and how one cell is built and run (``runs``)."""
+"""FedCMC's track: its methods (``methods``), the client splits (``partition``), the grid of cells (``cells``) and how
+one cell is built, run and scored (``runs``)."""

@@ -1,14 +1,11 @@
-"""Assembling one FedCMC-track cell (relation task + algorithm + runtime) from validated params.
+"""One FedCMC-track cell from validated params: built (relation task + algorithm + runtime), run, and scored.
 
-Shared by the cell stage, the tests and the benchmarks, so they all build the very same run.
+Shared by the train stage, the tests and the benchmarks, so they all build the very same run.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 from fedrepro.config import Params
@@ -16,8 +13,11 @@ from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.fl.runtime import CellRecipe, build_runtime
-from fedrepro.io import code_digest, read_json, read_table
+from fedrepro.fl.recipe import CellRecipe, recipe_spec
+from fedrepro.fl.runtime import build_runtime
+from fedrepro.grid import fingerprint
+from fedrepro.hardware import machine_fingerprint
+from fedrepro.io import read_json, read_table, write_json
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.relation import RelationClassifier, add_entity_markers
 from fedrepro.tasks.relation import RelationTask
@@ -25,10 +25,9 @@ from fedrepro.tasks.relation import RelationTask
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes; a checkpoint of another run is never resumed."""
-    payload = {"cell": asdict(cell), "settings": params.fedcmc.settings.model_dump(), "tiny": params.model.tiny.model_dump(),
-               "train": {k: getattr(params.train, k) for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime")},
-               "inputs": inputs_digest, "code": code_digest()}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    train = {k: getattr(params.train, k) for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime")}
+    return fingerprint(cell, inputs_digest, {"settings": params.fedcmc.settings.model_dump(),
+                                             "tiny": params.model.tiny.model_dump(), "train": train})
 
 
 def relation_tokenizer(params: Params, tokenizer_dir: Path):
@@ -77,9 +76,7 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
         seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_splits=("valid", "test"),
     )
     folders = (Path(prepared_dir).resolve(), Path(partitions_dir).resolve(), Path(tokenizer_dir).resolve())
-    spec = {"factory": "fedrepro.fedcmc.runs:spec_recipe", "kwargs": {
-        "params": params.model_dump(mode="json"), "cell": asdict(cell), "folders": [str(f) for f in folders],
-        "inputs_digest": inputs_digest}}
+    spec = recipe_spec("fedrepro.fedcmc.runs:spec_recipe", params, cell, list(folders), inputs_digest)
     return CellRecipe(
         build_task=functools.partial(build_relation_task, params, cell, *folders), algorithm=cell.method,
         algorithm_settings=algorithm_settings(params, cell), settings=engine_settings,
@@ -97,3 +94,44 @@ def build_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: P
     """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
     recipe = cell_recipe(params, cell, prepared_dir, partitions_dir, tokenizer_dir, inputs_digest)
     return build_runtime(recipe, params.train.runtime, checkpoint_dir, progress)
+
+
+def cell_inputs(cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path) -> tuple[Path, ...]:
+    """The folders a cell reads, which its fingerprint digests: its corpus, its partition and the tokenizer only."""
+    return Path(prepared_dir) / cell.dataset, Path(partitions_dir) / cell.partition, Path(tokenizer_dir)
+
+
+def parameter_counts(engine: Engine) -> dict[str, int]:
+    params = engine.params
+    return {"total": sum(p.numel() for p in params.values()),
+            "uploaded": sum(params[n].numel() for n in engine.shared_names)}
+
+
+def run_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path, out: Path,
+             checkpoint_dir: Path, inputs_digest: str) -> dict:
+    """Train (or resume) one cell, then score the global model on the global valid and test sets; write metrics.json
+    and the test predictions into ``out`` (created). Returns the metrics."""
+    engine = build_cell(params, cell, prepared_dir, partitions_dir, tokenizer_dir, inputs_digest, checkpoint_dir)
+    state = engine.run()
+    out.mkdir(parents=True)
+    model = engine.global_model()
+    predictions = engine.task.predict(model, "test")
+    predictions.to_csv(out / "predictions.csv", index=False)
+    metrics = {
+        "cell": {**cell.__dict__, "name": cell.name, "partition": cell.partition},
+        "test": engine.task.scores(predictions),
+        "valid": engine.task.evaluate(model, "global", "valid"),
+        "history": state.history,
+        "channel": engine.channel.summary(),
+        "memory_bytes": engine.memory_bytes(),
+        "parameters": parameter_counts(engine),
+        "truncated_train_sentences": engine.task.truncated,
+        "hardware": machine_fingerprint(),
+    }
+    write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def headline(metrics: dict) -> str:
+    """A finished cell in a few words, for the stage's progress lines."""
+    return f"test micro-F1 {metrics['test']['micro_f1']:.3f}"

@@ -1,1 +1,2 @@
-"""FedMatch's track: the methods of its Tables 2-3 and the cells of its grid (tables and the sweeps of Figs 5-8)."""
+"""FedMatch's track: its methods (``methods``: the rows of Tables 2-3), the cells of its grid (``cells``: the tables and
+the sweeps of Figs 5-8) and how one cell is built, run and scored (``runs``)."""

@@ -1,7 +1,8 @@
 """The cells of FedMatch's grid: one (method, seed) per table row, one (sweep point, method, seed) per figure point.
 
 A cell sees the params with its sweep point applied (``cell_params``), so the same engine code runs every
-table row and every figure point.
+table row and every figure point. ``history_health`` judges a finished cell by the shared health rule
+(``fedrepro.fl.health``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from fedrepro.config import Params
 from fedrepro.fedmatch.methods import FIGURE_METHOD
+from fedrepro.fl.health import Health, cell_health, training_losses
 
 SWEEPS = {
     "shared_layers": "Fig 5: encoder layers shared (the layers above are private)",
@@ -61,3 +65,11 @@ def cell_params(params: Params, cell: Cell) -> Params:
         train = params.train.model_copy(update={"local_epochs": every, "rounds": max(1, math.ceil(params.train.rounds / every))})
         return params.model_copy(update={"train": train})
     return params
+
+
+def history_health(history: list[dict]) -> Health:
+    """A cell's health from its history: the evaluated models' loss on their training data (the round's mean local
+    loss where none was evaluated), and the validation MRR averaged over the clients in the rounds that were
+    evaluated (``train.eval_every``; none at 0, so convergence is unknown)."""
+    valid = [float(np.mean([m["mrr"] for m in r["valid"].values()])) for r in history if r.get("valid")]
+    return cell_health(training_losses(history), valid)

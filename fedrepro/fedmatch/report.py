@@ -11,9 +11,9 @@ import pandas as pd
 from scipy import stats
 
 from fedrepro.config import Params
-from fedrepro.fedmatch.cells import SWEEPS, Cell, sweep_cells, table_cells
+from fedrepro.fedmatch.cells import SWEEPS, Cell, history_health, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
-from fedrepro.fl.health import Health, cell_health, training_losses
+from fedrepro.fl.health import Health
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics
 from fedrepro.metrics.summary import mean_std, overall
@@ -70,14 +70,6 @@ def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
         health.setdefault(row, {})[cell.seed] = history_health(metrics["history"])
     return FedMatchResults(pd.DataFrame(results), pd.concat(questions, ignore_index=True), pd.DataFrame(histories), info,
                            missed, health)
-
-
-def history_health(history: list[dict]) -> Health:
-    """A cell's health from its history: the evaluated models' loss on their training data (the round's mean local
-    loss where none was evaluated), and the validation MRR averaged over the clients in the rounds that were
-    evaluated (``train.eval_every``; none at 0, so convergence is unknown)."""
-    valid = [float(np.mean([m["mrr"] for m in r["valid"].values()])) for r in history if r.get("valid")]
-    return cell_health(training_losses(history), valid)
 
 
 def health_marker(data: FedMatchResults, row: str) -> str:

@@ -25,7 +25,7 @@ from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.report.sanity import SanityResult
 from fedrepro.retrieval.bm25 import score_candidates
-from fedrepro.runs import cell_recipe
+from fedrepro.fedmatch.runs import cell_recipe
 from fedrepro.tasks.qa import qrels_and_run
 
 METRIC = "MAP (mean over collections)"

@@ -15,15 +15,7 @@ from dataclasses import dataclass
 from fedrepro.config import Params
 from fedrepro.data.vertical import vertical_views
 from fedrepro.fl.health import Health, cell_health
-
-METHODS = {
-    "vfnas1": ("darts", False),
-    "vfnas2": ("milenas", False),
-    "ss_vfnas1": ("darts", True),
-    "ss_vfnas2": ("milenas", True),
-}
-"""method -> (search rule, MoCo v2 pre-search first)"""
-BASELINE = "hand_designed"
+from fedrepro.ssvfnas.methods import BASELINE, METHODS
 
 
 @dataclass(frozen=True)

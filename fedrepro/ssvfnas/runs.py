@@ -30,8 +30,6 @@ and held-out evaluations are measurements, not releases of training data, and ar
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import shutil
 from dataclasses import asdict, dataclass, replace
@@ -48,7 +46,8 @@ from torch.nn import functional as F
 from fedrepro.config import Params
 from fedrepro.errors import DataError
 from fedrepro.hardware import machine_fingerprint
-from fedrepro.io import atomic_dir, code_digest, read_json, read_table, write_json
+from fedrepro.grid import fingerprint
+from fedrepro.io import atomic_dir, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell, retrain_health
 from fedrepro.ssvfnas.partition import stratified_splits
@@ -294,10 +293,9 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the cell changes (not the grid's lists); a checkpoint of another run
     is never resumed."""
     ss = params.ssvfnas
-    payload = {"cell": asdict(cell), "fidelity": ss.fidelity, "split": ss.split.model_dump(), "search": ss.search.model_dump(),
-               "moco": ss.moco.model_dump(), "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(),
-               "held_out_seed": params.data.seed, "threads": ss.threads, "inputs": inputs_digest, "code": code_digest()}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return fingerprint(cell, inputs_digest, {
+        "fidelity": ss.fidelity, "split": ss.split.model_dump(), "search": ss.search.model_dump(), "moco": ss.moco.model_dump(),
+        "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(), "held_out_seed": params.data.seed, "threads": ss.threads})
 
 
 def prepare_checkpoints(folder: Path, fingerprint: str) -> None:
@@ -459,11 +457,17 @@ def _losses(history: list[dict[str, Any]], key: str) -> dict[str, float | None]:
     return {"first": values[0] if values else None, "last": values[-1] if values else None}
 
 
-def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints: Path, inputs_digest: str,
+def cell_inputs(cell: Cell, partitions_dir: Path) -> tuple[Path, ...]:
+    """The folders a cell reads, which its fingerprint digests: its partition only."""
+    return (Path(partitions_dir) / cell.partition,)
+
+
+def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkpoints: Path, inputs_digest: str,
              presearch_cache: dict | None = None) -> dict[str, Any]:
     """Run (or resume) one cell and write its outputs into ``out`` (created): metrics.json, predictions.csv,
     curve.csv (search cells), genotypes.json and cells/party_<j>.png (search cells). Returns the metrics."""
     ss = params.ssvfnas
+    partition = Path(partitions_dir) / cell.partition
     seed_everything(cell.seed, ss.threads)
     data = hold_out(load_partition(partition), ss.retrain.held_out_fraction, params.data.seed)
     if data.parties != cell.parties:
@@ -545,6 +549,12 @@ def run_cell(params: Params, cell: Cell, partition: Path, out: Path, checkpoints
     metrics["hardware"] = machine_fingerprint()
     write_outputs(Path(out), cell, data, metrics, result["predicted"])
     return metrics
+
+
+def headline(metrics: dict[str, Any]) -> str:
+    """A finished cell in a few words, for the stage's progress lines."""
+    eps = metrics["epsilon_total_max"]
+    return f"test accuracy {metrics['test']['accuracy']:.3f}, epsilon {'-' if eps is None else f'{eps:.2f}'}"
 
 
 def write_outputs(out: Path, cell: Cell, data: PartitionData, metrics: dict[str, Any], predicted: torch.Tensor) -> None:

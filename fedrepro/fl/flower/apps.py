@@ -11,46 +11,21 @@ A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FI
 
 from __future__ import annotations
 
-import importlib
-import json
 from pathlib import Path
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedrepro.errors import ConfigError, TrainingDiverged
+from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.flower.client import NodeHandlers
 from fedrepro.fl.flower.server import FlowerServer
-from fedrepro.fl.runtime import CellRecipe
+from fedrepro.fl.recipe import load_recipe
 
 RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "reply-timeout"
 DIVERGED_FILE = "diverged.txt"
 """In the checkpoint folder: the ``TrainingDiverged`` text that stopped the ServerApp (which runs in a process of
 its own: Flower only reports that the run failed)."""
-
-
-def write_recipe_spec(path: str | Path, spec: dict) -> Path:
-    """The file a deployment's apps rebuild the cell from (``CellRecipe.spec``, plus the run's ``fingerprint``,
-    which every process checks against the recipe it rebuilt)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(spec, indent=1, sort_keys=True))
-    return path
-
-
-def load_recipe(path: str | Path) -> CellRecipe:
-    spec = json.loads(Path(path).read_text())
-    module, _, name = str(spec.get("factory", "")).partition(":")
-    if not module or not name:
-        raise ConfigError(f"{path}: factory = {spec.get('factory')!r}: expected 'module:function'")
-    recipe = getattr(importlib.import_module(module), name)(**spec.get("kwargs", {}))
-    if not isinstance(recipe, CellRecipe):
-        raise ConfigError(f"{path}: factory {spec['factory']} returned {type(recipe).__name__}, expected a CellRecipe")
-    if spec.get("fingerprint", recipe.fingerprint) != recipe.fingerprint:
-        raise ConfigError(f"{path}: this machine rebuilds run {recipe.fingerprint[:12]}, the spec is of run "
-                          f"{spec['fingerprint'][:12]}: its code, params or data differ (install the same commit and data)")
-    return recipe
 
 
 server_app = ServerApp()

@@ -27,7 +27,7 @@ from fedrepro.fl.channel import Channel
 from fedrepro.fl.engine import LocalTrainer, score_split
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
-from fedrepro.fl.runtime import CellRecipe
+from fedrepro.fl.recipe import CellRecipe
 
 STATE_KEY, STATE_BYTES = "fedrepro", "node_state"
 CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY = "client-id", "partition-id", "state-dir"

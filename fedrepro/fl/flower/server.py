@@ -30,7 +30,7 @@ from fedrepro.fl.channel import SERVER, upload_problem
 from fedrepro.fl.engine import Engine, FederatedTask
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.node_state import counted_round
-from fedrepro.fl.runtime import CellRecipe
+from fedrepro.fl.recipe import CellRecipe
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.02

@@ -25,7 +25,7 @@ from fedrepro.fl.engine import FederatedTask
 from fedrepro.fl.flower.client import NodeHandlers, client_app
 from fedrepro.fl.flower.node_state import collect_node_states
 from fedrepro.fl.flower.server import FlowerServer
-from fedrepro.fl.runtime import CellRecipe
+from fedrepro.fl.recipe import CellRecipe
 
 CPUS = 2
 OBJECT_STORE_BYTES = 1024 * 2**20

@@ -1,34 +1,38 @@
-"""Assembling one FedMatch-track cell (task + algorithm + runtime) from validated params.
+"""One FedMatch-track cell from validated params: built (task + algorithm + runtime), run, and scored.
 
-Shared by the cell stage, the tests and the benchmarks, so they all build the very same run.
+Shared by the train stage, the tests and the benchmarks, so they all build the very same run.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from fedrepro.config import Params
-from fedrepro.fedmatch.cells import Cell, cell_params
+from fedrepro.fedmatch.cells import Cell, cell_params, history_health
 from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import AlgorithmSettings
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.fl.runtime import CellRecipe, build_runtime
-from fedrepro.io import code_digest
+from fedrepro.fl.recipe import CellRecipe, recipe_spec
+from fedrepro.fl.runtime import build_runtime
+from fedrepro.grid import fingerprint
+from fedrepro.hardware import machine_fingerprint
+from fedrepro.io import write_json
+from fedrepro.metrics.ranking import ranking_metrics, trec_files
+from fedrepro.metrics.summary import overall
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder
-from fedrepro.tasks.qa import QAMatchingTask, load_client_data
+from fedrepro.models.patches import patch_effect, patch_norms
+from fedrepro.tasks.qa import QAMatchingTask, load_client_data, qrels_and_run
 
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed."""
-    payload = {"cell": asdict(cell), "model": params.model.model_dump(), "train": params.train.model_dump(),
-               "fedmatch": params.fedmatch.settings.model_dump(), "inputs": inputs_digest, "code": code_digest()}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": params.train.model_dump(),
+                                             "fedmatch": params.fedmatch.settings.model_dump()})
 
 
 def build_model_factory(params: Params, tokenizer, model: str):
@@ -80,9 +84,7 @@ def cell_task(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path) 
 def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str) -> CellRecipe:
     """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
     mined_dir, tokenizer_dir = Path(mined_dir).resolve(), Path(tokenizer_dir).resolve()
-    spec = {"factory": "fedrepro.runs:spec_recipe", "kwargs": {
-        "params": params.model_dump(mode="json"), "cell": asdict(cell), "mined_dir": str(mined_dir),
-        "tokenizer_dir": str(tokenizer_dir), "inputs_digest": inputs_digest}}
+    spec = recipe_spec("fedrepro.fedmatch.runs:spec_recipe", params, cell, [mined_dir, tokenizer_dir], inputs_digest)
     params = cell_params(params, cell)
     recipe, train = METHODS[cell.method], params.train
     settings = EngineSettings(
@@ -99,9 +101,9 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
     )
 
 
-def spec_recipe(params: dict, cell: dict, mined_dir: str, tokenizer_dir: str, inputs_digest: str) -> CellRecipe:
+def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str) -> CellRecipe:
     """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
-    return cell_recipe(Params.model_validate(params), Cell(**cell), Path(mined_dir), Path(tokenizer_dir), inputs_digest)
+    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest)
 
 
 def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
@@ -109,3 +111,56 @@ def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path,
     """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
     recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest)
     return build_runtime(recipe, cell_params(params, cell).train.runtime, checkpoint_dir, progress)
+
+
+def cell_inputs(cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> tuple[Path, ...]:
+    """The folders a cell reads, which its fingerprint digests: every cell reads every client's mined data."""
+    return mined_dir, tokenizer_dir
+
+
+def parameter_counts(engine: Engine) -> dict[str, int]:
+    """Total, trainable, private (never sent) and uploaded (sent by a client each round it trains) parameters."""
+    params = engine.params
+    return {"total": sum(p.numel() for p in params.values()),
+            "trainable": sum(p.numel() for p in params.values() if p.requires_grad),
+            "private": sum(params[n].numel() for n in engine.private_names),
+            "uploaded": sum(params[n].numel() for n in engine.shared_names) if engine.algorithm.federated else 0}
+
+
+def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, out: Path, checkpoint_dir: Path,
+             inputs_digest: str) -> dict:
+    """Train (or resume) one cell, then score each client's own model on its test candidates and measure how far
+    its private patch (if any) moved from its initial weights; write metrics.json and the TREC files into ``out``
+    (created). Returns the metrics."""
+    engine = build_cell(params, cell, mined_dir, tokenizer_dir, inputs_digest, checkpoint_dir)
+    state = engine.run()
+    (out / "trec").mkdir(parents=True)
+    per_client, norms = {}, {}
+    with torch.no_grad():
+        for client_id, model in engine.client_models():
+            norms[client_id] = patch_norms(model.named_parameters(), engine.initial_private)
+            if norms[client_id]:
+                norms[client_id].update(patch_effect(model, engine.task.candidate_batches(client_id, "valid")))
+            qrels, run = qrels_and_run(engine.task.score(model, client_id, "test"))
+            per_client[client_id] = ranking_metrics(qrels, run)
+            qrels_text, run_text = trec_files(qrels, run, cell.name)
+            (out / "trec" / f"{client_id}.qrels").write_text(qrels_text)
+            (out / "trec" / f"{client_id}.run").write_text(run_text)
+    metrics = {
+        "cell": {"method": cell.method, "seed": cell.seed, "sweep": cell.sweep, "value": cell.value},
+        "history": state.history,
+        "health": history_health(state.history).as_dict(),
+        "test": {"clients": per_client, "overall": overall(per_client)},
+        "channel": engine.channel.summary(),
+        "memory_bytes": engine.memory_bytes(),
+        "parameters": parameter_counts(engine),
+        **({"patch_norms": norms} if any(norms.values()) else {}),
+        "hardware": machine_fingerprint(),
+    }
+    write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def headline(metrics: dict) -> str:
+    """A finished cell in a few words, for the stage's progress lines."""
+    return f"overall test MAP {metrics['test']['overall']['map']:.3f}, MRR {metrics['test']['overall']['mrr']:.3f}"

@@ -1,0 +1,275 @@
+"""The processes of a real Flower deployment on this machine: a SuperLink and one SuperNode per client, TLS with
+certificates generated here (``fedrepro.fl.flower.certificates``), SuperNodes authenticated by key, and ``flwr run``
+against it.
+
+``LocalFederation`` starts and stops the processes (each in its own session; stopping ends them and everything they
+started, so no process outlives the run). Every address is loopback; ports are picked free. The same pieces spread
+over machines are in the README ("The same algorithms on Flower"): the SuperLink's certificate must name its address,
+each SuperNode gets the CA certificate, its own key (registered with ``flwr supernode register``) and its
+``client-id`` / ``state-dir`` node config.
+
+The nodes run each message's ClientApp in a process forked by a warm launcher (``fedrepro.fl.flower.launcher``) that
+has torch and the cell's modules imported already, one at a time per core budget of the cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from fedrepro.errors import FederationError
+from fedrepro.fl.flower import launcher
+from fedrepro.fl.flower.apps import CHECKPOINT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
+from fedrepro.fl.flower.certificates import LOOPBACK, make_certificates
+
+CONNECTION = "fedrepro"
+"""The SuperLink connection's name in the federation's own Flower config (``$FLWR_HOME/config.toml``)."""
+TASK_POLL_SECONDS = "0.2"
+"""How often a SuperExec asks its SuperNode for a message to run (Flower's default: every second)."""
+STATUS_EVERY_SECONDS = 10.0
+"""While the run's checkpoint is not final, ask Flower for the run's status this often (each ask is a CLI process)."""
+APP_TOML = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedrepro-cell"
+version = "1.0.0"
+description = "One fedrepro cell: the engine's algorithms on Flower"
+license = "MIT"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedrepro"
+
+[tool.flwr.app.components]
+serverapp = "fedrepro.fl.flower.apps:server_app"
+clientapp = "fedrepro.fl.flower.apps:client_app"
+
+[tool.flwr.app.config]
+{recipe_key} = "{recipe}"
+{checkpoint_key} = "{checkpoint}"
+{timeout_key} = {timeout}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise FederationError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children first found first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None) -> Path:
+    """The Flower App ``flwr run`` sends: only a pyproject.toml naming ``fedrepro.fl.flower.apps`` and the run config
+    (the recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(APP_TOML.format(
+        recipe_key=RECIPE_KEY, recipe=recipe_spec, checkpoint_key=CHECKPOINT_KEY, checkpoint=checkpoint_dir,
+        timeout_key=REPLY_TIMEOUT_KEY, timeout=float(reply_timeout or 0)))
+    return folder
+
+
+@contextlib.contextmanager
+def stopped_cleanly_on_sigterm() -> Any:
+    """Turn SIGTERM into SystemExit while the federation runs, so a stage killed by DVC or a CI timeout still stops
+    the processes it started (Python's default SIGTERM ends the process without running ``finally``)."""
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+
+# ----- the federation's processes -----------------------------------------------------------------------
+class LocalFederation:
+    """A SuperLink with TLS and SuperNode authentication, and SuperNodes, all on loopback, under ``folder``."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder).resolve()
+        self.home = self.folder / "flwr-home"
+        self.logs = self.folder / "logs"
+        self.port = free_port()
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.exit_codes: dict[str, int | None] = {}
+        """Per stopped process: its exit code if it had ended by itself before ``stop``, else None."""
+        self.certificates: dict[str, Path] = {}
+        self.launcher_socket = Path(tempfile.mkdtemp(prefix="fedrepro-launcher-")) / "socket"
+        """In a short temporary folder: a Unix socket's path may not exceed about 100 bytes."""
+        launcher.shim_script(self.folder / "bin")
+        self.environment = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
+                            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": TASK_POLL_SECONDS,
+                            launcher.SOCKET_ENV: str(self.launcher_socket),
+                            "PATH": os.pathsep.join([str(self.folder / "bin"), str(Path(sys.executable).parent),
+                                                     os.environ.get("PATH", "")])}
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.environment,
+                                   cwd=self.folder, start_new_session=True)
+        log.close()
+        self.processes[name] = process
+        return process
+
+    def flwr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """The Flower CLI against this federation's SuperLink."""
+        result = subprocess.run([str(Path(sys.executable).parent / "flwr"), *args], capture_output=True, text=True,
+                                env=self.environment, cwd=self.folder, timeout=timeout)
+        if check and result.returncode != 0:
+            raise FederationError(f"flwr {' '.join(args)} failed ({result.returncode}): {(result.stdout + result.stderr)[-2000:]}")
+        return result
+
+    def start_superlink(self) -> None:
+        self.certificates = make_certificates(self.folder / "certificates")
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n'
+            f'root-certificates = "{self.certificates["ca"]}"\n')
+        self._spawn("superlink", [
+            "flower-superlink", "--ssl-ca-certfile", str(self.certificates["ca"]),
+            "--ssl-certfile", str(self.certificates["cert"]), "--ssl-keyfile", str(self.certificates["key"]),
+            "--enable-supernode-auth", "--disable-runtime-dependency-installation", "--host", LOOPBACK,
+            "--port", str(self.port)])
+        wait_until(lambda: self.flwr("supernode", "ls", CONNECTION, check=False).returncode == 0, 60,
+                   f"the SuperLink on {self.address}")
+
+    def start_launcher(self, threads: int, preload: list[str]) -> None:
+        """The warm ClientApp launcher (``fedrepro.fl.flower.launcher``) with ``preload`` imported, shared by the nodes
+        of this machine: as many ClientApps at once as its cores fit ClientApps of ``threads`` torch threads."""
+        slots = max(1, (os.cpu_count() or 1) // max(1, threads))
+        self._spawn("launcher", [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(self.launcher_socket), str(slots),
+                                 *preload])
+        wait_until(lambda: self.launcher_socket.exists() or self.processes["launcher"].poll() is not None, 120,
+                   "the ClientApp launcher")
+        if self.processes["launcher"].poll() is not None:
+            raise FederationError(f"the ClientApp launcher failed: see {self.logs / 'launcher.log'}")
+
+    def register(self, public_key: Path) -> None:
+        self.flwr("supernode", "register", str(public_key), CONNECTION)
+
+    def start_supernode(self, name: str, private_key: Path | None, node_config: dict[str, str], tls: bool = True,
+                        max_wait: float | None = None) -> subprocess.Popen:
+        """A SuperNode named ``name``; ``private_key`` authenticates it (None: none), ``tls=False`` tries plain HTTP."""
+        config = " ".join(f"{key}='{value}'" for key, value in node_config.items())
+        command = ["flower-supernode", "--superlink", self.address, "--node-config", config, "--host", LOOPBACK,
+                   "--port", str(free_port())]
+        command += ["--root-certificates", str(self.certificates["ca"])] if tls else ["--insecure"]
+        if private_key is not None:
+            command += ["--auth-supernode-private-key", str(private_key)]
+        if max_wait is not None:
+            command += ["--max-wait-time", str(max_wait)]
+        return self._spawn(f"supernode-{name}", command)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 15) -> None:
+        """End a process and everything it started (its SuperExec, ServerApp or ClientApp processes)."""
+        process = self.processes.pop(name)
+        self.exit_codes[name] = process.poll()
+        family = [process.pid, *_descendants(process.pid)]
+        family += launcher.children_of(self.launcher_socket, set(family))  # its ClientApps, forked by the launcher
+        for pid in family:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait()
+
+    def stop_all(self) -> None:
+        """SuperNodes first, then the launcher (and any ClientApp still running), the SuperLink last."""
+        last = [name for name in ("launcher", "superlink") if name in self.processes]
+        for name in [n for n in self.processes if n not in last] + last:
+            self.stop(name)
+        shutil.rmtree(self.launcher_socket.parent, ignore_errors=True)
+
+    def __enter__(self) -> "LocalFederation":
+        try:
+            self.start_superlink()
+        except BaseException:
+            self.stop_all()  # a SuperLink that never answered still runs, and the launcher's folder exists
+            raise
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop_all()
+
+    def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None,
+                looks_done: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+        """``flwr run`` the cell's app; wait until the run is over; return its entry of ``flwr ls``. Flower is asked
+        for the run's status when ``looks_done()`` (say, the last checkpoint is there), else every few seconds."""
+        app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout)
+        started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
+        run_id = str(started["run-id"])
+        asked = time.monotonic()
+
+        def status() -> str:
+            listing = json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout)
+            return listing["runs"][0]["status"]
+
+        def finished() -> bool:
+            nonlocal asked
+            if not looks_done() and time.monotonic() - asked < STATUS_EVERY_SECONDS:
+                return False
+            asked = time.monotonic()
+            return status().startswith("finished")
+
+        wait_until(finished, timeout, f"Flower run {run_id}")
+        run = json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout)["runs"][0]
+        if run["status"] != "finished:completed":
+            log = self.flwr("log", run_id, CONNECTION, "--show", check=False)
+            raise FederationError(f"Flower run {run_id} ended {run['status']}: {(log.stdout + log.stderr)[-3000:]}")
+        return run

@@ -1,0 +1,79 @@
+"""A cell's recipe: what every side of a federation needs to rebuild the very same task, algorithm and settings
+in its own process.
+
+The engine builds a recipe once; on Flower the server and every node build it again (no model or state is
+shipped to them), so an algorithm that runs in the engine runs on Flower unchanged. A process that shares
+nothing with the one that made the recipe (a deployment's ServerApp and ClientApps) rebuilds it from its JSON
+spec (``recipe_spec``, ``write_recipe_spec``, ``load_recipe``). Its own module, so the runtimes and the Flower
+apps that all take a recipe do not import each other through it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fedrepro.errors import ConfigError
+from fedrepro.fl.algorithm import Algorithm, AlgorithmSettings
+from fedrepro.fl.algorithms import build_algorithm
+from fedrepro.fl.engine import EngineSettings, FederatedTask
+from fedrepro.seeding import seed_everything
+
+
+@dataclass(frozen=True)
+class CellRecipe:
+    """Everything that shapes one training run, in a form another process can rebuild it from.
+
+    ``build_task`` must be picklable (a module-level function, or a ``functools.partial`` of one with
+    picklable arguments and absolute paths): Flower's simulation sends the recipe to its Ray workers.
+    """
+
+    build_task: Callable[[], FederatedTask]
+    algorithm: str
+    algorithm_settings: AlgorithmSettings
+    settings: EngineSettings
+    fingerprint: str
+    """Changes whenever anything that shapes the run changes; checkpoints and node states carry it."""
+    threads: int
+    """torch threads in every process that trains or aggregates (reduction order, and so the bits, depend on it)."""
+    spec: dict | None = None
+    """How a process that shares nothing with this one rebuilds the recipe: ``{"factory": "module:function",
+    "kwargs": {...}}`` in JSON, ``factory(**kwargs)`` returning an equal recipe (a deployment's apps need it)."""
+
+    def build(self) -> tuple[FederatedTask, Algorithm]:
+        """Seed this process as the engine's cells always have, then build the task and the algorithm."""
+        seed_everything(self.settings.seed, self.threads)
+        return self.build_task(), build_algorithm(self.algorithm, self.algorithm_settings)
+
+
+def recipe_spec(factory: str, params: Any, cell: Any, folders: list[Path], inputs_digest: str) -> dict:
+    """A paper's recipe as JSON: ``factory`` ("module:function") is called with the params, the cell, the
+    (absolute) input folders and the inputs' digest, each as JSON, and returns the recipe again."""
+    return {"factory": factory, "kwargs": {"params": params.model_dump(mode="json"), "cell": asdict(cell),
+                                           "folders": [str(f) for f in folders], "inputs_digest": inputs_digest}}
+
+
+def write_recipe_spec(path: str | Path, spec: dict) -> Path:
+    """The file a deployment's apps rebuild the cell from (``CellRecipe.spec``, plus the run's ``fingerprint``,
+    which every process checks against the recipe it rebuilt)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec, indent=1, sort_keys=True))
+    return path
+
+
+def load_recipe(path: str | Path) -> CellRecipe:
+    spec = json.loads(Path(path).read_text())
+    module, _, name = str(spec.get("factory", "")).partition(":")
+    if not module or not name:
+        raise ConfigError(f"{path}: factory = {spec.get('factory')!r}: expected 'module:function'")
+    recipe = getattr(importlib.import_module(module), name)(**spec.get("kwargs", {}))
+    if not isinstance(recipe, CellRecipe):
+        raise ConfigError(f"{path}: factory {spec['factory']} returned {type(recipe).__name__}, expected a CellRecipe")
+    if spec.get("fingerprint", recipe.fingerprint) != recipe.fingerprint:
+        raise ConfigError(f"{path}: this machine rebuilds run {recipe.fingerprint[:12]}, the spec is of run "
+                          f"{spec['fingerprint'][:12]}: its code, params or data differ (install the same commit and data)")
+    return recipe

@@ -1,0 +1,14 @@
+"""SS-VFNAS's methods: the rows of its main table, each a search rule with or without the self-supervised pre-search,
+and the hand-designed baseline they are compared with.
+
+Plain names that import nothing, so the params (``fedrepro.config``) can check a run's lists against them.
+"""
+
+METHODS = {
+    "vfnas1": ("darts", False),
+    "vfnas2": ("milenas", False),
+    "ss_vfnas1": ("darts", True),
+    "ss_vfnas2": ("milenas", True),
+}
+"""method -> (search rule, MoCo v2 pre-search first)"""
+BASELINE = "hand_designed"
