@@ -13,7 +13,7 @@ the server sends goes in its state or ``server_extras``. ``tests/test_flower.py`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -59,6 +59,34 @@ class ClientUpdate:
     client_id: str
     tensors: dict[str, torch.Tensor]
     num_samples: int
+
+
+class FederatedTask(Protocol):
+    """What the engine and the algorithms need from a task (QA matching, relation extraction, ...). A task subclasses
+    it, so the members after ``evaluate``, which only some tasks have a use for, default for the others. (It sits here
+    beside ``TaskOutput`` rather than in engine.py so a task module imports no more of the engine than it uses.)"""
+
+    client_ids: list[str]
+    evaluates_global_model: bool = False
+    """True: scored as the server's (or the pooled) model on one global set, not as each client's model on its own."""
+
+    def build_model(self) -> nn.Module: ...
+
+    def num_train_samples(self, client_ids: Sequence[str]) -> int: ...
+
+    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator) -> Iterable[Any]: ...
+
+    def forward(self, model: nn.Module, batch: Any) -> TaskOutput: ...
+
+    def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]: ...
+
+    def label_counts(self, client_id: str) -> torch.Tensor:
+        """Training samples per class on one client (FedRS and FedLC scale logits by these)."""
+        raise NotImplementedError(f"{type(self).__name__} has no class labels to count (FedRS and FedLC need them)")
+
+    def diagnose_round(self, updates: list[ClientUpdate]) -> dict[str, Any] | None:
+        """What the round's record should show about this round's uploads (before aggregation); None: nothing."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from fedrepro.config import RUNTIMES
 from fedrepro.errors import ConfigError
-from fedrepro.fl.algorithm import Algorithm, AlgorithmSettings
+from fedrepro.fl.algorithm import Algorithm, AlgorithmSettings, FederatedTask
 from fedrepro.fl.algorithms import build_algorithm
-from fedrepro.fl.engine import Engine, EngineSettings, FederatedTask
+from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.seeding import seed_everything
 
 

@@ -39,10 +39,10 @@ from cryptography.x509.oid import NameOID
 from tqdm.auto import tqdm
 
 from fedrepro.errors import FederationError, TrainingDiverged
-from fedrepro.fl.algorithm import Algorithm
+from fedrepro.fl.algorithm import Algorithm, FederatedTask
 from fedrepro.fl.channel import Message
 from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
-from fedrepro.fl.engine import Engine, FederatedTask
+from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.apps import CHECKPOINT_KEY, DIVERGED_FILE, RECIPE_KEY, REPLY_TIMEOUT_KEY, write_recipe_spec
 from fedrepro.fl.flower.node_state import collect_node_states
