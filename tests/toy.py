@@ -7,7 +7,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fedrepro.fl.algorithm import FederatedTask, TaskOutput
+from fedrepro.fl.algorithm import Algorithm, CommonSettings, FederatedTask, TaskOutput
+from fedrepro.fl.algorithms import REGISTRY, build_algorithm
+
+
+def make_algorithm(name: str, weighting: str = "uniform", seed: int = 0, **knobs) -> Algorithm:
+    """``name`` built as a paper's runs build it: its own knobs (its ``Settings``) plus the common settings."""
+    return build_algorithm(name, REGISTRY[name].Settings(**knobs), CommonSettings(weighting=weighting, seed=seed))
 
 
 class ToyModel(nn.Module):

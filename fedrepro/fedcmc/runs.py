@@ -14,7 +14,8 @@ from pathlib import Path
 from fedrepro.config import Params
 from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import Cell
-from fedrepro.fl.algorithm import AlgorithmSettings
+from fedrepro.fl import algorithms
+from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.fl.runtime import CellRecipe, build_runtime
 from fedrepro.io import code_digest, read_json, read_table
@@ -27,7 +28,8 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes; a checkpoint of another run is never resumed."""
     payload = {"cell": asdict(cell), "settings": params.fedcmc.settings.model_dump(), "tiny": params.model.tiny.model_dump(),
                "train": {k: getattr(params.train, k) for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime")},
-               "inputs": inputs_digest, "code": code_digest()}
+               "inputs": inputs_digest, "code": code_digest(),
+               "algorithm": algorithm_settings(params, cell).model_dump(mode="json")}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -38,14 +40,10 @@ def relation_tokenizer(params: Params, tokenizer_dir: Path):
     return tokenizer
 
 
-def algorithm_settings(params: Params, cell: Cell) -> AlgorithmSettings:
-    s = params.fedcmc.settings
-    return AlgorithmSettings(
-        weighting="size", fedprox_mu=s.fedprox_mu, seed=cell.seed, fedcmc_mu=s.fedcmc_mu,
-        fedcmc_temperature=s.fedcmc_temperature, fedcmc_vectors=cell.vectors, moon_mu=s.moon_mu,
-        moon_temperature=s.moon_temperature, moon_projection_dim=s.moon_projection_dim, fedrs_alpha=s.fedrs_alpha,
-        fedrs_mask=s.fedrs_mask, fedlc_tau=s.fedlc_tau,
-    )
+def algorithm_settings(params: Params, cell: Cell) -> Algorithm.Settings:
+    """The cell's algorithm knobs (params.yaml ``algorithms``); FedCMC's vectors are the cell's (Fig 4 sweeps them)."""
+    per_cell = {"vectors": cell.vectors} if cell.method == "fedcmc" else {}
+    return algorithms.algorithm_settings(cell.method, params.algorithms, **per_cell)
 
 
 def build_relation_task(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path) -> RelationTask:
@@ -82,7 +80,8 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
         "inputs_digest": inputs_digest}}
     return CellRecipe(
         build_task=functools.partial(build_relation_task, params, cell, *folders), algorithm=cell.method,
-        algorithm_settings=algorithm_settings(params, cell), settings=engine_settings,
+        algorithm_settings=algorithm_settings(params, cell), common=CommonSettings(weighting="size", seed=cell.seed),
+        settings=engine_settings,
         fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
     )
 
