@@ -111,7 +111,7 @@ class Algorithm:
 
     class Settings(BaseModel):
         """The algorithm's own knobs, read from params.yaml's ``algorithms.<name>`` entry; a subclass declares its
-        own, validated (and frozen) like every other param, so a wrong knob fails before any work."""
+        own, validated (and frozen) like every other param, so a wrong knob stops a stage before its first cell."""
 
         model_config = ConfigDict(extra="forbid", frozen=True)
         set_per_cell: ClassVar[dict[str, str]] = {}
