@@ -125,7 +125,6 @@ class TrainParams(_Strict):
     batch_size: int = Field(ge=1)
     warmup_fraction: float = Field(ge=0, lt=1)
     max_grad_norm: float = Field(gt=0)
-    fedprox_mu: float = Field(ge=0)
     eval_every: int = Field(ge=0, description="rounds between validation MAP/MRR; 0 = none")
     threads: int = Field(ge=1)
     precision: Literal["fp32", "bf16", "auto"] = Field(
@@ -149,8 +148,6 @@ class FedMatchSettings(_Strict):
     patch_heads: int = Field(ge=1, description="attention heads of a PAL patch")
     shared_layers: int | None = Field(ge=0, description="bottom encoder layers shared; the rest private; null = all")
     clients_sampled: int = Field(ge=1, description="k clients per round for the _cs methods")
-    cover_queries: int = Field(ge=1, description="generated cover questions sent with each real question (CoverQuery)")
-    lg_local_layers: int | None = Field(ge=0, description="LG-FedAvg: bottom encoder layers kept local; null = half")
     matcher_dim: int = Field(ge=4, description="embedding and hidden size of RE2 and ESIM")
     matcher_lr: float = Field(gt=0, description="learning rate of RE2 and ESIM, trained from scratch (BERT's is train.lr)")
     pooling: Literal["cls", "mean"] = Field(description="the cross-encoder's pair state: [CLS] (the paper) or the masked "
@@ -209,15 +206,6 @@ class FedCMCSettings(_Strict):
     max_train_sentences: int = Field(ge=0, description="seeded sample of each corpus's training split, label mix kept; 0 = all")
     max_eval_sentences: int = Field(ge=0, description="the same for its valid and test splits; 0 = all")
     negative_labels: list[str] = Field(description="no-relation labels, left out of micro/macro-F1")
-    fedprox_mu: float = Field(ge=0)
-    fedcmc_mu: float = Field(ge=0, description="weight of the contrastive term (not given in the paper)")
-    fedcmc_temperature: float = Field(gt=0, description="temperature of the contrastive term (not given in the paper)")
-    moon_mu: float = Field(ge=0)
-    moon_temperature: float = Field(gt=0)
-    moon_projection_dim: int = Field(ge=0)
-    fedrs_alpha: float = Field(ge=0, le=1)
-    fedrs_mask: bool
-    fedlc_tau: float = Field(ge=0)
 
     def local_work(self) -> str:
         """What a client does between two aggregations, as the reports' setup lines say it."""
@@ -372,6 +360,9 @@ class Params(_Strict):
     mine: MineParams
     model: ModelParams
     train: TrainParams
+    algorithms: dict[str, dict[str, Any]] = Field(
+        description="each algorithm's own knobs, {name: {knob: value}}; checked against the algorithm's Settings "
+                    "(fedrepro/fl/algorithms/<name>.py) when a training stage builds its cells")
     fedmatch: FedMatchParams
     fedcmc: FedCMCParams
     ssvfnas: SSVFNASParams
@@ -463,9 +454,10 @@ def _fill(target: dict[str, Any], presets: dict[str, Any], where: str) -> None:
             _fill(target[key], value, f"{where}.{key}")
 
 
-def _one_line(error: ValidationError) -> str:
+def one_line(error: ValidationError, prefix: str = "") -> str:
+    """The first problem of ``error`` in one line, its key under ``prefix`` (the group a model validated)."""
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"])
+    key = ".".join(([prefix] if prefix else []) + [str(part) for part in first["loc"]])
     if first["type"] == "missing":
         return f"params: {key} is missing"
     if first["type"] == "extra_forbidden":
@@ -483,7 +475,7 @@ def parse_params(raw: dict[str, Any]) -> Params:
     try:
         return Params.model_validate(filled)
     except ValidationError as error:
-        raise ConfigError(_one_line(error)) from None
+        raise ConfigError(one_line(error)) from None
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fedrepro.errors import TrainingDiverged  # noqa: E402
-from fedrepro.fl.algorithm import AlgorithmSettings  # noqa: E402
+from fedrepro.fl.algorithm import CommonSettings  # noqa: E402
 from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
@@ -47,6 +47,10 @@ KILL_ROUNDS, REPLY_TIMEOUT = 10, 20.0
 FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
 CRASHES, DIVERGES = "c", "a"
 """In the fault cases: round 1 samples c (whose node fails) but not a, round 2 samples a (whose training diverges)."""
+KNOBS = {"fedprox": {"mu": 0.1}, "fedmatch": {"patch": PatchSpec("horizontal", "lr", size=8)},
+         "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8}, "fedcmc": {"mu": 1.0, "temperature": 0.5},
+         "fedrs": {"alpha": 0.5, "mask": False}, "fedlc": {"tau": 1.0}, "lg_fedavg": {"local_layers": None}}
+"""Every knob of every algorithm switched on, so each hook does real work."""
 
 
 def federated_algorithms() -> list[str]:
@@ -60,10 +64,8 @@ def all_cases() -> list[str]:
 
 
 def recipe(case: str, rounds: int = 2) -> CellRecipe:
-    """Every knob of every algorithm switched on, so each hook does real work; 2 of 3 clients per round."""
+    """The algorithm with its ``KNOBS``; 2 of 3 clients per round."""
     family, algorithm = case.removeprefix("deploy-").removeprefix("kill-").split("/")
-    knobs = AlgorithmSettings(weighting="size", fedprox_mu=0.1, patch=PatchSpec("horizontal", "lr", size=8), moon_mu=1.0,
-                              moon_projection_dim=8, fedcmc_mu=1.0, fedcmc_temperature=0.5, seed=0)
     relation = family in ("relation", "resume")
     settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=2, lr=1e-3, batch_size=8 if relation else 4,
                               warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
@@ -71,7 +73,9 @@ def recipe(case: str, rounds: int = 2) -> CellRecipe:
     build = relation_task if relation else functools.partial(ToyQATask, QA_SIZES)
     if family == "faults":
         build = functools.partial(FaultyNodesTask, QA_SIZES, CRASHES, DIVERGES)
-    return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs, settings=settings,
+    knobs = REGISTRY[algorithm].Settings(**KNOBS.get(algorithm, {}))
+    return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs,
+                      common=CommonSettings(weighting="size", seed=0), settings=settings,
                       fingerprint=f"{case}-{rounds}", threads=1,
                       spec={"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}})
 

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from fedrepro.errors import TrainingDiverged
-from fedrepro.fl.algorithm import AlgorithmSettings, ClientUpdate, LocalContext, TaskOutput
-from fedrepro.fl.algorithms import build_algorithm
+from fedrepro.fl.algorithm import ClientUpdate, CommonSettings, LocalContext, TaskOutput
 from fedrepro.fl.algorithms.fedavg import FedAvg
+from fedrepro.fl.algorithms.fedcmc import FedCMC
 from fedrepro.fl.algorithms.scaffold import Scaffold
 from fedrepro.fl.channel import SERVER, Channel, upload_problem
 from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
 from fedrepro.io import write_json
 from scaffold_invariant import control_variate_gap, largest_control
-from toy import ToyTask
+from toy import ToyTask, make_algorithm
 
 SIZES = {"a": 40, "b": 20, "c": 8}
 
@@ -24,7 +24,7 @@ def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, see
     torch.use_deterministic_algorithms(True)
     settings = EngineSettings(rounds=rounds, local_epochs=local_epochs, clients_per_round=clients_per_round, lr=0.01,
                               batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
-    chosen = build_algorithm(algorithm, AlgorithmSettings(weighting=weighting, fedprox_mu=mu))
+    chosen = make_algorithm(algorithm, weighting, **({"mu": mu} if algorithm == "fedprox" else {}))
     return Engine(ToyTask(SIZES), chosen, settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{seed}-{rounds}",
                   progress=False, **kwargs)
 
@@ -32,8 +32,8 @@ def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, see
 def test_uniform_and_size_weighted_average():
     updates = [ClientUpdate("a", {"w": torch.tensor([1.0, 2.0])}, 30), ClientUpdate("b", {"w": torch.tensor([3.0, 6.0])}, 10)]
     base = {"w": torch.zeros(2)}
-    uniform = build_algorithm("fedavg", AlgorithmSettings(weighting="uniform")).aggregate(base, updates)
-    sized = build_algorithm("fedavg", AlgorithmSettings(weighting="size")).aggregate(base, updates)
+    uniform = make_algorithm("fedavg", "uniform").aggregate(base, updates)
+    sized = make_algorithm("fedavg", "size").aggregate(base, updates)
     assert torch.allclose(uniform["w"], torch.tensor([2.0, 4.0]))
     assert torch.allclose(sized["w"], torch.tensor([0.75 * 1 + 0.25 * 3, 0.75 * 2 + 0.25 * 6]))
 
@@ -106,7 +106,7 @@ def test_fedprox_adds_the_proximal_term():
     received = {name: (p.detach() + 1.0) for name, p in model.named_parameters()}
     loss = torch.tensor(0.5)
     context = LocalContext(0, "a", received)
-    objective = build_algorithm("fedprox", AlgorithmSettings(fedprox_mu=0.2)).local_objective(model, TaskOutput(loss), context)
+    objective = make_algorithm("fedprox", mu=0.2).local_objective(model, TaskOutput(loss), context)
     n_params = sum(p.numel() for p in model.parameters())
     assert objective.item() == pytest.approx(0.5 + 0.5 * 0.2 * n_params)
 
@@ -155,7 +155,7 @@ def test_steps_per_epoch_gives_every_client_the_same_local_steps(tmp_path, monke
     monkeypatch.setattr(task, "train_batches", lambda ids, generator: passes.append(ids[0]) or original(ids, generator))
     settings = EngineSettings(rounds=2, local_epochs=2, steps_per_epoch=3, clients_per_round=0, lr=0.01, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0, eval_every=0)
-    engine = Engine(task, build_algorithm("fedavg", AlgorithmSettings(weighting="size")), settings, tmp_path / "ckpt",
+    engine = Engine(task, make_algorithm("fedavg", "size"), settings, tmp_path / "ckpt",
                     fingerprint="steps", progress=False)
     assert {c: engine.trainer.steps_per_round(c) for c in SIZES} == {"a": 6, "b": 6, "c": 6}
     steps = []
@@ -198,9 +198,36 @@ def test_a_checkpoint_from_other_settings_is_not_resumed(tmp_path):
     make_engine(tmp_path, rounds=2).run()
     settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask(SIZES), build_algorithm("fedavg", AlgorithmSettings()), settings, tmp_path / "ckpt",
+    engine = Engine(ToyTask(SIZES), make_algorithm("fedavg"), settings, tmp_path / "ckpt",
                     fingerprint="something else", progress=False)
     assert engine.state.next_round == 0
+
+
+@pytest.mark.parametrize("entries,message", [
+    ({"moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8, "muu": 1.0}}, "params: algorithms.moon.muu is not a known key"),
+    ({"moon": {"mu": 1.0, "projection_dim": 8}}, "params: algorithms.moon.temperature is missing"),
+    ({"fedrs": {"alpha": 2, "mask": False}}, "params: algorithms.fedrs.alpha = 2: Input should be less than or equal to 1"),
+    ({"fedfoo": {}}, "params: algorithms.fedfoo names no registered algorithm"),
+    ({"fedcmc": {"mu": 1.0, "temperature": 0.5, "vectors": "minor"}},
+     "params: algorithms.fedcmc.vectors is set for each cell from fedcmc.sweeps.vectors"),
+])
+def test_a_wrong_algorithm_knob_names_its_key_whichever_algorithm_the_cell_runs(entries, message):
+    """Every entry of the algorithms group is checked when any cell is built, so the first cell of a stage stops it."""
+    from fedrepro.errors import ConfigError
+    from fedrepro.fl.algorithms import algorithm_settings
+
+    with pytest.raises(ConfigError) as error:
+        algorithm_settings("fedavg", entries)
+    assert str(error.value).startswith(message)
+
+
+def test_a_cell_sets_the_knobs_a_figure_sweeps_over_the_params_entry():
+    from fedrepro.fl.algorithms import algorithm_settings
+
+    entries = {"fedcmc": {"mu": 0.3, "temperature": 0.5}}
+    assert algorithm_settings("fedcmc", entries) == FedCMC.Settings(mu=0.3, temperature=0.5, vectors="major")
+    assert algorithm_settings("fedcmc", entries, vectors="none").vectors == "none"
+    assert algorithm_settings("fedavg", entries) == FedAvg.Settings()
 
 
 def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
@@ -220,9 +247,12 @@ def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
     assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "other inputs")
     changed = params.model_copy(update={"train": params.train.model_copy(update={"lr": 0.123})})
     assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
-    settings = params.fedmatch.settings.model_copy(update={"cover_queries": 7})
+    settings = params.fedmatch.settings.model_copy(update={"matcher_dim": 7})
     changed = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
     assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
+    knob = params.model_copy(update={"algorithms": {**params.algorithms, "fedprox": {"mu": 0.5}}})
+    assert runs.run_fingerprint(knob, Cell("fedprox", 0), "inputs") != runs.run_fingerprint(params, Cell("fedprox", 0), "inputs")
+    assert runs.run_fingerprint(knob, Cell("fedavg", 0), "inputs") == base, "another algorithm's knob leaves this run as it was"
     monkeypatch.setattr(grid, "code_digest", lambda: "edited code")
     assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
 
@@ -269,7 +299,8 @@ class NanUploadFedAvg(FedAvg):
 def test_the_engine_refuses_a_non_finite_upload_and_records_it_as_that_clients_miss(tmp_path):
     settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask(SIZES), NanUploadFedAvg(AlgorithmSettings()), settings, tmp_path, "nan-upload", progress=False)
+    engine = Engine(ToyTask(SIZES), NanUploadFedAvg(FedAvg.Settings(), CommonSettings()), settings, tmp_path, "nan-upload",
+                    progress=False)
     engine.run()
     for record in engine.state.history:
         assert record["clients"] == ["a", "c"]
@@ -291,7 +322,7 @@ class NanClientTask(ToyTask):
 def test_a_client_whose_own_training_goes_non_finite_stops_the_run_naming_client_round_and_step(tmp_path):
     settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(NanClientTask(SIZES), build_algorithm("fedavg", AlgorithmSettings()), settings, tmp_path,
+    engine = Engine(NanClientTask(SIZES), make_algorithm("fedavg"), settings, tmp_path,
                     "nan-training", progress=False)
     with pytest.raises(TrainingDiverged, match=r"client c diverged in round 1 at local step 1 of 1 \(schedule step 1 "
                                                r"of 2\): training loss nan"):
@@ -302,7 +333,7 @@ def test_a_client_whose_own_training_goes_non_finite_stops_the_run_naming_client
 def test_a_client_without_training_batches_trains_nothing_and_the_round_loss_is_over_the_others(tmp_path):
     settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask({"a": 16, "empty": 0}), build_algorithm("fedavg", AlgorithmSettings(weighting="size")),
+    engine = Engine(ToyTask({"a": 16, "empty": 0}), make_algorithm("fedavg", "size"),
                     settings, tmp_path, "empty-client", progress=False)
     result = engine.trainer.client_round(0, "empty", engine.state.global_weights, {})
     assert result.train_loss is None and result.num_samples == 0
@@ -333,7 +364,7 @@ class NanScoreTask(ToyTask):
 def test_the_checkpoint_state_is_strict_json_with_null_for_what_is_no_number(tmp_path):
     settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=1, lr=0.01, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(NanScoreTask({"a": 16, "b": 8, "empty": 0}), build_algorithm("fedavg", AlgorithmSettings()), settings,
+    engine = Engine(NanScoreTask({"a": 16, "b": 8, "empty": 0}), make_algorithm("fedavg"), settings,
                     tmp_path, "nan-scores", progress=False)
     engine.run()
 
@@ -363,7 +394,7 @@ def test_a_client_whose_upload_was_refused_keeps_the_state_it_started_the_round_
     of every c_k (b keeping the c_b of a refused round broke it), as on a Flower node (test_flower)."""
     settings = EngineSettings(rounds=3, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
                               warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask(SIZES), RefusedOnceScaffold(AlgorithmSettings()), settings, tmp_path, "refused-once",
+    engine = Engine(ToyTask(SIZES), RefusedOnceScaffold(Scaffold.Settings(), CommonSettings()), settings, tmp_path, "refused-once",
                     progress=False)
     gaps = []
     engine.on_round_end = lambda record: gaps.append(

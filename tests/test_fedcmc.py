@@ -11,8 +11,7 @@ import torch
 
 from fedrepro.data.label_skew import partition_corpus
 from fedrepro.data.relation import synthetic_relations
-from fedrepro.fl.algorithm import AlgorithmSettings, TaskOutput
-from fedrepro.fl.algorithms import build_algorithm
+from fedrepro.fl.algorithm import TaskOutput
 from fedrepro.fl.algorithms.fedcmc import MAJOR_VECTORS, choose_clients, contrastive_loss
 from fedrepro.fl.algorithms.fedlc import calibration
 from fedrepro.fl.algorithms.fedrs import restricted_scale
@@ -23,6 +22,7 @@ from fedrepro.fl.engine import GLOBAL, Engine, EngineSettings
 from fedrepro.models.backbone import build_encoder, train_wordpiece
 from fedrepro.models.relation import CLASSIFIER, RelationClassifier, add_entity_markers, local_average_similarity
 from fedrepro.tasks.relation import RelationTask, encode_marked
+from toy import make_algorithm
 
 TINY = {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}
 
@@ -48,8 +48,8 @@ def make_task(corpus, tokenizer, clients=3, alpha=0.5, negative=()):
     return RelationTask(corpus.table, assignment, corpus.classes, negative, tokenizer, build, 64, 8)
 
 
-def run_engine(task, method, tmp_path, rounds=2, **settings):
-    algorithm = build_algorithm(method, AlgorithmSettings(weighting="size", **settings))
+def run_engine(task, method, tmp_path, rounds=2, **knobs):
+    algorithm = make_algorithm(method, "size", **knobs)
     engine_settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=0, lr=1e-3, batch_size=8,
                                      warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_splits=("valid", "test"))
     engine = Engine(task, algorithm, engine_settings, tmp_path / method, f"fp-{method}", progress=False)
@@ -135,7 +135,7 @@ def test_fedrs_and_fedlc_losses_use_the_clients_own_counts(corpus, tokenizer):
     context = type("Context", (), {"client_id": client})()
     counts = task.label_counts(client)
     for name, adjusted in (("fedrs", logits * restricted_scale(counts, 0.5, False)), ("fedlc", logits - calibration(counts, 1.0))):
-        algorithm = build_algorithm(name, AlgorithmSettings(fedrs_alpha=0.5, fedlc_tau=1.0))
+        algorithm = make_algorithm(name, **{"fedrs": {"alpha": 0.5, "mask": False}, "fedlc": {"tau": 1.0}}[name])
         algorithm.prepare_task(task, None, 0)
         expected = torch.nn.functional.cross_entropy(adjusted, targets)
         assert algorithm.local_objective(None, output, context).item() == pytest.approx(expected.item(), abs=1e-6)
@@ -146,7 +146,7 @@ def test_fedrs_and_fedlc_losses_use_the_clients_own_counts(corpus, tokenizer):
 def test_fedcmc_sends_only_the_major_vectors_beyond_fedavg(corpus, tokenizer, tmp_path):
     task = make_task(corpus, tokenizer)
     fedavg = run_engine(task, "fedavg", tmp_path)
-    fedcmc = run_engine(task, "fedcmc", tmp_path, fedcmc_mu=1.0, fedcmc_temperature=0.5)
+    fedcmc = run_engine(task, "fedcmc", tmp_path, mu=1.0, temperature=0.5)
     model_names = set(fedavg.shared_names)
     assert fedcmc.channel.names_received(SERVER) == model_names == fedavg.channel.names_received(SERVER)
     assert fedcmc.channel.names_sent(SERVER) == model_names | {MAJOR_VECTORS}
@@ -160,7 +160,7 @@ def test_fedcmc_sends_only_the_major_vectors_beyond_fedavg(corpus, tokenizer, tm
 def test_fedcmc_none_is_fedavg(corpus, tokenizer, tmp_path):
     task = make_task(corpus, tokenizer)
     fedavg = run_engine(task, "fedavg", tmp_path)
-    none = run_engine(task, "fedcmc", tmp_path, fedcmc_mu=1.0, fedcmc_vectors="none")
+    none = run_engine(task, "fedcmc", tmp_path, mu=1.0, temperature=1.0, vectors="none")
     for name, value in fedavg.state.global_weights.items():
         assert torch.equal(value, none.state.global_weights[name])
 
@@ -180,7 +180,7 @@ def test_scaffold_sends_variates_and_keeps_its_own(corpus, tokenizer, tmp_path):
 
 def test_moon_previous_model_never_leaves_the_client(corpus, tokenizer, tmp_path):
     task = make_task(corpus, tokenizer)
-    engine = run_engine(task, "moon", tmp_path, moon_mu=1.0, moon_projection_dim=8)
+    engine = run_engine(task, "moon", tmp_path, mu=1.0, temperature=0.5, projection_dim=8)
     everything = {n for m in engine.channel.messages for n in m.names}
     assert not any(n.startswith(PREVIOUS) for n in everything)
     assert engine.channel.names_received(SERVER) == set(engine.shared_names)
@@ -192,7 +192,8 @@ def test_moon_previous_model_never_leaves_the_client(corpus, tokenizer, tmp_path
 @pytest.mark.parametrize("method", ["fedcmc", "scaffold", "moon"])
 def test_a_killed_run_resumes_to_identical_results(corpus, tokenizer, tmp_path, method):
     task = make_task(corpus, tokenizer)
-    knobs = {"fedcmc_mu": 1.0, "moon_mu": 1.0, "moon_projection_dim": 8}
+    knobs = {"fedcmc": {"mu": 1.0, "temperature": 1.0},
+             "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8}}.get(method, {})
     reference = run_engine(task, method, tmp_path / "reference", rounds=3, **knobs)
 
     def crash(record):
@@ -202,7 +203,7 @@ def test_a_killed_run_resumes_to_identical_results(corpus, tokenizer, tmp_path, 
     def engine(on_round_end=None):
         settings = EngineSettings(rounds=3, local_epochs=1, clients_per_round=0, lr=1e-3, batch_size=8,
                                   warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_splits=("valid", "test"))
-        return Engine(task, build_algorithm(method, AlgorithmSettings(weighting="size", **knobs)), settings,
+        return Engine(task, make_algorithm(method, "size", **knobs), settings,
                       tmp_path / "run", "fp", progress=False, on_round_end=on_round_end)
 
     with pytest.raises(KeyboardInterrupt):
@@ -211,3 +212,18 @@ def test_a_killed_run_resumes_to_identical_results(corpus, tokenizer, tmp_path, 
     assert json.dumps(resumed.history, sort_keys=True) == json.dumps(reference.state.history, sort_keys=True)
     for name, value in reference.state.global_weights.items():
         assert torch.equal(value, resumed.global_weights[name])
+
+
+def test_run_fingerprint_follows_the_cells_own_algorithm_knobs():
+    from fedrepro.config import parse_params
+    from fedrepro.fedcmc.cells import Cell
+    from fedrepro.fedcmc.runs import run_fingerprint
+    from test_config import RAW
+
+    params = parse_params(RAW)
+    moon, fedavg = (Cell(m, "synthetic-re", 0.5, 10, 1, 0) for m in ("moon", "fedavg"))
+    changed = params.model_copy(update={"algorithms": {**params.algorithms, "moon": {**params.algorithms["moon"], "mu": 0.5}}})
+    assert run_fingerprint(changed, moon, "inputs") != run_fingerprint(params, moon, "inputs")
+    assert run_fingerprint(changed, fedavg, "inputs") == run_fingerprint(params, fedavg, "inputs")
+    major, minor = (Cell("fedcmc", "synthetic-re", 0.5, 10, 1, 0, vectors=v) for v in ("major", "minor"))
+    assert run_fingerprint(params, minor, "inputs") != run_fingerprint(params, major, "inputs")

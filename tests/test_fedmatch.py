@@ -11,7 +11,7 @@ import yaml
 from fedrepro.config import parse_params
 from fedrepro.fedmatch.cells import Cell, cell_params, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import METHODS
-from fedrepro.fl.algorithm import AlgorithmSettings
+from fedrepro.fl.algorithm import CommonSettings
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.algorithms.coverquery import with_cover_queries
 from fedrepro.fl.channel import SERVER
@@ -19,16 +19,16 @@ from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.models.patches import PatchSpec, patch_norms
 from fedrepro.fedmatch.runs import algorithm_settings
 from test_config import RAW
-from toy import ToyQATask
+from toy import ToyQATask, make_algorithm
 
 SIZES = {"a": 12, "b": 8, "c": 4}
 
 
-def make_engine(tmp_path, algorithm, rounds=2, clients_per_round=0, seed=0, on_round_end=None, **settings):
+def make_engine(tmp_path, algorithm, rounds=2, clients_per_round=0, seed=0, on_round_end=None, **knobs):
     torch.use_deterministic_algorithms(True)
     engine_settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=clients_per_round, lr=0.01,
                                      batch_size=4, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
-    chosen = build_algorithm(algorithm, AlgorithmSettings(**settings))
+    chosen = make_algorithm(algorithm, **knobs)
     return Engine(ToyQATask(SIZES), chosen, engine_settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{rounds}-{seed}",
                   progress=False, on_round_end=on_round_end)
 
@@ -62,7 +62,7 @@ def test_shared_layers_and_released_code_fidelity_widen_the_private_set(tmp_path
 
 
 def test_lg_fedavg_keeps_the_representation_local_and_shares_the_top(tmp_path):
-    engine = make_engine(tmp_path, "lg_fedavg")
+    engine = make_engine(tmp_path, "lg_fedavg", local_layers=None)
     engine.run()
     sent = uploaded_names(engine)
     assert not any(".embeddings." in f".{n}" or "encoder.layer.0." in n for n in sent)
@@ -163,7 +163,7 @@ def test_coverquery_central_trainer_only_sees_covered_questions(tmp_path):
             return task
 
     channel = Channel()
-    central = CoverQuery(AlgorithmSettings(cover_queries=2)).prepare_task(Task(), channel, seed=0)
+    central = CoverQuery(CoverQuery.Settings(cover_queries=2), CommonSettings()).prepare_task(Task(), channel, seed=0)
     assert [m.receiver for m in channel.messages] == [SERVER, SERVER]
     assert channel.names_received(SERVER) == {f"training_triples.{c}" for c in
                                               ("group", "question", "positive_id", "positive", "negative_id", "negative")}
@@ -177,8 +177,10 @@ def test_every_table_method_builds_its_algorithm():
     params = parse_params(RAW)
     for name, method in METHODS.items():
         settings = algorithm_settings(params, name)
-        assert (settings.patch is not None) == (method.algorithm == "fedmatch")
-        assert build_algorithm(method.algorithm, settings).name == method.algorithm
+        assert build_algorithm(method.algorithm, settings, CommonSettings()).name == method.algorithm
+        if method.algorithm == "fedmatch":
+            knobs = params.fedmatch.settings
+            assert settings.patch == PatchSpec(method.insertion, method.structure, knobs.patch_size, knobs.patch_heads)
 
 
 def test_cells_are_named_as_dvc_renders_the_matrix():

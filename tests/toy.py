@@ -7,7 +7,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fedrepro.fl.algorithm import TaskOutput
+from fedrepro.fl.algorithm import Algorithm, CommonSettings, FederatedTask, TaskOutput
+from fedrepro.fl.algorithms import REGISTRY, build_algorithm
+
+
+def make_algorithm(name: str, weighting: str = "uniform", seed: int = 0, **knobs) -> Algorithm:
+    """``name`` built as a paper's runs build it: its own knobs (its ``Settings``) plus the common settings."""
+    return build_algorithm(name, REGISTRY[name].Settings(**knobs), CommonSettings(weighting=weighting, seed=seed))
 
 
 class ToyModel(nn.Module):
@@ -20,7 +26,7 @@ class ToyModel(nn.Module):
         return self.head(self.body(x)).squeeze(-1)
 
 
-class ToyTask:
+class ToyTask(FederatedTask):
     """Each client has its own linear target, so personalised heads really differ."""
 
     def __init__(self, sizes: dict[str, int], batch_size: int = 8) -> None:
@@ -57,7 +63,7 @@ class ToyTask:
         return {"mse": float(((model(x[:16]) - y[:16]) ** 2).mean())}
 
 
-class ToyQATask:
+class ToyQATask(FederatedTask):
     """A tiny answer-selection task on a 2-layer BERT cross-encoder: random token pairs, positives share the
     question's tokens. Small enough for engine tests of patches, private names and resume."""
 

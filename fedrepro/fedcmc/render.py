@@ -104,7 +104,7 @@ def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[
 
 def render_report(params: Params, data: FedCMCResults) -> str:
     """reports/fedcmc/report.md: setup, the tables, the claims and what to read them with, figures."""
-    fc, settings, sw, train = params.fedcmc, params.fedcmc.settings, params.fedcmc.sweeps, params.train
+    fc, settings, sw, train, knobs = params.fedcmc, params.fedcmc.settings, params.fedcmc.sweeps, params.train, params.algorithms
     truncated = max(int(i.get("truncated_train_sentences", 0)) for i in data.info.values())
     scheme = {"dirichlet": "Dirichlet per class (each class's training sentences split among the clients by p_c ~ Dir_K(α))",
               "iid": "IID (uniform)", "quantity": "quantity skew"}[settings.partition]
@@ -144,21 +144,21 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         "the paper evaluates the aggregated model on each dataset's test set. Nothing is selected on the test set; the "
         "per-round test F1 (Figs 3a, 3b) is only reported.",
         "- Deviations and unstated values:",
-        f"  - FedCMC's mu and temperature are not given in the paper: mu = {settings.fedcmc_mu:g}, temperature = "
-        f"{settings.fedcmc_temperature:g} here.",
+        f"  - FedCMC's mu and temperature are not given in the paper: mu = {knobs['fedcmc']['mu']:g}, temperature = "
+        f"{knobs['fedcmc']['temperature']:g} here.",
         "  - FedCMC's round 1 is FedAvg: no classifier vectors exist before the first aggregation.",
         "  - SCAFFOLD runs under Adam like every method here; its variates are the clients' mean raw local gradients "
         "(under plain SGD the same quantity as its option II), and the correction is added before Adam rescales the "
         "gradient; SCAFFOLD's analysis assumes SGD (`fedrepro/fl/algorithms/scaffold.py`).",
-        f"  - MOON (mu {settings.moon_mu:g}, temperature {settings.moon_temperature:g}, projection {settings.moon_projection_dim}): "
+        f"  - MOON (mu {knobs['moon']['mu']:g}, temperature {knobs['moon']['temperature']:g}, projection {knobs['moon']['projection_dim']}): "
         "its classifier stays on the relation features as in every other method, not on top of the projection "
         "(`moon.py`), so only the contrastive term differs.",
-        f"  - FedRS (a = {settings.fedrs_alpha:g}): "
+        f"  - FedRS (a = {knobs['fedrs']['alpha']:g}): "
         + ("the paper's binary present/absent mask, a different method from its author's code"
-           if settings.fedrs_mask else "its author's count-scaled logits n_c / max n * (1 − a) + a, not the binary mask")
+           if knobs["fedrs"]["mask"] else "its author's count-scaled logits n_c / max n * (1 − a) + a, not the binary mask")
         + " (`fedrs.py`).",
-        f"  - FedLC's tau is not given in its paper: tau = {settings.fedlc_tau:g} (`fedlc.py`).",
-        f"  - FedProx mu = {settings.fedprox_mu:g} (not given for this paper).",
+        f"  - FedLC's tau is not given in its paper: tau = {knobs['fedlc']['tau']:g} (`fedlc.py`).",
+        f"  - FedProx mu = {knobs['fedprox']['mu']:g} (not given for this paper).",
         f"- Hardware the cells ran on: {describe([i.get('hardware') for i in data.info.values()])}. The same seed gives the "
         "same bits on the same machine type; another instruction set moves the numbers a little (README, Reproducibility).",
         "",

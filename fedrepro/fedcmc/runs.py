@@ -11,7 +11,8 @@ from pathlib import Path
 from fedrepro.config import Params
 from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import Cell
-from fedrepro.fl.algorithm import AlgorithmSettings
+from fedrepro.fl import algorithms
+from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.fl.recipe import CellRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
@@ -27,7 +28,8 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes; a checkpoint of another run is never resumed."""
     train = {k: getattr(params.train, k) for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime")}
     return fingerprint(cell, inputs_digest, {"settings": params.fedcmc.settings.model_dump(),
-                                             "tiny": params.model.tiny.model_dump(), "train": train})
+                                             "tiny": params.model.tiny.model_dump(), "train": train,
+                                             "algorithm": algorithm_settings(params, cell).model_dump(mode="json")})
 
 
 def relation_tokenizer(params: Params, tokenizer_dir: Path):
@@ -37,14 +39,10 @@ def relation_tokenizer(params: Params, tokenizer_dir: Path):
     return tokenizer
 
 
-def algorithm_settings(params: Params, cell: Cell) -> AlgorithmSettings:
-    s = params.fedcmc.settings
-    return AlgorithmSettings(
-        weighting="size", fedprox_mu=s.fedprox_mu, seed=cell.seed, fedcmc_mu=s.fedcmc_mu,
-        fedcmc_temperature=s.fedcmc_temperature, fedcmc_vectors=cell.vectors, moon_mu=s.moon_mu,
-        moon_temperature=s.moon_temperature, moon_projection_dim=s.moon_projection_dim, fedrs_alpha=s.fedrs_alpha,
-        fedrs_mask=s.fedrs_mask, fedlc_tau=s.fedlc_tau,
-    )
+def algorithm_settings(params: Params, cell: Cell) -> Algorithm.Settings:
+    """The cell's algorithm knobs (params.yaml ``algorithms``); FedCMC's vectors are the cell's (Fig 4 sweeps them)."""
+    per_cell = {"vectors": cell.vectors} if cell.method == "fedcmc" else {}
+    return algorithms.algorithm_settings(cell.method, params.algorithms, **per_cell)
 
 
 def build_relation_task(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path) -> RelationTask:
@@ -79,7 +77,8 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
     spec = recipe_spec("fedrepro.fedcmc.runs:spec_recipe", params, cell, list(folders), inputs_digest)
     return CellRecipe(
         build_task=functools.partial(build_relation_task, params, cell, *folders), algorithm=cell.method,
-        algorithm_settings=algorithm_settings(params, cell), settings=engine_settings,
+        algorithm_settings=algorithm_settings(params, cell), common=CommonSettings(weighting="size", seed=cell.seed),
+        settings=engine_settings,
         fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
     )
 

@@ -83,7 +83,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         + f"{'pairwise hinge loss' if settings.fidelity == 'paper' else 'binary cross-entropy (the released code)'}; Adam, lr {train.lr}, "
         f"{train.warmup_fraction:.0%} warm-up then linear decay, batch {train.batch_size} pairs, {train.precision} training steps.",
         f"- Federation: {train.rounds} rounds x {train.local_epochs} local epoch, all clients each round ({settings.clients_sampled} of "
-        f"{len(clients)} for the _CS rows), {train.weighting} averaging; FedProx mu = {train.fedprox_mu}.",
+        f"{len(clients)} for the _CS rows), {train.weighting} averaging; FedProx mu = {params.algorithms['fedprox']['mu']}.",
         f"- Fidelity `{settings.fidelity}`: " + ("hinge loss; the patch is private, the scoring head shared."
                                                if settings.fidelity == "paper" else "the released code's 2-class cross-entropy; patch and every LayerNorm private."),
         f"- Patch size r = {settings.patch_size}, PAL heads {settings.patch_heads}; shared layers: {settings.shared_layers if settings.shared_layers is not None else 'all'}.",
@@ -109,7 +109,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
     lines += ["## Table 3: FedMatch against the baselines", "",
               "RE2 and ESIM are trained per client from scratch on random word embeddings (no pretrained vectors can be "
               "loaded offline), over the backbone's WordPiece tokens. CoverQuery hides each real question among "
-              f"{settings.cover_queries} generated cover questions before a central trainer sees it "
+              f"{params.algorithms['coverquery']['cover_queries']} generated cover questions before a central trainer sees it "
               "(`fedrepro/fl/algorithms/coverquery.py` says what it is based on). LG-FedAvg keeps the embeddings and the "
               "bottom half of the encoder local. Centralised (pooled data, not private) is an extra reference row: one "
               "round is one sequential pass over every client's triples (sum of N_k / B steps), while a FedAvg round "

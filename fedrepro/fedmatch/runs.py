@@ -13,7 +13,8 @@ import torch
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell, cell_params, history_health
 from fedrepro.fedmatch.methods import METHODS
-from fedrepro.fl.algorithm import AlgorithmSettings
+from fedrepro.fl import algorithms
+from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.fl.recipe import CellRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
@@ -32,7 +33,8 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed."""
     return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": params.train.model_dump(),
-                                             "fedmatch": params.fedmatch.settings.model_dump()})
+                                             "fedmatch": params.fedmatch.settings.model_dump(),
+                                             "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")})
 
 
 def build_model_factory(params: Params, tokenizer, model: str):
@@ -61,16 +63,17 @@ def build_qa_task(params: Params, mined_dir: Path, tokenizer_dir: Path, model: s
                           params.train.batch_size, loss=loss)
 
 
-def algorithm_settings(params: Params, method: str) -> AlgorithmSettings:
+def algorithm_settings(params: Params, method: str) -> Algorithm.Settings:
+    """The method's algorithm knobs (params.yaml ``algorithms``); FedMatch's patch, shared layers and fidelity come
+    from fedmatch.settings, where Figs 5-6 sweep them."""
     from fedrepro.models.patches import PatchSpec
 
     recipe, settings = METHODS[method], params.fedmatch.settings
-    patch = None
+    per_cell = {}
     if recipe.insertion is not None:
-        patch = PatchSpec(recipe.insertion, recipe.structure, settings.patch_size, settings.patch_heads)
-    return AlgorithmSettings(weighting=params.train.weighting, fedprox_mu=params.train.fedprox_mu, patch=patch,
-                             shared_layers=settings.shared_layers, fidelity=settings.fidelity,
-                             lg_local_layers=settings.lg_local_layers, cover_queries=settings.cover_queries)
+        per_cell = {"patch": PatchSpec(recipe.insertion, recipe.structure, settings.patch_size, settings.patch_heads),
+                    "shared_layers": settings.shared_layers, "fidelity": settings.fidelity}
+    return algorithms.algorithm_settings(recipe.algorithm, params.algorithms, **per_cell)
 
 
 def cell_task(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> QAMatchingTask:
@@ -96,7 +99,8 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
     )
     return CellRecipe(
         build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
-        algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method), settings=settings,
+        algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method),
+        common=CommonSettings(weighting=train.weighting), settings=settings,
         fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
     )
 

@@ -1,7 +1,8 @@
 """The hooks an algorithm overrides around the engine's fixed round loop (in the spirit of Flower's strategies).
 
 A new algorithm is a small subclass: it says which parameters stay private, what it adds to the local
-objective, what extra state the server sends, and how the server aggregates. It never copies the loop.
+objective, what extra state the server sends, and how the server aggregates. It never copies the loop. Its own
+knobs are its nested ``Settings``, read from its entry ``algorithms.<name>`` of params.yaml.
 
 Server hooks (``initial_server_state``, ``server_extras``, ``aggregate``, ``round_notes``) and client hooks
 (``local_objective``, ``after_backward``, ``upload``) may run in different processes: on Flower the server
@@ -13,14 +14,14 @@ the server sends goes in its state or ``server_extras``. ``tests/test_flower.py`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 if TYPE_CHECKING:
     from fedrepro.fl.channel import Channel
-    from fedrepro.models.patches import PatchSpec
 
 
 @dataclass
@@ -61,36 +62,42 @@ class ClientUpdate:
     num_samples: int
 
 
+class FederatedTask(Protocol):
+    """What the engine and the algorithms need from a task (QA matching, relation extraction, ...). A task subclasses
+    it, so the members after ``evaluate``, which only some tasks have a use for, default for the others. (It sits here
+    beside ``TaskOutput`` rather than in engine.py so a task module imports no more of the engine than it uses.)"""
+
+    client_ids: list[str]
+    evaluates_global_model: bool = False
+    """True: scored as the server's (or the pooled) model on one global set, not as each client's model on its own."""
+
+    def build_model(self) -> nn.Module: ...
+
+    def num_train_samples(self, client_ids: Sequence[str]) -> int: ...
+
+    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator) -> Iterable[Any]: ...
+
+    def forward(self, model: nn.Module, batch: Any) -> TaskOutput: ...
+
+    def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]: ...
+
+    def label_counts(self, client_id: str) -> torch.Tensor:
+        """Training samples per class on one client (FedRS and FedLC scale logits by these)."""
+        raise NotImplementedError(f"{type(self).__name__} has no class labels to count (FedRS and FedLC need them)")
+
+    def diagnose_round(self, updates: list[ClientUpdate]) -> dict[str, Any] | None:
+        """What the round's record should show about this round's uploads (before aggregation); None: nothing."""
+        return None
+
+
 @dataclass(frozen=True)
-class AlgorithmSettings:
+class CommonSettings:
+    """What a paper's runs decide for whichever algorithm a cell runs (each algorithm's own knobs are its ``Settings``)."""
+
     weighting: str = "uniform"
-    fedprox_mu: float = 0.0
-    patch: PatchSpec | None = None
-    """FedMatch: the private patch injected into the backbone."""
-    shared_layers: int | None = None
-    """FedMatch: bottom encoder layers shared; the layers above are private too (None: all shared)."""
-    fidelity: str = "paper"
-    """FedMatch: ``released_code`` also keeps every LayerNorm private, as the authors' code does."""
-    lg_local_layers: int | None = None
-    """LG-FedAvg: bottom encoder layers (with the embeddings) kept local (None: half of them)."""
-    cover_queries: int = 0
-    """CoverQuery: generated cover questions sent with each real one."""
+    """How the server weights the uploads: ``uniform`` (1/K) or ``size`` (N_k / N)."""
     seed: int = 0
     """Seeds an algorithm's own random choices (FedCMC's random-vector ablation)."""
-    fedcmc_mu: float = 0.0
-    """FedCMC: weight of the contrastive term against the major classifier vectors."""
-    fedcmc_temperature: float = 1.0
-    fedcmc_vectors: str = "major"
-    """FedCMC ablation: which client's vector stands for each class (major | minor | random | none)."""
-    moon_mu: float = 0.0
-    moon_temperature: float = 0.5
-    moon_projection_dim: int = 0
-    """MOON: output size of the projection head on the relation features (0: no head, features used as they are)."""
-    fedrs_alpha: float = 0.5
-    """FedRS: logit scale of a class the client never saw (1 for its most frequent class)."""
-    fedrs_mask: bool = False
-    """FedRS: the binary present/absent mask instead of the author's count-scaled one."""
-    fedlc_tau: float = 1.0
 
 
 class Algorithm:
@@ -102,8 +109,19 @@ class Algorithm:
     pooled = False
     """True: one client trains on the pooled data of all clients (not private; an upper bound)."""
 
-    def __init__(self, settings: AlgorithmSettings) -> None:
-        self.settings = settings
+    class Settings(BaseModel):
+        """The algorithm's own knobs, read from params.yaml's ``algorithms.<name>`` entry; a subclass declares its
+        own, validated (and frozen) like every other param, so a wrong knob stops a stage before its first cell."""
+
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        set_per_cell: ClassVar[dict[str, str]] = {}
+        """Knobs a paper's runs set for each cell (what a figure sweeps), with where params.yaml sets them; they are
+        left out of ``algorithms.<name>``, which would otherwise give a second value that the cell overrides."""
+
+    def __init__(self, settings: Settings, common: CommonSettings) -> None:
+        if type(settings) is not self.Settings:
+            raise TypeError(f"{self.name} takes {self.Settings.__qualname__}, not {type(settings).__qualname__}")
+        self.settings, self.common = settings, common
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         """Called once on the freshly built model, before private names are read: inject modules, read structure."""
@@ -147,7 +165,7 @@ class Algorithm:
         return {}
 
     def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
-        if self.settings.weighting == "size":
+        if self.common.weighting == "size":
             total = sum(u.num_samples for u in updates)
             return [u.num_samples / total for u in updates]
         return [1.0 / len(updates)] * len(updates)

@@ -24,7 +24,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fedrepro.errors import FederationError, TrainingDiverged
-from fedrepro.fl.algorithm import Algorithm, ClientUpdate, LocalContext, TaskOutput
+from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask, LocalContext
 from fedrepro.fl.channel import SERVER, Channel, Message, tensor_bytes, upload_problem
 from fedrepro.fl.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from fedrepro.seeding import derive_seed
@@ -48,22 +48,6 @@ aggregate's loss on the same training data falls (embedded FedAvg, alpha 0.05: l
 the aggregate on the clients' data 3.50 -> 1.46)."""
 PARAM, STATE = "param/", "state/"
 log = logging.getLogger(__name__)
-
-
-class FederatedTask(Protocol):
-    """What the engine needs from a task (QA matching, relation extraction, ...)."""
-
-    client_ids: list[str]
-
-    def build_model(self) -> nn.Module: ...
-
-    def num_train_samples(self, client_ids: Sequence[str]) -> int: ...
-
-    def train_batches(self, client_ids: Sequence[str], generator: torch.Generator) -> Iterable[Any]: ...
-
-    def forward(self, model: nn.Module, batch: Any) -> TaskOutput: ...
-
-    def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -380,9 +364,9 @@ class Engine:
         if missed:
             record["missed"] = missed
         if algorithm.federated:
-            diagnose = getattr(self.task, "diagnose_round", None)
-            if diagnose is not None:
-                record["diagnostics"] = diagnose(updates)
+            diagnostics = self.task.diagnose_round(updates)
+            if diagnostics is not None:
+                record["diagnostics"] = diagnostics
             self.state.global_weights = algorithm.aggregate(self.state.global_weights, updates)
             record.update(algorithm.round_notes())
         record.update({f"bytes_{k}": v for k, v in self.channel.round_bytes(round_index).items()})
@@ -415,7 +399,7 @@ class Engine:
 
     def evaluates_global_model(self) -> bool:
         """True when the task scores the server's (or the pooled) model on one global set (no client takes part)."""
-        return getattr(self.task, "evaluates_global_model", False) and (self.algorithm.federated or self.algorithm.pooled)
+        return self.task.evaluates_global_model and (self.algorithm.federated or self.algorithm.pooled)
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each client's own model on its own ``split``; for a task scored on one global set, the global model on it."""

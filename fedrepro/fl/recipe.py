@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedrepro.errors import ConfigError
-from fedrepro.fl.algorithm import Algorithm, AlgorithmSettings
+from fedrepro.fl.algorithm import Algorithm, CommonSettings, FederatedTask
 from fedrepro.fl.algorithms import build_algorithm
-from fedrepro.fl.engine import EngineSettings, FederatedTask
+from fedrepro.fl.engine import EngineSettings
 from fedrepro.seeding import seed_everything
 
 
@@ -33,7 +33,9 @@ class CellRecipe:
 
     build_task: Callable[[], FederatedTask]
     algorithm: str
-    algorithm_settings: AlgorithmSettings
+    algorithm_settings: Algorithm.Settings
+    """The algorithm's own knobs (its ``Settings``)."""
+    common: CommonSettings
     settings: EngineSettings
     fingerprint: str
     """Changes whenever anything that shapes the run changes; checkpoints and node states carry it."""
@@ -46,7 +48,7 @@ class CellRecipe:
     def build(self) -> tuple[FederatedTask, Algorithm]:
         """Seed this process as the engine's cells always have, then build the task and the algorithm."""
         seed_everything(self.settings.seed, self.threads)
-        return self.build_task(), build_algorithm(self.algorithm, self.algorithm_settings)
+        return self.build_task(), build_algorithm(self.algorithm, self.algorithm_settings, self.common)
 
 
 def recipe_spec(factory: str, params: Any, cell: Any, folders: list[Path], inputs_digest: str) -> dict:

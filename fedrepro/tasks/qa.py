@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from fedrepro.errors import DataError
-from fedrepro.fl.algorithm import TaskOutput
+from fedrepro.fl.algorithm import FederatedTask, TaskOutput
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import ranking_metrics
 from fedrepro.seeding import derive_seed
@@ -50,7 +50,7 @@ def load_client_data(mined_dir: str | Path, client_ids: Sequence[str]) -> dict[s
     return clients
 
 
-class QAMatchingTask:
+class QAMatchingTask(FederatedTask):
     """Pre-tokenises every (question, answer) pair once; batches are padded to their own longest sequence."""
 
     def __init__(

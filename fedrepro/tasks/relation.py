@@ -19,7 +19,7 @@ from torch import nn
 
 from fedrepro.data.schema import E1_CLOSE, E1_OPEN, E2_CLOSE, E2_OPEN
 from fedrepro.errors import DataError
-from fedrepro.fl.algorithm import ClientUpdate, TaskOutput
+from fedrepro.fl.algorithm import ClientUpdate, FederatedTask, TaskOutput
 from fedrepro.fl.engine import GLOBAL
 from fedrepro.models.relation import CLASSIFIER, local_average_similarity
 
@@ -59,7 +59,7 @@ def encode_marked(tokenizer, texts: Sequence[str], max_length: int) -> list[Enco
     return encoded
 
 
-class RelationTask:
+class RelationTask(FederatedTask):
     """Clients' training sentences (their Dirichlet share) and the global valid/test sets, tokenised once."""
 
     evaluates_global_model = True
@@ -96,7 +96,6 @@ class RelationTask:
         return sum(len(self.train[c][1]) for c in client_ids)
 
     def label_counts(self, client_id: str) -> torch.Tensor:
-        """Training samples per class on one client (FedRS and FedLC scale logits by these)."""
         return torch.bincount(torch.tensor(self.train[client_id][1]), minlength=len(self.classes)).float()
 
     def _batch(self, sentences: list[EncodedSentence], labels: np.ndarray | None = None) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ from collections import Counter
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
 from fedrepro.fl.algorithm import Algorithm
 from fedrepro.fl.channel import SERVER, Channel
@@ -56,6 +57,9 @@ class CoverQuery(Algorithm):
     name = "coverquery"
     federated = False
     pooled = True
+
+    class Settings(Algorithm.Settings):
+        cover_queries: int = Field(ge=1, description="generated cover questions sent with each real question")
 
     def prepare_task(self, task, channel: Channel, seed: int):
         """Each client uploads its obfuscated triples; the central trainer trains on exactly what arrived."""

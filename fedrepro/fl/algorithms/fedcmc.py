@@ -13,10 +13,13 @@ class and round, ``none`` sends nothing and adds nothing (FedAvg).
 from __future__ import annotations
 
 import numpy as np
+from typing import ClassVar, Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
-from fedrepro.fl.algorithm import Algorithm, ClientUpdate, LocalContext, TaskOutput
+from fedrepro.fl.algorithm import Algorithm, ClientUpdate, CommonSettings, LocalContext, TaskOutput
 from fedrepro.models.relation import CLASSIFIER, local_average_similarity
 from fedrepro.seeding import derive_seed
 
@@ -44,10 +47,15 @@ def contrastive_loss(features: torch.Tensor, vectors: torch.Tensor, targets: tor
 class FedCMC(Algorithm):
     name = "fedcmc"
 
-    def __init__(self, settings) -> None:
-        super().__init__(settings)
-        if settings.fedcmc_vectors not in VECTOR_CHOICES:
-            raise ValueError(f"fedcmc vectors {settings.fedcmc_vectors!r}: allowed {VECTOR_CHOICES}")
+    class Settings(Algorithm.Settings):
+        set_per_cell: ClassVar[dict[str, str]] = {"vectors": "fedcmc.sweeps.vectors (Fig 4; every other cell: major)"}
+        mu: float = Field(ge=0, description="weight of the contrastive term against the major classifier vectors")
+        temperature: float = Field(gt=0, description="temperature of the contrastive term")
+        vectors: Literal[VECTOR_CHOICES] = Field(  # type: ignore[valid-type]
+            "major", description="which client's vector stands for each class (major: the published method)")
+
+    def __init__(self, settings: Settings, common: CommonSettings) -> None:
+        super().__init__(settings, common)
         self.chosen: list[str] = []
         self.round = 0
 
@@ -59,18 +67,18 @@ class FedCMC(Algorithm):
         if MAJOR_VECTORS not in context.received:
             return output.loss
         contrast = contrastive_loss(output.features, context.received[MAJOR_VECTORS], output.targets,
-                                    self.settings.fedcmc_temperature)
-        return output.loss + self.settings.fedcmc_mu * contrast
+                                    self.settings.temperature)
+        return output.loss + self.settings.mu * contrast
 
     def aggregate(self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
         result = super().aggregate({n: v for n, v in global_weights.items() if n != MAJOR_VECTORS}, updates)
         self.chosen = []
-        if self.settings.fedcmc_vectors == "none":
+        if self.settings.vectors == "none":
             return result
         classifiers = torch.stack([u.tensors[CLASSIFIER] for u in updates])
         similarity = torch.stack([local_average_similarity(c) for c in classifiers])
-        rng = np.random.default_rng(derive_seed(self.settings.seed, "fedcmc-random", self.round))
-        owners = choose_clients(similarity, self.settings.fedcmc_vectors, rng)
+        rng = np.random.default_rng(derive_seed(self.common.seed, "fedcmc-random", self.round))
+        owners = choose_clients(similarity, self.settings.vectors, rng)
         result[MAJOR_VECTORS] = torch.stack([classifiers[k, c] for c, k in enumerate(owners)]).clone()
         self.chosen = [updates[k].client_id for k in owners]
         return result

@@ -1,13 +1,14 @@
 """FedLC (Zhang et al., ICML'22): logit calibration by the client's label counts.
 
 The local loss is cross-entropy on logit_c - tau * n_c^(-1/4), n_c the client's training samples of class c,
-so rare local classes are not suppressed. FedLC's paper does not give tau; it is ``fedlc_tau``. A class the
+so rare local classes are not suppressed. FedLC's paper does not give tau; it is the ``tau`` knob. A class the
 client never saw is counted as 1 (the largest shift) rather than dividing by zero.
 """
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedrepro.fl.algorithm import Algorithm, LocalContext, TaskOutput
@@ -20,8 +21,11 @@ def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:
 class FedLC(Algorithm):
     name = "fedlc"
 
+    class Settings(Algorithm.Settings):
+        tau: float = Field(ge=0, description="scale of the calibration tau * n_c^(-1/4)")
+
     def prepare_task(self, task, channel, seed):
-        self.shifts = {c: calibration(task.label_counts(c), self.settings.fedlc_tau) for c in task.client_ids}
+        self.shifts = {c: calibration(task.label_counts(c), self.settings.tau) for c in task.client_ids}
         return task
 
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:

@@ -6,18 +6,31 @@ injected into the model by name and never leaves its client; the server averages
 Under ``fidelity = released_code`` every LayerNorm is private too, which is the authors' code's key rule.
 """
 
+from typing import ClassVar, Literal
+
+from pydantic import Field
 from torch import nn
 
 from fedrepro.fl.algorithm import Algorithm
-from fedrepro.models.patches import encoder_layer_index, inject_patch, is_patch_parameter
+from fedrepro.models.patches import PatchSpec, encoder_layer_index, inject_patch, is_patch_parameter
 
 
 class FedMatch(Algorithm):
     name = "fedmatch"
 
+    class Settings(Algorithm.Settings):
+        set_per_cell: ClassVar[dict[str, str]] = {
+            "patch": "the method (fedmatch_<insertion>_<structure>) with fedmatch.settings.patch_size and patch_heads",
+            "shared_layers": "fedmatch.settings.shared_layers", "fidelity": "fedmatch.settings.fidelity"}
+        patch: PatchSpec | None = Field(None, description="the private patch injected into the backbone")
+        shared_layers: int | None = Field(None, ge=0, description="bottom encoder layers shared; the layers above are "
+                                                                  "private too (None: all shared)")
+        fidelity: Literal["paper", "released_code"] = Field(
+            "paper", description="released_code also keeps every LayerNorm private, as the authors' code does")
+
     def adapt_model(self, model: nn.Module) -> nn.Module:
         if self.settings.patch is None:
-            raise ValueError("FedMatch needs AlgorithmSettings.patch")
+            raise ValueError("FedMatch needs a patch (FedMatch.Settings.patch)")
         return inject_patch(model, self.settings.patch)
 
     def is_private(self, name: str) -> bool:

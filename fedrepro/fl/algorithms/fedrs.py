@@ -1,14 +1,15 @@
 """FedRS (Li and Zhan, KDD'21): restricted softmax, so a client's missing classes are not pushed away blindly.
 
 Each client scales class c's logit by alpha_c = n_c / max_j n_j * (1 - a) + a, n_c its training samples of
-class c: a never-seen class gets a (``fedrs_alpha``), the most frequent 1. This count-scaled form is the one
-the FedRS author's code uses; ``fedrs_mask`` switches to the paper's binary mask (1 for classes the client
+class c: a never-seen class gets a (``alpha``), the most frequent 1. This count-scaled form is the one
+the FedRS author's code uses; ``mask`` switches to the paper's binary mask (1 for classes the client
 holds, a for the others), which is a different method and reported as such. Only the local loss changes.
 """
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedrepro.fl.algorithm import Algorithm, LocalContext, TaskOutput
@@ -23,8 +24,12 @@ def restricted_scale(counts: torch.Tensor, alpha: float, mask: bool) -> torch.Te
 class FedRS(Algorithm):
     name = "fedrs"
 
+    class Settings(Algorithm.Settings):
+        alpha: float = Field(ge=0, le=1, description="logit scale of a class the client never saw (1 for its most frequent class)")
+        mask: bool = Field(description="the paper's binary present/absent mask instead of the author's count-scaled one")
+
     def prepare_task(self, task, channel, seed):
-        self.scales = {c: restricted_scale(task.label_counts(c), self.settings.fedrs_alpha, self.settings.fedrs_mask)
+        self.scales = {c: restricted_scale(task.label_counts(c), self.settings.alpha, self.settings.mask)
                        for c in task.client_ids}
         return task
 

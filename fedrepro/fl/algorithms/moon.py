@@ -3,7 +3,7 @@
 Local loss = task loss + mu * l_con, with l_con = -log e^{sim(z, z_glob)/T} / (e^{sim(z, z_glob)/T} + e^{sim(z, z_prev)/T}),
 z the projection of this sample's relation features by the model being trained, z_glob by the round's global
 model, z_prev by this client's model at the end of its previous round (the global model on its first round).
-The projection head (two layers, ``moon_projection_dim`` out; 0 = none) is shared and averaged with the rest.
+The projection head (two layers, ``projection_dim`` out; 0 = none) is shared and averaged with the rest.
 The previous model is client state: plain tensors the engine keeps per client (and checkpoints), loaded into
 a scratch copy of the model only while that client trains. Deviation, stated: MOON's classifier sits on top
 of the projection; here it stays on the relation features, as in every other method, so only the contrastive
@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedrepro.fl.algorithm import Algorithm, LocalContext, TaskOutput
@@ -31,8 +32,14 @@ def _projection(feature_dim: int, out_dim: int) -> nn.Module:
 class Moon(Algorithm):
     name = "moon"
 
+    class Settings(Algorithm.Settings):
+        mu: float = Field(ge=0, description="weight of the model-contrastive term")
+        temperature: float = Field(gt=0)
+        projection_dim: int = Field(ge=0, description="output size of the projection head on the relation features "
+                                                      "(0: no head, the features used as they are)")
+
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        model.moon_projection = _projection(model.feature_dim, self.settings.moon_projection_dim)
+        model.moon_projection = _projection(model.feature_dim, self.settings.projection_dim)
         self._global, self._previous = copy.deepcopy(model), copy.deepcopy(model)
         for scratch in (self._global, self._previous):
             scratch.requires_grad_(False)
@@ -57,12 +64,12 @@ class Moon(Algorithm):
         with torch.no_grad():
             z_global = self._global.moon_projection(output.rerun(self._global).features)
             z_previous = self._previous.moon_projection(output.rerun(self._previous).features)
-        temperature = self.settings.moon_temperature
+        temperature = self.settings.temperature
         positive = nn.functional.cosine_similarity(z, z_global, dim=-1) / temperature
         negative = nn.functional.cosine_similarity(z, z_previous, dim=-1) / temperature
         contrastive = nn.functional.cross_entropy(torch.stack([positive, negative], dim=1).float(),
                                                   torch.zeros(len(z), dtype=torch.long))
-        return output.loss + self.settings.moon_mu * contrastive
+        return output.loss + self.settings.mu * contrastive
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:
         context.client_state.update({PREVIOUS + n: v.detach().clone() for n, v in shared.items()})

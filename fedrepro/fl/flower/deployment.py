@@ -16,10 +16,10 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from fedrepro.errors import FederationError, TrainingDiverged
-from fedrepro.fl.algorithm import Algorithm
+from fedrepro.fl.algorithm import Algorithm, FederatedTask
 from fedrepro.fl.channel import Message
 from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
-from fedrepro.fl.engine import Engine, FederatedTask
+from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower.apps import DIVERGED_FILE
 from fedrepro.fl.flower.certificates import make_node_key
 from fedrepro.fl.flower.federation import LocalFederation, stopped_cleanly_on_sigterm

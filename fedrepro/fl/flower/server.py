@@ -25,9 +25,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedrepro.errors import FederationError, TrainingDiverged
-from fedrepro.fl.algorithm import Algorithm, ClientUpdate
+from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask
 from fedrepro.fl.channel import SERVER, upload_problem
-from fedrepro.fl.engine import Engine, FederatedTask
+from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.node_state import counted_round
 from fedrepro.fl.recipe import CellRecipe

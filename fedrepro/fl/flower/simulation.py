@@ -19,9 +19,8 @@ from typing import Any, Callable
 
 from flwr.simulation import run_simulation
 
-from fedrepro.fl.algorithm import Algorithm
+from fedrepro.fl.algorithm import Algorithm, FederatedTask
 from fedrepro.fl.checkpoint import TrainingState
-from fedrepro.fl.engine import FederatedTask
 from fedrepro.fl.flower.client import NodeHandlers, client_app
 from fedrepro.fl.flower.node_state import collect_node_states
 from fedrepro.fl.flower.server import FlowerServer
