@@ -16,7 +16,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedrepro.errors import ConfigError
-from fedrepro.fedcmc.methods import METHODS as FEDCMC_METHODS
 from fedrepro.fedcmc.methods import VECTORS as FEDCMC_VECTORS
 from fedrepro.fedmatch.methods import METHODS as FEDMATCH_METHODS
 from fedrepro.ssvfnas.methods import METHODS as SSVFNAS_METHODS
@@ -219,7 +218,7 @@ class FedCMCSweeps(_Strict):
     seeds: list[int] = Field(min_length=1)
     dataset: str
     alpha: float = Field(gt=0)
-    methods: list[Literal[FEDCMC_METHODS]] = Field(min_length=1, description="methods of the clients and local-epochs sweeps")  # type: ignore[valid-type]
+    methods: list[str] = Field(min_length=1, description="methods of the clients and local-epochs sweeps (fedcmc.methods' names)")
     clients: list[int]
     local_epochs: list[int]
     vectors: list[Literal[FEDCMC_VECTORS]]  # type: ignore[valid-type]
@@ -227,11 +226,11 @@ class FedCMCSweeps(_Strict):
     subset_dataset: str
     subset_size: int = Field(ge=1)
     subset_modes: list[Literal["balanced", "natural"]]
-    subset_methods: list[Literal[FEDCMC_METHODS]]  # type: ignore[valid-type]
+    subset_methods: list[str]
 
 
 class FedCMCParams(_Strict):
-    methods: list[Literal[FEDCMC_METHODS]] = Field(min_length=1)  # type: ignore[valid-type]
+    methods: list[str] = Field(min_length=1, description="federated algorithms by their registry name (checked by the training stage: config does not import the algorithms)")
     datasets: list[str] = Field(min_length=1, description="prepared RE corpora: synthetic-re (embedded) or data.re_corpora names")
     alphas: list[float] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
-from fedrepro.fedcmc.runs import cell_inputs, headline, run_cell
+from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, run_cell
 from fedrepro.grid import run_grid, table_rows
 from fedrepro.models.backbone import check_loadable
 
@@ -27,6 +27,7 @@ def main() -> None:
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="every point x method x seed of one sweep")
     args = parser.parse_args()
     params = load_params()
+    check_methods(params)
     check_loadable(params.fedcmc.settings.backbone, "fedcmc.settings.backbone")
     if args.sweep:
         folder = Path("sweeps") / args.sweep

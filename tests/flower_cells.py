@@ -49,7 +49,8 @@ CRASHES, DIVERGES = "c", "a"
 """In the fault cases: round 1 samples c (whose node fails) but not a, round 2 samples a (whose training diverges)."""
 KNOBS = {"fedprox": {"mu": 0.1}, "fedmatch": {"patch": PatchSpec("horizontal", "lr", size=8)},
          "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8}, "fedcmc": {"mu": 1.0, "temperature": 0.5},
-         "fedrs": {"alpha": 0.5, "mask": False}, "fedlc": {"tau": 1.0}, "lg_fedavg": {"local_layers": None}}
+         "fedrs": {"alpha": 0.5, "mask": False}, "fedlc": {"tau": 1.0}, "lg_fedavg": {"local_layers": None},
+         "feddyn": {"alpha": 0.1}}
 """Every knob of every algorithm switched on, so each hook does real work."""
 
 

@@ -9,9 +9,10 @@ from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.algorithm import ClientUpdate, CommonSettings, LocalContext, TaskOutput
 from fedrepro.fl.algorithms.fedavg import FedAvg
 from fedrepro.fl.algorithms.fedcmc import FedCMC
+from fedrepro.fl.algorithms.feddyn import CLIENT_GRADIENT, SERVER_STATE
 from fedrepro.fl.algorithms.scaffold import Scaffold
 from fedrepro.fl.channel import SERVER, Channel, upload_problem
-from fedrepro.fl.engine import Engine, EngineSettings, lr_factor
+from fedrepro.fl.engine import STATE, Engine, EngineSettings, lr_factor
 from fedrepro.io import write_json
 from scaffold_invariant import control_variate_gap, largest_control
 from toy import ToyTask, make_algorithm
@@ -24,7 +25,8 @@ def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, see
     torch.use_deterministic_algorithms(True)
     settings = EngineSettings(rounds=rounds, local_epochs=local_epochs, clients_per_round=clients_per_round, lr=0.01,
                               batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
-    chosen = make_algorithm(algorithm, weighting, **({"mu": mu} if algorithm == "fedprox" else {}))
+    knobs = {"fedprox": {"mu": mu}, "feddyn": {"alpha": 0.1}}.get(algorithm, {})
+    chosen = make_algorithm(algorithm, weighting, **knobs)
     return Engine(ToyTask(SIZES), chosen, settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{seed}-{rounds}",
                   progress=False, **kwargs)
 
@@ -449,3 +451,51 @@ def test_every_evaluation_scores_each_evaluated_model_on_its_own_training_data(t
     sizes = {c: fit[c]["samples"] for c in fit}
     assert sizes == {c: n for c, n in SIZES.items()}
     assert history[-1]["fit_loss"] == pytest.approx(sum(expected[c] * SIZES[c] for c in SIZES) / sum(SIZES.values()))
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "size"])
+def test_feddyn_server_state_stays_the_weighted_mean_of_every_clients_gradient_estimate(tmp_path, weighting):
+    """FedDyn's h == sum over all m clients of q_k g_k after every round (q_k = 1/m, or N_k / N under size
+    weighting): it holds only if the server moves h by the participants' q_k, not their weights renormalised over
+    the round, when 2 of 3 clients train. And h never leaves the server: each client receives what FedAvg sends."""
+    engine = make_engine(tmp_path, algorithm="feddyn", rounds=3, clients_per_round=2, weighting=weighting)
+    sizes = {c: engine.task.num_train_samples([c]) for c in SIZES}
+    q = {c: (sizes[c] / sum(sizes.values()) if weighting == "size" else 1 / len(SIZES)) for c in SIZES}
+    gaps = []
+
+    def gap(record):
+        worst = 0.0
+        for name, h in engine.state.global_weights.items():
+            if name.startswith(SERVER_STATE):
+                gradient = CLIENT_GRADIENT + name.removeprefix(SERVER_STATE)
+                mean = sum(q[c] * engine.state.client_states.get(c, {}).get(STATE + gradient, torch.zeros_like(h))
+                           for c in SIZES)
+                worst = max(worst, float((h - mean).abs().max()))
+        gaps.append(worst)
+
+    engine.on_round_end = gap
+    engine.run()
+    sampled = [record["clients"] for record in engine.state.history]
+    assert any(set(a) != set(b) for a, b in zip(sampled, sampled[1:]))
+    scale = max(float(t.abs().max()) for name, t in engine.state.global_weights.items() if name.startswith(SERVER_STATE))
+    assert scale > 1e-4, "h moved (else the invariant is trivially true)"
+    assert max(gaps) <= 1e-6, (gaps, scale)
+    model_bytes = sum(p.numel() * 4 for p in engine.model.parameters())
+    assert all(record["bytes_down"] == record["bytes_up"] == 2 * model_bytes for record in engine.state.history)
+    assert not any(name.startswith("feddyn/") for c in SIZES for name in engine.channel.names_received(c))
+
+
+def test_feddyn_adds_the_linear_and_proximal_terms_and_updates_its_gradient_estimate():
+    model = torch.nn.Linear(2, 1)
+    received = {name: (p.detach() + 1.0) for name, p in model.named_parameters()}
+    gradients = {CLIENT_GRADIENT + name: torch.full_like(p, 0.5) for name, p in model.named_parameters()}
+    context = LocalContext(0, "a", received, client_state=dict(gradients))
+    algorithm = make_algorithm("feddyn", alpha=0.2)
+    objective = algorithm.local_objective(model, TaskOutput(torch.tensor(0.5)), context)
+    weights_sum = sum(float(p.detach().sum()) for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())
+    assert objective.item() == pytest.approx(0.5 - 0.5 * weights_sum + 0.5 * 0.2 * n_params)
+    shared = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert algorithm.upload(shared, context) is shared
+    for name, value in shared.items():  # g_k - alpha (theta_k - theta_server), with theta_k - theta_server = -1
+        assert torch.allclose(context.client_state[CLIENT_GRADIENT + name], torch.full_like(value, 0.5 + 0.2))

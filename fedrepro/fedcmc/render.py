@@ -10,6 +10,7 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
+from fedrepro.fedcmc.methods import PAPER_METHODS
 from fedrepro.fedcmc.report import (DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
                                     communication_table, convergence_table, dataset_label, fedcmc_extra_download, figure1_cells,
                                     figure_point, health_table, identical_predictions, local_epochs_tables, main_points,
@@ -159,6 +160,9 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         + " (`fedrs.py`).",
         f"  - FedLC's tau is not given in its paper: tau = {knobs['fedlc']['tau']:g} (`fedlc.py`).",
         f"  - FedProx mu = {knobs['fedprox']['mu']:g} (not given for this paper).",
+        *[f"  - {method_label(method)} ({', '.join(f'{k} {v}' for k, v in knobs.get(method, {}).items()) or 'no knobs'}; "
+          f"`{method}.py`) is not one of the paper's methods: an extra row, left out of 'FedCMC is the best method'."
+          for method in fc.methods if method not in PAPER_METHODS],
         f"- Hardware the cells ran on: {describe([i.get('hardware') for i in data.info.values()])}. The same seed gives the "
         "same bits on the same machine type; another instruction set moves the numbers a little (README, Reproducibility).",
         "",

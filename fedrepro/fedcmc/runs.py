@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 
 from fedrepro.config import Params
-from fedrepro.errors import DataError
+from fedrepro.errors import ConfigError, DataError
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fl import algorithms
 from fedrepro.fl.algorithm import Algorithm, CommonSettings
@@ -37,6 +37,19 @@ def relation_tokenizer(params: Params, tokenizer_dir: Path):
     tokenizer = load_tokenizer(params.fedcmc.settings.backbone, tokenizer_dir, "fedcmc.settings.backbone")
     add_entity_markers(tokenizer)
     return tokenizer
+
+
+def check_methods(params: Params) -> None:
+    """FedCMC's rows are the engine's federated algorithms by their registry name (``fedrepro/fl/algorithms``), so a
+    new algorithm joins the grid by being named in ``fedcmc.methods``. config cannot check the names (it does not
+    import the algorithms), so the training stage does, before its first cell."""
+    allowed = sorted(name for name, algorithm in algorithms.REGISTRY.items() if algorithm.federated)
+    fc = params.fedcmc
+    for key, names in (("fedcmc.methods", fc.methods), ("fedcmc.sweeps.methods", fc.sweeps.methods),
+                       ("fedcmc.sweeps.subset_methods", fc.sweeps.subset_methods)):
+        for index, name in enumerate(names):
+            if name not in allowed:
+                raise ConfigError(f"params: {key}.{index} = {name!r} is no federated algorithm; allowed {allowed}")
 
 
 def algorithm_settings(params: Params, cell: Cell) -> Algorithm.Settings:

@@ -104,6 +104,8 @@ class Algorithm:
     """FedAvg behaviour by default: everything shared, plain task loss, (weighted) average of uploads."""
 
     name = "base"
+    label = "base"
+    """How reports name the algorithm."""
     federated = True
     """False: nothing crosses the network and every parameter stays on its client."""
     pooled = False
@@ -134,9 +136,14 @@ class Algorithm:
     def initial_server_state(self, global_weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What the server holds before round 1: the shared weights, plus any server tensors (SCAFFOLD's variate).
 
-        Everything the server holds is checkpointed and sent to the sampled clients each round.
+        Everything the server holds is checkpointed and, but for what ``is_server_only`` names, sent to the sampled
+        clients each round.
         """
         return global_weights
+
+    def is_server_only(self, name: str) -> bool:
+        """Server state that never leaves the server (FedDyn's h): kept and checkpointed, never sent."""
+        return False
 
     def is_private(self, name: str) -> bool:
         """Parameters that never leave their client; the engine keeps them per client between rounds."""

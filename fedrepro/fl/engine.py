@@ -323,7 +323,8 @@ class Engine:
         """The server's first step: which clients train this round, and what it sends each of them."""
         extras = self.algorithm.server_extras(round_index)
         sampled = self.sample_clients(round_index)
-        outgoing = {**self.state.global_weights, **extras} if self.algorithm.federated else {}
+        outgoing = {name: tensor for name, tensor in {**self.state.global_weights, **extras}.items()
+                    if not self.algorithm.is_server_only(name)} if self.algorithm.federated else {}
         return sampled, outgoing
 
     def train_clients(self, round_index: int, sampled: list[str], outgoing: dict[str, torch.Tensor]

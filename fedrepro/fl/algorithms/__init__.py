@@ -12,6 +12,7 @@ from fedrepro.fl.algorithms.centralised import Centralised
 from fedrepro.fl.algorithms.coverquery import CoverQuery
 from fedrepro.fl.algorithms.fedavg import FedAvg
 from fedrepro.fl.algorithms.fedcmc import FedCMC
+from fedrepro.fl.algorithms.feddyn import FedDyn
 from fedrepro.fl.algorithms.fedlc import FedLC
 from fedrepro.fl.algorithms.fedmatch import FedMatch
 from fedrepro.fl.algorithms.fedper import FedPer
@@ -24,7 +25,7 @@ from fedrepro.fl.algorithms.scaffold import Scaffold
 
 REGISTRY: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (Individual, Centralised, CoverQuery, FedAvg, FedProx, LGFedAvg, FedPer, FedMatch,
-                              Scaffold, Moon, FedRS, FedLC, FedCMC)
+                              Scaffold, Moon, FedRS, FedLC, FedCMC, FedDyn)
 }
 
 

@@ -4,6 +4,6 @@ from fedrepro.fl.algorithm import Algorithm
 
 
 class Centralised(Algorithm):
-    name = "centralised"
+    name, label = "centralised", "centralised"
     federated = False
     pooled = True

@@ -54,7 +54,7 @@ def with_cover_queries(triples: pd.DataFrame, k: int, seed: int) -> pd.DataFrame
 
 
 class CoverQuery(Algorithm):
-    name = "coverquery"
+    name, label = "coverquery", "CoverQuery"
     federated = False
     pooled = True
 

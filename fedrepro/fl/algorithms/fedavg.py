@@ -4,4 +4,4 @@ from fedrepro.fl.algorithm import Algorithm
 
 
 class FedAvg(Algorithm):
-    name = "fedavg"
+    name, label = "fedavg", "FedAvg"

@@ -45,7 +45,7 @@ def contrastive_loss(features: torch.Tensor, vectors: torch.Tensor, targets: tor
 
 
 class FedCMC(Algorithm):
-    name = "fedcmc"
+    name, label = "fedcmc", "FedCMC"
 
     class Settings(Algorithm.Settings):
         set_per_cell: ClassVar[dict[str, str]] = {"vectors": "fedcmc.sweeps.vectors (Fig 4; every other cell: major)"}

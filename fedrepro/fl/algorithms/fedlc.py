@@ -19,7 +19,7 @@ def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 class FedLC(Algorithm):
-    name = "fedlc"
+    name, label = "fedlc", "FedLC"
 
     class Settings(Algorithm.Settings):
         tau: float = Field(ge=0, description="scale of the calibration tau * n_c^(-1/4)")

@@ -16,7 +16,7 @@ from fedrepro.models.patches import PatchSpec, encoder_layer_index, inject_patch
 
 
 class FedMatch(Algorithm):
-    name = "fedmatch"
+    name, label = "fedmatch", "FedMatch"
 
     class Settings(Algorithm.Settings):
         set_per_cell: ClassVar[dict[str, str]] = {

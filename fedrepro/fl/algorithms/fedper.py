@@ -6,7 +6,7 @@ HEAD_PREFIX = "head."
 
 
 class FedPer(Algorithm):
-    name = "fedper"
+    name, label = "fedper", "FedPer"
 
     def is_private(self, name: str) -> bool:
         return name.startswith(HEAD_PREFIX)

@@ -8,7 +8,7 @@ from fedrepro.fl.algorithm import Algorithm, LocalContext, TaskOutput
 
 
 class FedProx(Algorithm):
-    name = "fedprox"
+    name, label = "fedprox", "FedProx"
 
     class Settings(Algorithm.Settings):
         mu: float = Field(ge=0, description="weight of the proximal term (mu / 2) ||w - w_global||^2")

@@ -22,7 +22,7 @@ def restricted_scale(counts: torch.Tensor, alpha: float, mask: bool) -> torch.Te
 
 
 class FedRS(Algorithm):
-    name = "fedrs"
+    name, label = "fedrs", "FedRS"
 
     class Settings(Algorithm.Settings):
         alpha: float = Field(ge=0, le=1, description="logit scale of a class the client never saw (1 for its most frequent class)")

@@ -4,5 +4,5 @@ from fedrepro.fl.algorithm import Algorithm
 
 
 class Individual(Algorithm):
-    name = "individual"
+    name, label = "individual", "individual"
     federated = False

@@ -13,7 +13,7 @@ from fedrepro.models.patches import encoder_layer_index
 
 
 class LGFedAvg(Algorithm):
-    name = "lg_fedavg"
+    name, label = "lg_fedavg", "LG-FedAvg"
     local_layers = 0
 
     class Settings(Algorithm.Settings):

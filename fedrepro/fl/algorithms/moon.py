@@ -30,7 +30,7 @@ def _projection(feature_dim: int, out_dim: int) -> nn.Module:
 
 
 class Moon(Algorithm):
-    name = "moon"
+    name, label = "moon", "MOON"
 
     class Settings(Algorithm.Settings):
         mu: float = Field(ge=0, description="weight of the model-contrastive term")

@@ -26,7 +26,7 @@ CONTROL = "control/"
 
 
 class Scaffold(Algorithm):
-    name = "scaffold"
+    name, label = "scaffold", "SCAFFOLD"
 
     def prepare_task(self, task, channel, seed):
         self.total_clients = len(task.client_ids)
