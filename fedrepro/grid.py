@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from fedrepro.cell_store import CellStore
 from fedrepro.errors import ConfigError
 from fedrepro.io import atomic_dir, code_digest, tree_digest
 
@@ -41,13 +42,17 @@ def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str,
 
 def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
-             headline: Callable[[dict], str]) -> None:
+             headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
+             store: CellStore | None = None) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
-    folders a cell reads (``inputs``) are digested once per process, and a line per cell shows the progress."""
+    folders a cell reads (``inputs``) are digested once per process, and a line per cell shows the progress. A cell
+    that ``store`` (default: the environment's, ``fedrepro.cell_store``) holds under its ``fingerprint_of(cell,
+    inputs_digest)`` is restored finished and only re-scored; each finished cell is kept there."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     digests: dict[tuple[Path, ...], str] = {}
+    store = store if store is not None else CellStore.from_environment()
     (checkpoints / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(out / folder) as tmp:
         for row, cells in rows.items():
@@ -56,8 +61,10 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
                 folders = inputs(cell)
                 if folders not in digests:
                     digests[folders] = tree_digest(*folders)
-                metrics = run_cell(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
-                                   digests[folders])
+                checkpoint_dir, run = checkpoints / row / cell.name, fingerprint_of(cell, digests[folders])
+                restored = store.restore(run, checkpoint_dir)
+                metrics = run_cell(cell, tmp / row.relative_to(folder) / cell.name, checkpoint_dir, digests[folders])
+                store.keep(run, checkpoint_dir)
                 done += 1
-                print(f"[{done}/{total}] {cell.name}: {headline(metrics)} ({time.perf_counter() - started:.1f} s)",
-                      file=sys.stderr, flush=True)
+                print(f"[{done}/{total}] {cell.name}: {headline(metrics)} ({time.perf_counter() - started:.1f} s"
+                      f"{', finished run from the cell store' if restored else ''})", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
-from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, run_cell
+from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, run_cell, run_fingerprint
 from fedrepro.grid import run_grid, table_rows
 from fedrepro.models.backbone import check_loadable
 
@@ -36,7 +36,8 @@ def main() -> None:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
     run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
-             lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline)
+             lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
+             lambda cell, digest: run_fingerprint(params, cell, digest))
 
 
 if __name__ == "__main__":

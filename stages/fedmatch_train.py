@@ -11,7 +11,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells
-from fedrepro.fedmatch.runs import cell_inputs, headline, run_cell
+from fedrepro.fedmatch.runs import cell_inputs, headline, run_cell, run_fingerprint
 from fedrepro.grid import run_grid, table_rows
 from fedrepro.models.backbone import check_loadable
 
@@ -35,7 +35,8 @@ def main() -> None:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
     run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
              lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
-             headline)
+             headline,
+             lambda cell, digest: run_fingerprint(params, cell, digest))
 
 
 if __name__ == "__main__":

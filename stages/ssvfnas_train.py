@@ -14,7 +14,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.grid import run_grid, table_rows
 from fedrepro.ssvfnas.cells import BASELINE, all_cells
-from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell
+from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell, run_fingerprint
 
 PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/checkpoints/ssvfnas"), Path("data/ssvfnas")
 
@@ -32,7 +32,8 @@ def main() -> None:
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process
     run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
              lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache),
-             headline)
+             headline,
+             lambda cell, digest: run_fingerprint(params, cell, digest))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from fedrepro.config import parse_params
-from fedrepro.fedmatch.cells import Cell, cell_params, sweep_cells, table_cells
+from fedrepro.fedmatch.cells import Cell, aggregation_epochs, cell_params, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import CommonSettings
 from fedrepro.fl.algorithms import build_algorithm
@@ -190,9 +190,19 @@ def test_cells_are_named_as_dvc_renders_the_matrix():
     points = {c.name for c in sweep_cells(params)}
     raw_ratio = RAW["fedmatch"]["sweeps"]["data_ratio"][-1]
     assert f"data_ratio-{raw_ratio}-individual-0" in points, "str() of the YAML value, as DVC writes ${item.value}"
-    every = cell_params(params, Cell("fedmatch_h_lr", 0, "aggregate_every", "2"))
-    assert every.train.local_epochs == 2 and every.train.rounds == -(-params.train.rounds // 2)
     assert cell_params(params, Cell("fedmatch_h_lr", 0, "patch_size", "64")).fedmatch.settings.patch_size == 64
+
+
+@pytest.mark.parametrize("rounds,periods,epochs", [(4, [1, 2, 3], 6), (3, [1, 2, 3], 6), (11, [1, 2, 3], 12),
+                                                   (4, [1, 2], 4), (4, [], 4)])
+def test_every_aggregation_period_of_fig7_trains_the_same_local_epochs(rounds, periods, epochs):
+    raw = yaml.safe_load(yaml.safe_dump(RAW))
+    raw["train"]["rounds"], raw["fedmatch"]["sweeps"]["aggregate_every"] = rounds, periods
+    params = parse_params(raw)
+    assert aggregation_epochs(params) == epochs
+    for period in periods:
+        train = cell_params(params, Cell("fedmatch_h_lr", 0, "aggregate_every", str(period))).train
+        assert (train.local_epochs, train.local_epochs * train.rounds) == (period, epochs)
 
 
 def test_the_embedded_params_list_every_method_of_both_tables():

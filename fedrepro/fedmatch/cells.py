@@ -61,10 +61,17 @@ def cell_params(params: Params, cell: Cell) -> Params:
         return params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
     if cell.sweep == "aggregate_every":
         every = int(cell.value)
-        # Same training budget at every point: rounds x local epochs stays about train.rounds epochs.
-        train = params.train.model_copy(update={"local_epochs": every, "rounds": max(1, math.ceil(params.train.rounds / every))})
+        train = params.train.model_copy(update={"local_epochs": every, "rounds": aggregation_epochs(params) // every})
         return params.model_copy(update={"train": train})
     return params
+
+
+def aggregation_epochs(params: Params) -> int:
+    """Fig 7's budget of local epochs, the same at every point: the smallest multiple of every period E of the
+    sweep that is at least ``train.rounds`` (4 rounds, E in 1-3: 6 epochs). Shrinking the rounds to ceil(rounds / E)
+    instead gave E = 3 six epochs against E = 1's four, so the figure mixed the period with the training length."""
+    periods = math.lcm(*(int(e) for e in params.fedmatch.sweeps.aggregate_every)) if params.fedmatch.sweeps.aggregate_every else 1
+    return periods * math.ceil(params.train.rounds / periods)
 
 
 def history_health(history: list[dict]) -> Health:

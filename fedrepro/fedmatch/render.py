@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fedrepro.config import Params
-from fedrepro.fedmatch.cells import SWEEPS
+from fedrepro.fedmatch.cells import SWEEPS, aggregation_epochs
 from fedrepro.fedmatch.report import (LABELS, FedMatchResults, claims_table, communication_table, health_table, marked_labels,
                                       patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
@@ -156,6 +156,9 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
     for number, sweep in zip((5, 6, 7, 8), SWEEPS):
         lines += [f"**{SWEEPS[sweep]}**" + (" (FedMatch H+LR vs individual BERT; the same ratio for every client)"
                                              if sweep == "data_ratio" else ""), ""]
+        if sweep == "aggregate_every" and fm.sweeps.aggregate_every:
+            lines += [f"Every period E trains {aggregation_epochs(params)} local epochs in all (E x rounds), so the "
+                      "figure varies how often the clients aggregate, not how long they train.", ""]
         if not getattr(fm.sweeps, sweep):
             lines += sweep_not_run(f"fedmatch.sweeps.{sweep}", " to fit the time budget")
             continue

@@ -31,7 +31,8 @@ from fedrepro.tasks.qa import QAMatchingTask, load_client_data, qrels_and_run
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
-    another run is never resumed."""
+    another run is never resumed. ``params`` as the grid has them: the cell's sweep point is applied here."""
+    params = cell_params(params, cell)
     return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": params.train.model_dump(),
                                              "fedmatch": params.fedmatch.settings.model_dump(),
                                              "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")})
@@ -88,6 +89,7 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
     """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
     mined_dir, tokenizer_dir = Path(mined_dir).resolve(), Path(tokenizer_dir).resolve()
     spec = recipe_spec("fedrepro.fedmatch.runs:spec_recipe", params, cell, [mined_dir, tokenizer_dir], inputs_digest)
+    run = run_fingerprint(params, cell, inputs_digest)
     params = cell_params(params, cell)
     recipe, train = METHODS[cell.method], params.train
     settings = EngineSettings(
@@ -101,7 +103,7 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
         build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
         algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method),
         common=CommonSettings(weighting=train.weighting), settings=settings,
-        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
+        fingerprint=run, threads=train.threads, spec=spec,
     )
 
 

@@ -212,7 +212,9 @@ class LocalTrainer:
         loss stops the run (``TrainingDiverged``) before its gradients reach the weights."""
         settings, model = self.settings, self.model
         model.train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+        # fused: one kernel over every tensor instead of a Python loop of small ops (issue 19: the loop was 30% of a
+        # FedCMC CPU-scale step, mostly over the word embeddings); the same Adam, rounded differently.
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, fused=True)
         per_round = self.steps_per_round(client_id)
         step, total = round_index * per_round, settings.rounds * per_round  # the federation's clock (module docstring)
         losses = []

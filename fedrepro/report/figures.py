@@ -20,15 +20,49 @@ def _save(fig, path: Path, dpi: int = 100) -> None:
     plt.close(fig)
 
 
+def _legend_beside(ax, fontsize: int = 7) -> None:
+    """The legend right of the axes, where it cannot cover a line."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def distinct_styles(count: int) -> list[dict]:
+    """A colour, marker and line style per line, all different up to 20 lines (matplotlib's default cycle has 10
+    colours, so an 11th line repeated the first's colour in one panel)."""
+    colours, markers, lines = plt.get_cmap("tab20").colors, "osD^v<>ph*", ["-", "--"]
+    return [{"color": colours[(2 * i) % 20 + (i // 10) % 2], "marker": markers[i % len(markers)],
+             "linestyle": lines[(i // 10) % 2]} for i in range(count)]
+
+
+def _at_least_span(ax, points: float = 5.0) -> None:
+    """Widen a percentage axis to ``points`` at least, top at 100 at most: on a tiny test set (breast: 1 sample =
+    0.9 points) a 98-100 axis turned one sample into a steep slope."""
+    low, high = ax.get_ylim()
+    if high - low < points:
+        high = min(100.0, (low + high + points) / 2)
+        ax.set_ylim(high - points, high)
+
+
+def curve_caption(seeds: int) -> str:
+    """What a curve of a figure is: a mean with a spread band, or one seed's run with none."""
+    return f"mean over {seeds} seeds, band ±1 std" if seeds > 1 else "1 seed, no spread"
+
+
 def convergence_figure(histories: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
-    """Training loss per round of each method: mean over seeds with a ±1 std band."""
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for method, frame in histories.groupby("method", sort=False):
-        curve = frame.groupby("round")["train_loss"].agg(["mean", "std"]).fillna(0.0)
-        ax.plot(curve.index, curve["mean"], marker="o", label=labels.get(method, method))
-        ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.12)
-    ax.set(title="Training loss per round (mean over clients and seeds)", xlabel="round", ylabel="loss")
-    ax.legend(fontsize=7, ncols=2)
+    """Training loss per round of each method: mean over clients and seeds, a ±1 std band over seeds when there
+    are several; ``histories`` has a row per (method, seed, round) with ``train_loss``."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    groups = list(histories.groupby("method", sort=False))
+    seeds = int(histories["seed"].nunique()) if "seed" in histories and len(histories) else 1
+    for (method, frame), style in zip(groups, distinct_styles(len(groups))):
+        curve = frame.groupby("round")["train_loss"].agg(["mean", "std"])
+        ax.plot(curve.index, curve["mean"], label=labels.get(method, method), markersize=4, **style)
+        if seeds > 1:
+            ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.12,
+                            color=style["color"])
+    if len(histories):
+        ax.set_xticks(sorted(histories["round"].unique()))
+    ax.set(title=f"Training loss per round (mean over clients; {curve_caption(seeds)})", xlabel="round", ylabel="loss")
+    _legend_beside(ax)
     _save(fig, path)
 
 
@@ -37,7 +71,7 @@ def sweep_figure(table: pd.DataFrame, x_label: str, title: str, path: Path, log2
 
     ``table``: index = sweep point, columns = clients (incl. overall).
     """
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     for client in table.columns:
         thick = client == OVERALL
         ax.plot(table.index, table[client], marker="o", linewidth=2.5 if thick else 1.2, color="saddlebrown" if thick else None,
@@ -50,7 +84,7 @@ def sweep_figure(table: pd.DataFrame, x_label: str, title: str, path: Path, log2
     if reverse:
         ax.invert_xaxis()
     ax.set(title=title, xlabel=x_label, ylabel="test MRR")
-    ax.legend(fontsize=7)
+    _legend_beside(ax)
     _save(fig, path)
 
 
@@ -121,25 +155,27 @@ def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float
                      styles: dict[str, dict] | None = None) -> None:
     """FedCMC Fig 3: test micro-F1 (%) of the global model per round, one line per column (index = round),
     the target F1 dotted."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for column in curves.columns:
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    for column, style in zip(curves.columns, distinct_styles(len(curves.columns))):
         series = curves[column].dropna()
-        ax.plot(series.index, 100 * series.to_numpy(), marker="o", markersize=3, label=str(column),
-                **(styles or {}).get(column, {}))
+        ax.plot(series.index, 100 * series.to_numpy(), markersize=3, label=str(column),
+                **{**style, **(styles or {}).get(column, {})})
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
     if len(curves.index):
         ax.set_xticks(list(curves.index))
     ax.set(title=title, xlabel="communication round", ylabel="test micro-F1 (%)")
-    ax.legend(fontsize=7, ncols=2)
+    _legend_beside(ax)
     _save(fig, path)
 
 
 def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path) -> None:
-    """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %), ±1 std whiskers where seeds > 1."""
+    """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %), ±1 std whiskers only where there is a
+    spread to show (std is NaN for one seed: a zero-length whisker would read as a measured zero spread)."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     positions = np.arange(len(table))
-    ax.bar(positions, table["mean"], yerr=table["std"], capsize=4, color="steelblue")
+    spread = table["std"].to_numpy(dtype=float)
+    ax.bar(positions, table["mean"], yerr=spread if np.isfinite(spread).any() else None, capsize=4, color="steelblue")
     for x, value in zip(positions, table["mean"]):
         ax.text(x, value, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(positions, [str(i) for i in table.index])
@@ -149,17 +185,22 @@ def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path) -> None
 
 def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str, path: Path, target: float | None = None) -> None:
     """SS-VFNAS: test accuracy (%) of the searched supernets against the megabytes exchanged so far, one panel per
-    DP level, one line per method. ``panels``: panel title -> method label -> frame with columns bytes, accuracy."""
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1), 4), squeeze=False)
+    DP level, one line per method. ``panels``: panel title -> method label -> frame with columns bytes, accuracy
+    and, over several seeds, accuracy_std (a ±1 std band)."""
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1) + 1.5, 4), squeeze=False)
     for ax, (name, curves) in zip(axes[0], panels.items()):
         for label, frame in curves.items():
             dashed = label.startswith("SS-")
-            ax.plot(frame["bytes"] / 1e6, 100 * frame["accuracy"], marker="o", markersize=3, label=label,
-                    linestyle="--" if dashed else "-")
+            megabytes, accuracy = frame["bytes"] / 1e6, 100 * frame["accuracy"]
+            line = ax.plot(megabytes, accuracy, marker="o", markersize=3, label=label, linestyle="--" if dashed else "-")
+            if "accuracy_std" in frame and frame["accuracy_std"].notna().any():
+                band = 100 * frame["accuracy_std"].fillna(0.0)
+                ax.fill_between(megabytes, accuracy - band, accuracy + band, alpha=0.12, color=line[0].get_color())
         if target is not None:
             ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
         ax.set(title=name, xlabel="MB exchanged in the search", ylabel="test accuracy (%)")
-        ax.legend(fontsize=7)
+        _at_least_span(ax)
+    _legend_beside(axes[0][-1])
     fig.suptitle(title, fontsize=10)
     _save(fig, path)
 
@@ -190,6 +231,7 @@ def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str
                 ylabel="test accuracy (%)")
     axes[1].set(title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)")
     for ax in axes:
+        _at_least_span(ax)
         ax.legend(fontsize=6, ncols=2)
     fig.suptitle(title, fontsize=10)
     _save(fig, path)

@@ -21,9 +21,8 @@ from fedrepro.config import Params
 from fedrepro.errors import DataError
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
-from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, messages_figure
+from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, curve_caption, messages_figure
 from fedrepro.report.claims import Claim, claims_frame
-from fedrepro.report.formatting import over_seeds
 from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
 from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell, baseline_cells, dp_name, partitions, retrain_health, table_cells
@@ -726,14 +725,13 @@ def summary_metrics(data: SSVFNASResults, params: Params) -> dict:
 
 
 def _curve(data: SSVFNASResults, **fields) -> pd.DataFrame:
-    """Seed-mean curve (step, bytes, messages, accuracy, epsilon) of the selected search cells."""
+    """Seed-mean curve (step, bytes, messages, accuracy and its std over seeds, epsilon) of the selected search cells."""
     keys = select_cells(data, **fields)["key"]
     frame = data.curves[data.curves.key.isin(keys)]
     if frame.empty:
-        return pd.DataFrame(columns=["step", "bytes", "messages", "accuracy", "epsilon"])
-    out = frame.groupby("step").agg(bytes=("bytes", "mean"), messages=("messages", "mean"), accuracy=("test_accuracy", "mean"),
-                                    epsilon=("epsilon", "mean")).reset_index()
-    return out
+        return pd.DataFrame(columns=["step", "bytes", "messages", "accuracy", "accuracy_std", "epsilon"])
+    return frame.groupby("step").agg(bytes=("bytes", "mean"), messages=("messages", "mean"), accuracy=("test_accuracy", "mean"),
+                                     accuracy_std=("test_accuracy", "std"), epsilon=("epsilon", "mean")).reset_index()
 
 
 def figure_point(params: Params) -> str:
@@ -748,7 +746,7 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
     for point in partition_names(params):
         panels = {dp_level_text(lvl): {method_label(m): _curve(data, partition=point, dp=dp_name(lvl), method=m) for m in ss.methods}
                   for lvl in ss.dp_levels}
-        accuracy_bytes_figure(panels, f"{point}: supernets' test accuracy vs bytes ({over_seeds(len(ss.seeds))}, mean)",
+        accuracy_bytes_figure(panels, f"{point}: supernets' test accuracy vs MB exchanged ({curve_caption(len(ss.seeds))})",
                               folder / f"accuracy_vs_bytes_{point}.png", ss.target_accuracy)
         points, unbounded = {}, {}
         for method in list(ss.methods) + [BASELINE]:
