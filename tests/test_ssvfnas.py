@@ -21,8 +21,8 @@ from fedrepro.data.prepare import write_vertical
 from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import ConfigError, DataError
 from fedrepro.io import write_json
-from fedrepro.ssvfnas.cells import (BASELINE, Cell, all_cells, baseline_cells, partitions, retrain_health, skipped_partitions,
-                                    table_cells)
+from fedrepro.ssvfnas.cells import (BASELINE, LABEL_ALONE, Cell, all_cells, baseline_cells, label_alone_cells, partitions,
+                                    retrain_health, skipped_partitions, table_cells)
 from fedrepro.ssvfnas.partition import align, build_partition, stratified_splits, write_partition
 from fedrepro.vfl.spaces import supernet
 
@@ -130,6 +130,8 @@ def test_cells_of_the_grid_from_params():
     cells = table_cells(params)
     assert len(cells) == 4 * 3 * 2 * 2 and len(baseline_cells(params)) == 3 * 2 * 2
     assert len(set(c.name for c in all_cells(params))) == len(all_cells(params))
+    alone = label_alone_cells(params)
+    assert len(alone) == 3 * 2 and {c.dp for c in alone} == {"nodp"} and set(alone) <= set(all_cells(params))
     cell = Cell("ss_vfnas2", "digits", 4, 1.0, 0.5, 1)
     assert cell in cells and cell.name == "digits-k4-dp1-0.5-ss_vfnas2-s1" and cell.partition == "digits-k4"
     assert (cell.rule, cell.presearch) == ("milenas", True)
@@ -365,6 +367,33 @@ def fake_retrain_curve(valid: float, diverged: bool = False, converged: bool = T
     scores = [valid - 0.2, valid, valid, valid] if converged else [valid - 0.3, valid - 0.2, valid - 0.1, valid]
     return [{"step": 10 * (i + 1), "train_loss": loss, "valid_accuracy": score, "valid_loss": 1.0}
             for i, (loss, score) in enumerate(zip(losses, scores))]
+
+
+def test_the_label_party_alone_reads_only_its_own_columns_and_is_deterministic(tmp_path):
+    """A label-alone cell trains the label party's network on its own features: scrambling the other party's columns
+    leaves its predictions as they were, and a rerun gives the same outputs bit for bit."""
+    tables, labels, splits, summary = build_partition(toy_vertical(tmp_path / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0)
+    other = 1 - summary["label_party"]
+    scrambled = [t.copy() for t in tables]
+    columns = [c for c in scrambled[other].columns if c != "sample_id"]
+    scrambled[other][columns] = np.random.default_rng(1).normal(size=(len(scrambled[other]), len(columns))) * 100
+    write_partition(tmp_path / "plain" / "toy-k2", tables, labels, splits, summary)
+    write_partition(tmp_path / "scrambled" / "toy-k2", scrambled, labels, splits, summary)
+    params, cell = tiny_params(), Cell(LABEL_ALONE, "toy", 2, 0.0, 0.0, 0)
+    assert cell.label_alone and cell.rule is None and not cell.presearch
+    outputs = {}
+    for name in ("plain", "again", "scrambled"):
+        partition = tmp_path / ("scrambled" if name == "scrambled" else "plain") / "toy-k2"
+        metrics = _run(params, cell, partition, tmp_path / f"out-{name}", tmp_path / f"ckpt-{name}")
+        outputs[name] = (pd.read_csv(tmp_path / f"out-{name}" / "predictions.csv"), metrics["test"], metrics["retrain"]["curve"])
+    assert {p.name for p in (tmp_path / "out-plain").iterdir()} == {"metrics.json", "predictions.csv"}
+    assert metrics["retrain"]["steps"] == 4 and len(metrics["parameters"]["bottom"]) == 1 and "epsilon_total_max" not in metrics
+    for name in ("again", "scrambled"):
+        assert outputs[name][0].equals(outputs["plain"][0]) and outputs[name][1:] == outputs["plain"][1:]
+    # the pooled protocol on both parties does read the scrambled columns (so the check above can fail)
+    pooled = [runs.one_party(params, runs.load_partition(tmp_path / f / "toy-k2"), [0, 1], 0).parties[0].features
+              for f in ("plain", "scrambled")]
+    assert not torch.equal(*pooled)
 
 
 def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: tuple[str, ...] = ()) -> None:
