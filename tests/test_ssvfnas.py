@@ -5,6 +5,7 @@ claims), and params errors that name the key."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -396,6 +397,23 @@ def test_the_label_party_alone_reads_only_its_own_columns_and_is_deterministic(t
     assert not torch.equal(*pooled)
 
 
+def test_majority_class_is_the_training_rows_majority_scored_on_test():
+    """Trained on rows 0-5 (labels 0 0 1 1 1 | 2): class 1; the held-out rows (all 2) would tip it to 2 if they counted.
+    Test labels 2 1 1 0: accuracy 1/2. A tie goes to the lowest class id."""
+    from fedrepro.ssvfnas.sanity import majority_accuracy
+
+    def partition(labels, splits):
+        rows = {name: torch.tensor(r) for name, r in splits.items()}
+        return runs.PartitionData("p", {"classes": 3, "label_party": 0}, [torch.zeros(len(labels), 1)], torch.tensor(labels),
+                                  np.arange(len(labels)), rows)
+
+    data = partition([0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 0],
+                     {"train": [0, 1, 2, 3, 4], "valid": [5], runs.HELD_OUT: [6, 7, 8], "test": [9, 10, 11, 12]})
+    assert majority_accuracy(data, "test") == 0.5 and majority_accuracy(data) == 0.0
+    tie = partition([0, 0, 1, 1, 0, 1, 1], {"train": [0, 1, 2], "valid": [3], "test": [4, 5, 6]})
+    assert majority_accuracy(tie, "test") == pytest.approx(1 / 3)
+
+
 def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: tuple[str, ...] = ()) -> None:
     """Cell folders for every cell of ``params``: SS methods reach the 40% target 2 steps earlier; without DP every
     search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points. Held-out validation
@@ -413,7 +431,7 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
     write_json(root / "partitions" / "summary.json", {"partitions": summaries, "skipped": []})
     for cell in all_cells(params):
         noisy = cell.sigma_forward > 0
-        base = 0.6 if cell.baseline else 0.8
+        base = 0.6 if cell.baseline else (0.5 if cell.label_alone else 0.8)
         accuracy = base - (0.2 if noisy else 0.0)
         right = (np.arange(n_test) + 7 * cell.seed) % n_test < int(accuracy * n_test)
         predicted = np.where(right, labels, (labels + 1) % 10)
@@ -435,6 +453,8 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
                    "parameters": {"bottom": [500] * cell.parties, "top": 50}}
         if cell.baseline:
             metrics["parameters"]["baseline_target"] = [520] * cell.parties
+        elif cell.label_alone:
+            metrics["retrain"]["valid_accuracy"] = accuracy - 0.1
         else:
             darts = cell.rule == "darts"
             per_step = (4 if darts else 2) * (cell.parties - 1)
@@ -458,7 +478,7 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
 
 def test_the_report_renders_on_fake_cell_folders(tmp_path):
     from fedrepro.ssvfnas.render import render_report
-    from fedrepro.ssvfnas.report import claims_table, load_ssvfnas, results_frame, summary_metrics, write_figures
+    from fedrepro.ssvfnas.report import ALONE, MAJORITY, claims_table, load_ssvfnas, main_table, results_frame, summary_metrics, write_figures
 
     raw = raw_params()
     preset = raw["scales"]["embedded"]["ssvfnas"]
@@ -467,7 +487,15 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     params = parse_params(raw)
     fake_grid(tmp_path / "data", params)
     data = load_ssvfnas(tmp_path / "data", params)
-    assert len(data.cells) == len(all_cells(params)) and set(data.curves.key) == {c.name for c in table_cells(params)}
+    assert len(data.cells) == len(table_cells(params) + baseline_cells(params)) and set(data.curves.key) == {c.name for c in table_cells(params)}
+    assert len(data.label_alone) == len(label_alone_cells(params)) and data.majority == {}  # the fake grid has no partition data
+    table = main_table(data, params).set_index(["dataset-K", "method"])
+    assert table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "50.00 ± 0.00" and table.loc[("digits-k2", ALONE), "DP"] == "nothing sent"
+    assert table.loc[("digits-k2", MAJORITY), "test accuracy (%)"] == "not computed (no partition data)"
+    variant = dataclasses.replace(data, majority={"digits-k2": 0.125}, label_alone=data.label_alone[data.label_alone.seed == 0])
+    table = main_table(variant, params).set_index(["dataset-K", "method"])
+    assert table.loc[("digits-k2", MAJORITY), "test accuracy (%)"] == "12.50"
+    assert table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "not run"  # one of two seeds: no mean over some
     report = render_report(params, data)
     for heading in ("## Setup", "## Partitions", "## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes",
                     "## Accuracy vs ε", "## Messages per step: DARTS vs MiLeNAS", "## The searched cells",
@@ -503,7 +531,7 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     assert summary["epsilon_total"]["no_amplification"]["dp1-1"]["digits-k2"] == 2.5  # the fake cells' eps + 0.5
     assert summary["epsilon_total"]["amplified_poisson_assumed"]["dp1-1"]["digits-k2"] == 0.5
     assert "ε total, amplified (Poisson assumed)" in report and "no amplification" in report
-    assert len(results_frame(data, params)) == len(all_cells(params))
+    assert len(results_frame(data, params)) == len(table_cells(params) + baseline_cells(params))
     # a missing cell names its folder and the stage that writes it
     gone = [c for c in table_cells(params) if c.method == "vfnas2"][-1]
     missing = tmp_path / "data" / "tables" / "vfnas2" / gone.name / "metrics.json"
