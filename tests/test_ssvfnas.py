@@ -547,7 +547,8 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
 
     params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
     bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name
-    fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow,))
+    alone = Cell(LABEL_ALONE, "digits", 4, 0.0, 0.0, 0).name
+    fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow, alone))
     data = load_ssvfnas(tmp_path, params)
     health = data.cells.set_index("key")["health"]
     assert (health[bad], health[slow]) == ("diverged", "not converged") and set(health.drop([bad, slow])) == {"converged"}
@@ -555,10 +556,11 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
     accuracy = table["test accuracy (%)"]
     assert accuracy[("digits-k2", "no DP", "VFNAS-1")] == "80.00 †"
     assert accuracy[("digits-k4", "σ1 = 1, σ2 = 1", "hand-designed")] == "40.00 °"
-    assert sum(value.endswith(("†", "°")) for value in accuracy) == 2
+    assert accuracy[("digits-k4", "nothing sent", "trivial: label party alone")] == "50.00 °"
+    assert sum(value.endswith(("†", "°")) for value in accuracy) == 3
     assert table.loc[("digits-k2", "no DP", "VFNAS-1"), "held-out valid accuracy (%)"] == "70.00"  # the held-out rows, not test
     flagged = health_table(data)
-    assert flagged["name"].tolist() == [bad, slow] and flagged["health"].tolist() == ["diverged", "not converged"]
+    assert flagged["name"].tolist() == [bad, slow, alone] and flagged["health"].tolist() == ["diverged", "not converged", "not converged"]
     assert flagged["why"].iloc[0] == "training loss rose from 1 (round 1) to 2.5 (round 4)"
     verdicts = claims_table(data, params).set_index("finding (paper)")["verdict"]
     inconclusive = verdicts[verdicts.str.startswith("inconclusive (diverged cell)")]

@@ -192,12 +192,12 @@ def _deviations(params: Params) -> list[str]:
 
 def _health_lines(data: SSVFNASResults, params: Params) -> list[str]:
     """The marks' legend, the shared rule quoted, what a round and a score are here, and the flagged cells."""
-    counts = data.cells["health"].value_counts()
+    counts = pd.concat([data.cells["health"], data.label_alone["health"]]).value_counts()
     lines = [f"† a cell diverged, ° a cell had not converged: {RULE}. A round is a validation point of the cell's "
              f"retraining (every {params.ssvfnas.retrain.eval_every} steps, its mean training loss since the previous one) "
              "and the validation score its accuracy on the held-out rows. The rule judges the retraining, whose accuracy the "
              "tables report; the claims on steps and ε to the target rest on the searches' supernet curves, and the messages "
-             f"claim on the channel's counts, which it does not judge. Of {len(data.cells)} cells: "
+             f"claim on the channel's counts, which it does not judge. Of {len(data.cells) + len(data.label_alone)} cells: "
              + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
     flagged = health_table(data)
     if not flagged.empty:

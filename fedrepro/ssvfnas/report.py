@@ -361,8 +361,8 @@ def trivial_rows(data: SSVFNASResults, params: Params, point: str) -> list[dict]
 
 
 def health_table(data: SSVFNASResults) -> pd.DataFrame:
-    """Every cell whose retraining diverged or had not converged, once, with the rule's reason."""
-    return flagged_cells(data.cells.rename(columns={"key": "name"}))
+    """Every cell (the label party alone's too) whose retraining diverged or had not converged, once, with the rule's reason."""
+    return flagged_cells(pd.concat([data.cells, data.label_alone]).rename(columns={"key": "name"}))
 
 
 def target_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
