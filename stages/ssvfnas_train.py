@@ -2,7 +2,8 @@
 
 ``--tables``: every method of ssvfnas.methods x (dataset, K) x DP level x seed (pre-search for ss_ methods,
 collaborative search, derived genotypes, retraining, test accuracy), then the hand-designed baseline once per
-(dataset, K) x DP level x seed, trained like the derived ones. ``--method M`` / ``--baseline`` (re)run one row
+(dataset, K) x DP level x seed, trained like the derived ones, and the label party alone (its own network on its own
+features) once per (dataset, K) x seed. ``--method M`` (``label_party_alone`` too) / ``--baseline`` (re)run one row
 in place. Each cell keeps its own checkpoint folder (``data/checkpoints/ssvfnas/tables/<method>/<cell>``,
 ``fedrepro.grid``).
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.grid import run_grid, table_rows
-from fedrepro.ssvfnas.cells import BASELINE, all_cells
+from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
 from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell, run_fingerprint
 
 PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/checkpoints/ssvfnas"), Path("data/ssvfnas")
@@ -22,12 +23,13 @@ PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/check
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--tables", action="store_true", help="every method's cells and the baseline's")
+    which.add_argument("--tables", action="store_true", help="every method's cells, the baseline's and the label party alone's")
     which.add_argument("--method", help="one method's cells, in place: every dataset/K x DP level x seed")
     which.add_argument("--baseline", action="store_true", help="the hand-designed baseline's cells, in place")
     args = parser.parse_args()
     params = load_params()
-    folder, rows = table_rows(all_cells(params), [*params.ssvfnas.methods, BASELINE], f"ssvfnas.methods (or {BASELINE})",
+    folder, rows = table_rows(all_cells(params), [*params.ssvfnas.methods, BASELINE, LABEL_ALONE],
+                              f"ssvfnas.methods (or {BASELINE}, {LABEL_ALONE})",
                               BASELINE if args.baseline else args.method)
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process
     run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),

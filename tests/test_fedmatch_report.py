@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from fedrepro.fedmatch.report import FedMatchResults, _compare, health_table, history_health, marked_labels, patch_table
+from fedrepro.fedmatch.report import FedMatchResults, _compare, bm25_levels, health_table, history_health, marked_labels, patch_table
 
 CLIENTS = ("a", "b")
 
@@ -89,8 +89,26 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     partition = {"clients": {c: {"train_questions_available": 10, "questions": {"train": 5, "valid": 4, "test": 4},
                                  "answer_pool": 30} for c in CLIENTS}}
     mined = {c: {"triples": 20, "candidates": {"test": 40}} for c in CLIENTS}
-    report = render_report(params, data, chance, partition, mined)
+    bm25 = {"clients": {c: {"map": 0.125, "mrr": 0.375} for c in CLIENTS}, "overall": {"map": 0.125, "mrr": 0.375}}
+    report = render_report(params, data, chance, bm25, partition, mined)
+    assert report.count("| BM25 only ") == 4 and "| 0.125 |" in report and "ascending answer id" in report
+    assert "BM25-only row is absent" in render_report(params, data, chance, None, partition, mined)
     assert RULE in report
     assert "| FedAvg [diverged]" in report and "| FedMatch H+LR [not converged]" in report
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
     assert "no verdict: rests on diverged cells (FedAvg)" in report
+
+
+def test_bm25_only_row_is_map_and_mrr_of_the_recorded_scores_with_ties_by_answer_id(tmp_path):
+    """q1: order a2 (3) a1* (2) a3 (1) a4* (0): AP (1/2 + 2/4) / 2, RR 1/2; q2: gold b1 ties b2 at 1.0 and ranks first
+    by answer id: AP = RR = 1 (reversed tie rule: 1/2); client b's q3: gold c1 (0) below c2 (1): AP = RR = 1/2.
+    The valid question would lift client a to AP 1 if it counted."""
+    rows = [("test", "q1", "a1", 1, 2.0), ("test", "q1", "a2", 0, 3.0), ("test", "q1", "a3", 0, 1.0), ("test", "q1", "a4", 1, 0.0),
+            ("test", "q2", "b1", 1, 1.0), ("test", "q2", "b2", 0, 1.0), ("valid", "v1", "z1", 1, 9.0), ("valid", "v1", "z2", 0, 0.0)]
+    columns = ["split", "question_id", "answer_id", "relevance", "score"]
+    pd.DataFrame(rows, columns=columns).to_parquet(tmp_path / "a.parquet")
+    pd.DataFrame([("test", "q3", "c1", 1, 0.0), ("test", "q3", "c2", 0, 1.0)], columns=columns).to_parquet(tmp_path / "b.parquet")
+    levels = bm25_levels(tmp_path)
+    assert levels["clients"] == {"a": {"map": 0.75, "mrr": 0.75}, "b": {"map": 0.5, "mrr": 0.5}}
+    assert levels["overall"] == {"map": 0.625, "mrr": 0.625}
+    assert bm25_levels(tmp_path / "absent") is None

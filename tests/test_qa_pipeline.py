@@ -6,7 +6,8 @@ import torch
 
 from fedrepro.data.partition import QAClient, cap_client, same_text_gold, skew_preserving_caps, training_pool, write_clients
 from fedrepro.io import read_table
-from fedrepro.retrieval.mining import evaluation_candidates, official_candidates, training_triples
+from fedrepro.retrieval.bm25 import top_non_gold
+from fedrepro.retrieval.mining import bm25_ranking, evaluation_candidates, official_candidates, training_triples
 from fedrepro.tasks.qa import qrels_and_run
 
 WORDS = "premium policy claim deductible annuity renters auto life coverage term whole beneficiary rider".split()
@@ -69,6 +70,20 @@ def test_candidates_hold_every_gold_answer_plus_bm25_negatives():
     relevant = candidates[candidates.relevance == 1]
     assert sorted(relevant["question_id"]) == ["q10", "q11", "q8", "q9"]
     assert (candidates.groupby("question_id").size() <= 5).all()
+
+
+def test_bm25_ranking_keeps_the_scores_that_picked_the_negatives_and_scores_the_golds():
+    pairs, pool = toy_pairs(), pool_of(toy_pairs())
+    candidates = evaluation_candidates(pairs, pool, n=4, backend="bm25s")
+    ranking = bm25_ranking(candidates, pool, "bm25s")
+    assert list(ranking.columns) == ["split", "question_id", "answer_id", "relevance", "score"]
+    assert ranking[["split", "question_id", "answer_id", "relevance"]].equals(candidates[["split", "question_id", "answer_id", "relevance"]])
+    test = pairs[pairs.split == "test"]
+    hits = top_non_gold(dict(zip(test.question_id, test.question)), {q: {a} for q, a in zip(test.question_id, test.answer_id)}, pool, 4)
+    negatives = ranking[(ranking.split == "test") & (ranking.relevance == 0)]
+    assert dict(zip(zip(negatives.question_id, negatives.answer_id), negatives.score)) == dict(zip(zip(hits.question_id, hits.answer_id), hits.score))
+    golds = ranking[ranking.relevance == 1]
+    assert (golds.score > 0).all()  # each gold shares its question's words
 
 
 def test_qrels_and_run_from_scored_candidates():

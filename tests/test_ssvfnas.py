@@ -5,6 +5,7 @@ claims), and params errors that name the key."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,8 +22,8 @@ from fedrepro.data.prepare import write_vertical
 from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import ConfigError, DataError
 from fedrepro.io import write_json
-from fedrepro.ssvfnas.cells import (BASELINE, Cell, all_cells, baseline_cells, partitions, retrain_health, skipped_partitions,
-                                    table_cells)
+from fedrepro.ssvfnas.cells import (BASELINE, LABEL_ALONE, Cell, all_cells, baseline_cells, label_alone_cells, partitions,
+                                    retrain_health, skipped_partitions, table_cells)
 from fedrepro.ssvfnas.partition import align, build_partition, stratified_splits, write_partition
 from fedrepro.vfl.spaces import supernet
 
@@ -130,6 +131,8 @@ def test_cells_of_the_grid_from_params():
     cells = table_cells(params)
     assert len(cells) == 4 * 3 * 2 * 2 and len(baseline_cells(params)) == 3 * 2 * 2
     assert len(set(c.name for c in all_cells(params))) == len(all_cells(params))
+    alone = label_alone_cells(params)
+    assert len(alone) == 3 * 2 and {c.dp for c in alone} == {"nodp"} and set(alone) <= set(all_cells(params))
     cell = Cell("ss_vfnas2", "digits", 4, 1.0, 0.5, 1)
     assert cell in cells and cell.name == "digits-k4-dp1-0.5-ss_vfnas2-s1" and cell.partition == "digits-k4"
     assert (cell.rule, cell.presearch) == ("milenas", True)
@@ -367,6 +370,50 @@ def fake_retrain_curve(valid: float, diverged: bool = False, converged: bool = T
             for i, (loss, score) in enumerate(zip(losses, scores))]
 
 
+def test_the_label_party_alone_reads_only_its_own_columns_and_is_deterministic(tmp_path):
+    """A label-alone cell trains the label party's network on its own features: scrambling the other party's columns
+    leaves its predictions as they were, and a rerun gives the same outputs bit for bit."""
+    tables, labels, splits, summary = build_partition(toy_vertical(tmp_path / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0)
+    other = 1 - summary["label_party"]
+    scrambled = [t.copy() for t in tables]
+    columns = [c for c in scrambled[other].columns if c != "sample_id"]
+    scrambled[other][columns] = np.random.default_rng(1).normal(size=(len(scrambled[other]), len(columns))) * 100
+    write_partition(tmp_path / "plain" / "toy-k2", tables, labels, splits, summary)
+    write_partition(tmp_path / "scrambled" / "toy-k2", scrambled, labels, splits, summary)
+    params, cell = tiny_params(), Cell(LABEL_ALONE, "toy", 2, 0.0, 0.0, 0)
+    assert cell.label_alone and cell.rule is None and not cell.presearch
+    outputs = {}
+    for name in ("plain", "again", "scrambled"):
+        partition = tmp_path / ("scrambled" if name == "scrambled" else "plain") / "toy-k2"
+        metrics = _run(params, cell, partition, tmp_path / f"out-{name}", tmp_path / f"ckpt-{name}")
+        outputs[name] = (pd.read_csv(tmp_path / f"out-{name}" / "predictions.csv"), metrics["test"], metrics["retrain"]["curve"])
+    assert {p.name for p in (tmp_path / "out-plain").iterdir()} == {"metrics.json", "predictions.csv"}
+    assert metrics["retrain"]["steps"] == 4 and len(metrics["parameters"]["bottom"]) == 1 and "epsilon_total_max" not in metrics
+    for name in ("again", "scrambled"):
+        assert outputs[name][0].equals(outputs["plain"][0]) and outputs[name][1:] == outputs["plain"][1:]
+    # the pooled protocol on both parties does read the scrambled columns (so the check above can fail)
+    pooled = [runs.one_party(params, runs.load_partition(tmp_path / f / "toy-k2"), [0, 1], 0).parties[0].features
+              for f in ("plain", "scrambled")]
+    assert not torch.equal(*pooled)
+
+
+def test_majority_class_is_the_training_rows_majority_scored_on_test():
+    """Trained on rows 0-5 (labels 0 0 1 1 1 | 2): class 1; the held-out rows (all 2) would tip it to 2 if they counted.
+    Test labels 2 1 1 0: accuracy 1/2. A tie goes to the lowest class id."""
+    from fedrepro.ssvfnas.sanity import majority_accuracy
+
+    def partition(labels, splits):
+        rows = {name: torch.tensor(r) for name, r in splits.items()}
+        return runs.PartitionData("p", {"classes": 3, "label_party": 0}, [torch.zeros(len(labels), 1)], torch.tensor(labels),
+                                  np.arange(len(labels)), rows)
+
+    data = partition([0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 0],
+                     {"train": [0, 1, 2, 3, 4], "valid": [5], runs.HELD_OUT: [6, 7, 8], "test": [9, 10, 11, 12]})
+    assert majority_accuracy(data, "test") == 0.5 and majority_accuracy(data) == 0.0
+    tie = partition([0, 0, 1, 1, 0, 1, 1], {"train": [0, 1, 2], "valid": [3], "test": [4, 5, 6]})
+    assert majority_accuracy(tie, "test") == pytest.approx(1 / 3)
+
+
 def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: tuple[str, ...] = ()) -> None:
     """Cell folders for every cell of ``params``: SS methods reach the 40% target 2 steps earlier; without DP every
     search method is right on 80% of the test samples, the baseline on 60%; DP takes 20 points. Held-out validation
@@ -384,7 +431,7 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
     write_json(root / "partitions" / "summary.json", {"partitions": summaries, "skipped": []})
     for cell in all_cells(params):
         noisy = cell.sigma_forward > 0
-        base = 0.6 if cell.baseline else 0.8
+        base = 0.6 if cell.baseline else (0.5 if cell.label_alone else 0.8)
         accuracy = base - (0.2 if noisy else 0.0)
         right = (np.arange(n_test) + 7 * cell.seed) % n_test < int(accuracy * n_test)
         predicted = np.where(right, labels, (labels + 1) % 10)
@@ -406,6 +453,8 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
                    "parameters": {"bottom": [500] * cell.parties, "top": 50}}
         if cell.baseline:
             metrics["parameters"]["baseline_target"] = [520] * cell.parties
+        elif cell.label_alone:
+            metrics["retrain"]["valid_accuracy"] = accuracy - 0.1
         else:
             darts = cell.rule == "darts"
             per_step = (4 if darts else 2) * (cell.parties - 1)
@@ -429,7 +478,7 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
 
 def test_the_report_renders_on_fake_cell_folders(tmp_path):
     from fedrepro.ssvfnas.render import render_report
-    from fedrepro.ssvfnas.report import claims_table, load_ssvfnas, results_frame, summary_metrics, write_figures
+    from fedrepro.ssvfnas.report import ALONE, MAJORITY, claims_table, load_ssvfnas, main_table, results_frame, summary_metrics, write_figures
 
     raw = raw_params()
     preset = raw["scales"]["embedded"]["ssvfnas"]
@@ -438,7 +487,15 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     params = parse_params(raw)
     fake_grid(tmp_path / "data", params)
     data = load_ssvfnas(tmp_path / "data", params)
-    assert len(data.cells) == len(all_cells(params)) and set(data.curves.key) == {c.name for c in table_cells(params)}
+    assert len(data.cells) == len(table_cells(params) + baseline_cells(params)) and set(data.curves.key) == {c.name for c in table_cells(params)}
+    assert len(data.label_alone) == len(label_alone_cells(params)) and data.majority == {}  # the fake grid has no partition data
+    table = main_table(data, params).set_index(["dataset-K", "method"])
+    assert table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "50.00 ± 0.00" and table.loc[("digits-k2", ALONE), "DP"] == "nothing sent"
+    assert table.loc[("digits-k2", MAJORITY), "test accuracy (%)"] == "not computed (no partition data)"
+    variant = dataclasses.replace(data, majority={"digits-k2": 0.125}, label_alone=data.label_alone[data.label_alone.seed == 0])
+    table = main_table(variant, params).set_index(["dataset-K", "method"])
+    assert table.loc[("digits-k2", MAJORITY), "test accuracy (%)"] == "12.50"
+    assert table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "not run"  # one of two seeds: no mean over some
     report = render_report(params, data)
     for heading in ("## Setup", "## Partitions", "## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes",
                     "## Accuracy vs ε", "## Messages per step: DARTS vs MiLeNAS", "## The searched cells",
@@ -474,7 +531,7 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     assert summary["epsilon_total"]["no_amplification"]["dp1-1"]["digits-k2"] == 2.5  # the fake cells' eps + 0.5
     assert summary["epsilon_total"]["amplified_poisson_assumed"]["dp1-1"]["digits-k2"] == 0.5
     assert "ε total, amplified (Poisson assumed)" in report and "no amplification" in report
-    assert len(results_frame(data, params)) == len(all_cells(params))
+    assert len(results_frame(data, params)) == len(table_cells(params) + baseline_cells(params))
     # a missing cell names its folder and the stage that writes it
     gone = [c for c in table_cells(params) if c.method == "vfnas2"][-1]
     missing = tmp_path / "data" / "tables" / "vfnas2" / gone.name / "metrics.json"
@@ -490,7 +547,8 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
 
     params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
     bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name
-    fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow,))
+    alone = Cell(LABEL_ALONE, "digits", 4, 0.0, 0.0, 0).name
+    fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow, alone))
     data = load_ssvfnas(tmp_path, params)
     health = data.cells.set_index("key")["health"]
     assert (health[bad], health[slow]) == ("diverged", "not converged") and set(health.drop([bad, slow])) == {"converged"}
@@ -498,10 +556,11 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
     accuracy = table["test accuracy (%)"]
     assert accuracy[("digits-k2", "no DP", "VFNAS-1")] == "80.00 †"
     assert accuracy[("digits-k4", "σ1 = 1, σ2 = 1", "hand-designed")] == "40.00 °"
-    assert sum(value.endswith(("†", "°")) for value in accuracy) == 2
+    assert accuracy[("digits-k4", "nothing sent", "trivial: label party alone")] == "50.00 °"
+    assert sum(value.endswith(("†", "°")) for value in accuracy) == 3
     assert table.loc[("digits-k2", "no DP", "VFNAS-1"), "held-out valid accuracy (%)"] == "70.00"  # the held-out rows, not test
     flagged = health_table(data)
-    assert flagged["name"].tolist() == [bad, slow] and flagged["health"].tolist() == ["diverged", "not converged"]
+    assert flagged["name"].tolist() == [bad, slow, alone] and flagged["health"].tolist() == ["diverged", "not converged", "not converged"]
     assert flagged["why"].iloc[0] == "training loss rose from 1 (round 1) to 2.5 (round 4)"
     verdicts = claims_table(data, params).set_index("finding (paper)")["verdict"]
     inconclusive = verdicts[verdicts.str.startswith("inconclusive (diverged cell)")]

@@ -7,7 +7,7 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import SWEEPS, aggregation_epochs
-from fedrepro.fedmatch.report import (LABELS, FedMatchResults, claims_table, communication_table, health_table, marked_labels,
+from fedrepro.fedmatch.report import (BM25_ONLY, LABELS, FedMatchResults, claims_table, communication_table, health_table, marked_labels,
                                       patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
@@ -37,9 +37,27 @@ def _named_caps(caps: dict[str, int], what: str) -> str:
     return "".join(f"; {client}: {n or 'all'} {what}" for client, n in sorted(caps.items()))
 
 
-def render_report(params: Params, data: FedMatchResults, chance: dict, partition: dict, mined: dict) -> str:
+def trivial_rows_text(bm25: dict | None, mined: dict) -> str:
+    """What the two trivial rows under Tables 2-3 are, and what 'BM25 only' means for the clients' eval pools."""
+    text = ("Trivial rows under each table rank the very test candidates the methods rank, scored by the same "
+            "MAP/MRR code: 'random ranking (chance)' is the exact expectation of a uniformly random order per question")
+    if bm25 is None:
+        return text + "; the BM25-only row is absent: the mining recorded no BM25 scores (`data/mined_bm25`)."
+    official = sorted(client for client, info in mined.items() if info.get("eval_pool") == "official")
+    text += (f"; '{BM25_ONLY}' orders them by their BM25 score over the client's answer pool, with the mining's index "
+             "and settings (ties, e.g. candidates sharing no term with the question, fall by ascending answer id, the "
+             "methods' own tie rule). Where BM25 mined the candidates, its negatives are BM25's own top non-gold hits, "
+             "so this row can sit below chance")
+    if official:
+        text += (f"; for {', '.join(official)} the candidates are the collection's official pool, which BM25 did not "
+                 "pick: there the row is BM25 re-ranking that pool")
+    return text + "."
+
+
+def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dict | None, partition: dict, mined: dict) -> str:
     """reports/fedmatch/report.md: setup, Tables 2-3, claims, health, communication and figures."""
     fm, train, model, mine = params.fedmatch, params.train, params.model, params.data
+    trivial = {BM25_ONLY: bm25} if bm25 else None
     settings, labels = fm.settings, {**LABELS, **marked_labels(data)}
     clients = pd.DataFrame({
         client: {
@@ -98,6 +116,8 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
         + ("" if train.eval_every else "`train.eval_every` is 0 at this scale, so no validation MRR was recorded and "
            "convergence is unknown; only divergence is judged."),
         "",
+        trivial_rows_text(bm25, mined),
+        "",
         "## Table 2: the eight FedMatch variants",
         "",
         INSERTION_TEXT,
@@ -105,7 +125,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
     ]
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({over_seeds(len(seeds))})", "",
-                  summary_table(_results_for(data, fm.table2), metric, fm.table2, labels, chance).to_markdown(), ""]
+                  summary_table(_results_for(data, fm.table2), metric, fm.table2, labels, chance, trivial).to_markdown(), ""]
     lines += ["## Table 3: FedMatch against the baselines", "",
               "RE2 and ESIM are trained per client from scratch on random word embeddings (no pretrained vectors can be "
               "loaded offline), over the backbone's WordPiece tokens. CoverQuery hides each real question among "
@@ -118,7 +138,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
               "section shows its validation curve.", ""]
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({over_seeds(len(seeds))})", "",
-                  summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance).to_markdown(), ""]
+                  summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance, trivial).to_markdown(), ""]
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict "
               "follows the numbers whatever they are.", "", claims_table(data, params).to_markdown(index=False), ""]

@@ -15,7 +15,7 @@ from fedrepro.fedmatch.cells import SWEEPS, Cell, history_health, sweep_cells, t
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.fl.health import Health
 from fedrepro.io import read_table
-from fedrepro.metrics.ranking import random_ranking_metrics
+from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.metrics.summary import mean_std, overall
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
@@ -24,6 +24,7 @@ from fedrepro.report.statistics import paired_test, verdict
 from fedrepro.tasks.qa import qrels_and_run
 
 LABELS = {name: method.label for name, method in METHODS.items()}
+BM25_ONLY = "BM25 only"
 
 
 @dataclass
@@ -261,6 +262,20 @@ def chance_levels(mined: Path, split: str = "test") -> dict:
     for folder in sorted(p for p in Path(mined).iterdir() if p.is_dir()):
         candidates = read_table(folder / "candidates.parquet")
         clients[folder.name] = random_ranking_metrics(*qrels_and_run(candidates[candidates["split"] == split].assign(score=0.0)))
+    return {"clients": clients, "overall": overall(clients)}
+
+
+def bm25_levels(scores_dir: Path, split: str = "test") -> dict | None:
+    """MAP/MRR of ranking each client's ``split`` candidates by their BM25 score alone (the mining's own scores,
+    ``data/mined_bm25``), with the methods' metric code, so ties fall by ascending answer id as theirs do; None
+    when the mining recorded no scores."""
+    files = sorted(Path(scores_dir).glob("*.parquet"))
+    if not files:
+        return None
+    clients = {}
+    for path in files:
+        scored = read_table(path)
+        clients[path.stem] = ranking_metrics(*qrels_and_run(scored[scored["split"] == split]))
     return {"clients": clients, "overall": overall(clients)}
 
 

@@ -206,10 +206,10 @@ def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str
 
 
 def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str, float], curves: dict[str, pd.DataFrame],
-                            title: str, path: Path) -> None:
+                            title: str, path: Path, references: dict[str, float] | None = None) -> None:
     """SS-VFNAS, two panels. Left: retrained test accuracy (%) against the total epsilon of each DP level with noise,
     one line per method (``points``: label -> frame with columns epsilon, accuracy), each method's no-DP accuracy
-    dotted (``unbounded``). Right: the supernets' test accuracy against the epsilon spent so far during the search
+    dotted (``unbounded``) and the trivial rows (``references``, which send nothing) dash-dotted in black. Right: the supernets' test accuracy against the epsilon spent so far during the search
     (``curves``: label -> frame with columns epsilon, accuracy). Log x when epsilon spans more than a factor 10."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colours: dict[str, str] = {}
@@ -227,6 +227,8 @@ def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str
             ax.set_xscale("log")
     for label, accuracy in unbounded.items():
         axes[0].axhline(100 * accuracy, linestyle=":", linewidth=1, color=colours.get(label, "grey"), label=f"{label}, no DP")
+    for label, accuracy in (references or {}).items():
+        axes[0].axhline(100 * accuracy, linestyle="-.", linewidth=1, color="black", alpha=0.6, label=label)
     axes[0].set(title="retrained networks, by DP level", xlabel="epsilon (search + retraining, worst party)",
                 ylabel="test accuracy (%)")
     axes[1].set(title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)")

@@ -56,9 +56,10 @@ def missed_clients_section(missed: list[dict]) -> list[str]:
 
 
 def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: dict[str, str],
-                  chance: dict | None = None) -> pd.DataFrame:
+                  chance: dict | None = None, baselines: dict[str, dict] | None = None) -> pd.DataFrame:
     """Rows x clients (+ overall) of 'mean ± std' over seeds (the mean alone for one seed); ``results`` has columns row, seed, client, metric, value.
-    With ``chance`` a last row gives the random-ranking level of the same candidates."""
+    ``baselines`` (label -> {"clients", "overall"}) add one trivial row each, and with ``chance`` a last row gives the
+    random-ranking level of the same candidates."""
     clients = sorted(c for c in set(results["client"]) if c != OVERALL) + [OVERALL]
     table = {}
     for row in rows:
@@ -68,6 +69,8 @@ def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: d
             mean, std = mean_std(values.tolist())
             cells[client] = f"{mean:.3f} ± {std:.3f}" if len(values) > 1 else f"{mean:.3f}"
         table[labels.get(row, row)] = cells
+    for label, levels in (baselines or {}).items():
+        table[label] = {c: f"{(levels['overall'] if c == OVERALL else levels['clients'][c])[metric]:.3f}" for c in clients}
     if chance is not None:
         table[CHANCE] = {c: f"{(chance['overall'] if c == OVERALL else chance['clients'][c])[metric]:.3f}" for c in clients}
     frame = pd.DataFrame.from_dict(table, orient="index")[clients]

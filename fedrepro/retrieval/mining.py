@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fedrepro.retrieval.bm25 import top_non_gold
+from fedrepro.retrieval.bm25 import score_candidates, top_non_gold
 from fedrepro.seeding import derive_seed
 from fedrepro.tasks.qa import CANDIDATE_COLUMNS, TRIPLE_COLUMNS
 
@@ -83,6 +83,14 @@ def official_candidates(pairs: pd.DataFrame, pools: pd.DataFrame, same_text_gold
     frame = frame.assign(split=frame["question_id"].map(questions["split"]), question=frame["question_id"].map(questions["question"]))
     return frame[list(CANDIDATE_COLUMNS)].sort_values(
         ["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)
+
+
+def bm25_ranking(candidates: pd.DataFrame, pool: pd.DataFrame, backend: str, **index_opts) -> pd.DataFrame:
+    """Every evaluation candidate's BM25 score (split, question_id, answer_id, relevance, score) over the client's
+    answer pool, with the mining's index and settings: for BM25-mined candidates the very ranking that picked the
+    negatives, kept so a report can score BM25 alone on the candidates the methods rank."""
+    scored = score_candidates(candidates, pool, backend, **index_opts)
+    return scored[["split", "question_id", "answer_id", "relevance", "score"]].reset_index(drop=True)
 
 
 def cap_triples(triples: pd.DataFrame, cap: int, client: str) -> pd.DataFrame:

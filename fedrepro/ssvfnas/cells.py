@@ -4,7 +4,8 @@ trains the hand-designed network once per (dataset, K, DP level, seed) with the 
 
 A dataset runs at every K of ``ssvfnas.parties`` its data allows (``fedrepro.data.vertical.vertical_views``): the
 digits in halves at K = 2 and in quarters at K = 4, a FATE set at guest + its hosts. The (dataset, K) pairs it
-does not allow are listed by ``skipped_partitions`` for the report; ``retrain_health`` judges a finished cell by the
+does not allow are listed by ``skipped_partitions`` for the report. A label-alone cell trains the label party's own
+network on its own features once per (dataset, K, seed), with no DP level: nothing crosses.  ``retrain_health`` judges a finished cell by the
 shared health rule (``fedrepro.fl.health``).
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from fedrepro.config import Params
 from fedrepro.data.vertical import vertical_views
 from fedrepro.fl.health import Health, cell_health
-from fedrepro.ssvfnas.methods import BASELINE, METHODS
+from fedrepro.ssvfnas.methods import BASELINE, LABEL_ALONE, METHODS
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,17 @@ class Cell:
         return self.method == BASELINE
 
     @property
+    def label_alone(self) -> bool:
+        return self.method == LABEL_ALONE
+
+    @property
     def rule(self) -> str | None:
-        return None if self.baseline else METHODS[self.method][0]
+        """The search rule; None for the cells that search nothing (the baseline, the label party alone)."""
+        return METHODS[self.method][0] if self.method in METHODS else None
 
     @property
     def presearch(self) -> bool:
-        return False if self.baseline else METHODS[self.method][1]
+        return METHODS[self.method][1] if self.method in METHODS else False
 
 
 def dp_name(level: list[float] | tuple[float, float]) -> str:
@@ -93,8 +99,13 @@ def baseline_cells(params: Params) -> list[Cell]:
     return _cells(params, [BASELINE])
 
 
+def label_alone_cells(params: Params) -> list[Cell]:
+    """The label party alone: once per (dataset, K) x seed, at no DP level (it sends nothing)."""
+    return [Cell(LABEL_ALONE, dataset, k, 0.0, 0.0, seed) for dataset, k, _ in partitions(params) for seed in params.ssvfnas.seeds]
+
+
 def all_cells(params: Params) -> list[Cell]:
-    return table_cells(params) + baseline_cells(params)
+    return table_cells(params) + baseline_cells(params) + label_alone_cells(params)
 
 
 def retrain_health(curve: list[dict]) -> Health:

@@ -1,5 +1,5 @@
 """SS-VFNAS's methods: the rows of its main table, each a search rule with or without the self-supervised pre-search,
-and the hand-designed baseline they are compared with.
+the hand-designed baseline they are compared with, and the label party alone (a trivial row).
 
 Plain names that import nothing, so the params (``fedrepro.config``) can check a run's lists against them.
 """
@@ -12,3 +12,5 @@ METHODS = {
 }
 """method -> (search rule, MoCo v2 pre-search first)"""
 BASELINE = "hand_designed"
+LABEL_ALONE = "label_party_alone"
+"""the trivial row: the label party's own network trained on its own features only (nothing crosses, so no DP)"""

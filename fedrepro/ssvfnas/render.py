@@ -192,12 +192,12 @@ def _deviations(params: Params) -> list[str]:
 
 def _health_lines(data: SSVFNASResults, params: Params) -> list[str]:
     """The marks' legend, the shared rule quoted, what a round and a score are here, and the flagged cells."""
-    counts = data.cells["health"].value_counts()
+    counts = pd.concat([data.cells["health"], data.label_alone["health"]]).value_counts()
     lines = [f"† a cell diverged, ° a cell had not converged: {RULE}. A round is a validation point of the cell's "
              f"retraining (every {params.ssvfnas.retrain.eval_every} steps, its mean training loss since the previous one) "
              "and the validation score its accuracy on the held-out rows. The rule judges the retraining, whose accuracy the "
              "tables report; the claims on steps and ε to the target rest on the searches' supernet curves, and the messages "
-             f"claim on the channel's counts, which it does not judge. Of {len(data.cells)} cells: "
+             f"claim on the channel's counts, which it does not judge. Of {len(data.cells) + len(data.label_alone)} cells: "
              + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
     flagged = health_table(data)
     if not flagged.empty:
@@ -271,7 +271,13 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "retrained networks' accuracy on the held-out validation rows at their last point (not test), the supernets' last "
         "test accuracy, collaborative steps and "
         "messages (search + retraining), megabytes exchanged, and ε (worst party) of the search and in total: the headline "
-        "without amplification, and the Poisson-amplified figure of the paper's accounting beside it.", "",
+        "without amplification, and the Poisson-amplified figure of the paper's accounting beside it. Two trivial rows close "
+        "each dataset-K; both send nothing, so no DP level applies. 'Majority class': always answering the most frequent "
+        "class of the rows every cell trains on (train + search-valid, less the held-out share; a tie goes to the lowest "
+        "class id), scored on the same test rows, with no training. 'Label party alone': the label party's own hand-designed "
+        "network and a linear top trained on its own features only, with the baseline's retraining (rows, steps, schedule, "
+        "held-out validation), one cell per seed: what it reaches with no partner, so a federated row is worth its margin "
+        "over it (`not run` where the pipeline has not run these cells yet).", "",
         main_table(data, params).to_markdown(index=False, disable_numparse=True), "",
         *_health_lines(data, params),
         "## Steps, bytes and ε to the target accuracy", "",
@@ -284,7 +290,8 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         *[f"![accuracy vs bytes, {p}](figures/accuracy_vs_bytes_{p}.png)\n" for p in partition_names(params)],
         "## Accuracy vs ε", "",
         "Left: retrained test accuracy against the total ε of each DP level with noise on both sides; dotted: each method "
-        "without DP. Right: the supernets' test accuracy against the ε spent so far in the search (seed means).", "",
+        "without DP; dash-dotted black: the trivial rows where they exist (majority class, label party alone: ε = 0, nothing "
+        "sent). Right: the supernets' test accuracy against the ε spent so far in the search (seed means).", "",
         *[f"![accuracy vs epsilon, {p}](figures/accuracy_vs_epsilon_{p}.png)\n" for p in partition_names(params)],
         "## Messages per step: DARTS vs MiLeNAS", "",
         "Counted by the channel in one search cell per method and K. A pass is K-1 embeddings up and K-1 gradients down; "

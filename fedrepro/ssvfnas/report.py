@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +25,14 @@ from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figu
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
-from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell, baseline_cells, dp_name, partitions, retrain_health, table_cells
+from fedrepro.ssvfnas.cells import (BASELINE, METHODS, Cell, baseline_cells, dp_name, label_alone_cells, partitions, retrain_health,
+                                    table_cells)
+from fedrepro.ssvfnas.runs import hold_out, load_partition
+from fedrepro.ssvfnas.sanity import majority_accuracy
 
 LABELS = {"vfnas1": "VFNAS-1", "vfnas2": "VFNAS-2", "ss_vfnas1": "SS-VFNAS-1", "ss_vfnas2": "SS-VFNAS-2",
           BASELINE: "hand-designed"}
+MAJORITY, ALONE = "trivial: majority class", "trivial: label party alone"
 RULES = {"darts": "DARTS bi-level", "milenas": "MiLeNAS mixed-level"}
 PAIRS = (("ss_vfnas1", "vfnas1"), ("ss_vfnas2", "vfnas2"))
 """(with pre-search, without): the paper's comparisons, one per search rule"""
@@ -54,6 +58,10 @@ class SSVFNASResults:
     partitions: dict[str, dict]
     """partition name -> its summary.json."""
     skipped: list[dict]
+    majority: dict[str, float] = field(default_factory=dict)
+    """partition name -> test accuracy of always answering its training rows' most frequent class."""
+    label_alone: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """one row per label-party-alone cell that has run: key, partition, seed, accuracy, valid_accuracy, health."""
 
 
 CURVE_COLUMNS = ["key", "step", "messages", "bytes", "test_accuracy", "epsilon", "epsilon_amplified", "alpha_entropy",
@@ -179,7 +187,42 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
         for point in search.get("curve", []):
             curves.append({"key": key, **{f: _num(point[f]) if f.startswith("epsilon") else point[f] for f in CURVE_COLUMNS[1:]}})
     curve_frame = pd.DataFrame(curves, columns=CURVE_COLUMNS)
-    return SSVFNASResults(pd.DataFrame(rows), curve_frame, predictions, genotypes, folders, parts, overall.get("skipped", []))
+    return SSVFNASResults(pd.DataFrame(rows), curve_frame, predictions, genotypes, folders, parts, overall.get("skipped", []),
+                          majority_levels(root / "partitions", params), load_label_alone(root, params))
+
+
+def majority_levels(partitions_dir: Path, params: Params) -> dict[str, float]:
+    """Per partition whose data is there: the test accuracy of answering, with no training, the most frequent class of
+    the rows every cell trains on (train + search-valid, less the held-out share)."""
+    levels = {}
+    for name in partition_names(params):
+        folder = Path(partitions_dir) / name
+        if (folder / "summary.json").exists():
+            data = hold_out(load_partition(folder), params.ssvfnas.retrain.held_out_fraction, params.data.seed)
+            levels[name] = majority_accuracy(data, "test")
+    return levels
+
+
+def load_label_alone(root: Path, params: Params) -> pd.DataFrame:
+    """The label-party-alone cells that have run (a pipeline that predates them has none; the main table says so)."""
+    rows = []
+    for cell in label_alone_cells(params):
+        path = cell_folder(root, cell) / "metrics.json"
+        if not path.exists():
+            continue
+        metrics = read_json(path)
+        if metrics.get("cell", {}).get("name") != cell.name:
+            raise DataError(f"{path} is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: rerun `dvc repro ssvfnas_table`")
+        health = retrain_health(metrics["retrain"]["curve"])
+        rows.append({"key": cell.name, "partition": cell.partition, "seed": cell.seed, "accuracy": metrics["test"]["accuracy"],
+                     "valid_accuracy": metrics["retrain"]["valid_accuracy"], "health": health.label, "health_why": health.why})
+    return pd.DataFrame(rows, columns=["key", "partition", "seed", "accuracy", "valid_accuracy", "health", "health_why"])
+
+
+def label_alone_accuracy(data: SSVFNASResults, params: Params, partition: str) -> pd.DataFrame | None:
+    """The partition's label-alone cells, or None unless every seed's has run (a mean over some seeds would mislead)."""
+    cells = data.label_alone[data.label_alone.partition == partition]
+    return cells if len(cells) == len(params.ssvfnas.seeds) else None
 
 
 # ----- selections and formatting ----------------------------------------------------------------------------
@@ -275,7 +318,7 @@ def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     """Per (dataset-K, DP level, method incl. the baseline): retrained test accuracy (mean ± std over seeds; † if a cell
     diverged, ° if one had not converged), its last held-out validation accuracy, the search supernets' last test
     accuracy, collaborative steps, messages, MB of the search and of the retraining, and epsilon (worst party) of the
-    search and in total."""
+    search and in total; after each dataset-K its trivial rows (``trivial_rows``)."""
     ss, rows = params.ssvfnas, []
     for point in partition_names(params):
         for level in ss.dp_levels:
@@ -299,12 +342,26 @@ def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                     "ε total": _eps(sel["epsilon_total"].tolist(), status),
                     "ε total, amplified (Poisson assumed)": _eps(sel["epsilon_total_amplified"].tolist(), status),
                 })
+        rows += trivial_rows(data, params, point)
     return pd.DataFrame(rows)
 
 
+def trivial_rows(data: SSVFNASResults, params: Params, point: str) -> list[dict]:
+    """A partition's two trivial rows, which send nothing (so no DP level and no ε): the majority class and the label
+    party alone; a row whose inputs are missing says so."""
+    majority, alone = data.majority.get(point), label_alone_accuracy(data, params, point)
+    accuracies = {MAJORITY: ("not computed (no partition data)" if majority is None else percent(majority), "-"),
+                  ALONE: ("not run" if alone is None else _fmt(alone["accuracy"].tolist()) + mark_of(alone["health"]),
+                          "-" if alone is None else _fmt(alone["valid_accuracy"].tolist()))}
+    return [{"dataset-K": point, "DP": "nothing sent", "method": name, "test accuracy (%)": test,
+             "held-out valid accuracy (%)": valid, "supernet accuracy (%)": "-", "collaborative steps": "-", "messages": "0",
+             "MB search": "-", "MB retrain": "-", "ε search": "-", "ε total": "-", "ε total, amplified (Poisson assumed)": "-"}
+            for name, (test, valid) in accuracies.items()]
+
+
 def health_table(data: SSVFNASResults) -> pd.DataFrame:
-    """Every cell whose retraining diverged or had not converged, once, with the rule's reason."""
-    return flagged_cells(data.cells.rename(columns={"key": "name"}))
+    """Every cell (the label party alone's too) whose retraining diverged or had not converged, once, with the rule's reason."""
+    return flagged_cells(pd.concat([data.cells, data.label_alone]).rename(columns={"key": "name"}))
 
 
 def target_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
@@ -739,6 +796,15 @@ def figure_point(params: Params) -> str:
     return partition_names(params)[0]
 
 
+def trivial_references(data: SSVFNASResults, params: Params, point: str) -> dict[str, float]:
+    """The trivial rows' mean test accuracies that exist for a partition: the figures' reference lines."""
+    references = {MAJORITY: data.majority[point]} if point in data.majority else {}
+    alone = label_alone_accuracy(data, params, point)
+    if alone is not None:
+        references[ALONE] = float(alone["accuracy"].mean())
+    return references
+
+
 def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
     """PNGs and, for `dvc plots`, CSVs: accuracy vs bytes per dataset-K, accuracy vs epsilon, messages per step, the
     searched cells (copied from the cells)."""
@@ -765,7 +831,7 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
                 name = method_label(method) + (f" ({dp_level_text(lvl)})" if len(noisy_levels(params)) > 1 else "")
                 curves[name] = _curve(data, partition=point, dp=dp_name(lvl), method=method)[["epsilon", "accuracy"]]
         accuracy_epsilon_figure(points, unbounded, curves, f"{point}: test accuracy vs epsilon (δ = {ss.dp.delta:g})",
-                                folder / f"accuracy_vs_epsilon_{point}.png")
+                                folder / f"accuracy_vs_epsilon_{point}.png", trivial_references(data, params, point))
     point = figure_point(params)
     for method in ss.methods:
         _curve(data, partition=point, dp=dp_name(ss.dp_levels[0]), method=method).rename(columns={"accuracy": "test_accuracy"}).to_csv(

@@ -200,6 +200,39 @@ def baseline_networks(params: Params, data: PartitionData, seed: int) -> tuple[l
     return nets, targets
 
 
+class PooledBottom(nn.Module):
+    """Every party's bottom network at one party: the concatenated flat features are cut back into each party's view,
+    each view goes through its own bottom, and the embeddings are concatenated ([N_0 .. N_{K-1}], party order)."""
+
+    def __init__(self, bottoms: list[nn.Module], shapes: list[tuple[int, ...]]):
+        super().__init__()
+        self.bottoms = nn.ModuleList(bottoms)
+        self.shapes = [tuple(s) for s in shapes]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        views = torch.split(x, self.sizes, dim=1)
+        return torch.cat([b(v.reshape(len(v), *s)) for b, v, s in zip(self.bottoms, views, self.shapes)], dim=1)
+
+
+def pooled_features(data: PartitionData, parties: list[int]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+    """The listed parties' features side by side at one party (flattened rows), and each party's row shape."""
+    features = [data.features[k] for k in parties]
+    return torch.cat([f.reshape(len(f), -1) for f in features], dim=1), [tuple(f.shape[1:]) for f in features]
+
+
+def one_party(params: Params, data: PartitionData, parties: list[int], seed: int) -> VerticalProtocol:
+    """The listed parties' hand-designed bottoms (the grid's baseline networks) and a fresh linear top, all at one party
+    holding those parties' features and the labels: a protocol that sends nothing (the sanity protocol's pooled
+    reference, and with the label party alone a trivial row of the main table)."""
+    nets, _ = baseline_networks(params, data, seed)
+    features, shapes = pooled_features(data, parties)
+    torch.manual_seed(derive_seed(seed, "top", "sanity", data.name, tuple(parties)))
+    top = nn.Linear(len(parties) * params.ssvfnas.search.out_dim, data.classes)
+    party = Party(0, features, PooledBottom([nets[k] for k in parties], shapes), data.labels, top)
+    return VerticalProtocol([party], seed=derive_seed(seed, "retrain"))
+
+
 def derived_networks(params: Params, data: PartitionData, seed: int, genotypes: list[dict[str, Any]]) -> list[nn.Module]:
     torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
     return [build_derived(g, **retrain_overrides(params)) for g in genotypes]
@@ -476,6 +509,8 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
     prepare_checkpoints(checkpoints, run_fingerprint(params, cell, inputs_digest))
     delta, train, valid, test = ss.dp.delta, data.splits["train"], data.splits["valid"], data.splits["test"]
     metrics: dict[str, Any] = {"cell": {**asdict(cell), "name": cell.name, "partition": cell.partition, "dp": cell.dp}}
+    if cell.label_alone:
+        return run_label_alone(params, cell, data, out, checkpoints, metrics)
     search_ledger = None
     parameters: dict[str, Any] = {}
     if not cell.baseline:
@@ -551,8 +586,34 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
     return metrics
 
 
+def run_label_alone(params: Params, cell: Cell, data: PartitionData, out: Path, checkpoints: Path,
+                    metrics: dict[str, Any]) -> dict[str, Any]:
+    """The label party's own network and a linear top on its own features only, retrained like the baseline (same rows,
+    steps, schedule and held-out validation) and scored on the test rows: what the label party reaches with no partner."""
+    ss = params.ssvfnas
+    rows, held_out, test = data.training_rows, data.splits[HELD_OUT], data.splits["test"]
+    alone = one_party(params, data, [data.label_party], cell.seed)
+    training = make_search(params, None, alone, ss.retrain.lr)
+    run_steps(training, rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr, ss.retrain.lr_min,
+              ss.retrain.eval_every, ss.search.checkpoint_every, checkpoints / "retrain", validation_point(alone, held_out))
+    curve = validation_curve(training.history)
+    result = alone.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
+    party = alone.parties[0]
+    metrics["retrain"] = {"steps": ss.retrain.steps, "loss_train": _losses(training.history, "loss_train"),
+                          "held_out_samples": len(held_out), "curve": curve, "valid_accuracy": curve[-1]["valid_accuracy"]}
+    metrics["health"] = retrain_health(curve).as_dict()
+    metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test)}
+    metrics["parameters"] = {"bottom": [count_parameters(party.bottom)], "top": count_parameters(party.top)}
+    metrics["label_party"] = data.label_party
+    metrics["hardware"] = machine_fingerprint()
+    write_outputs(Path(out), cell, data, metrics, result["predicted"])
+    return metrics
+
+
 def headline(metrics: dict[str, Any]) -> str:
     """A finished cell in a few words, for the stage's progress lines."""
+    if "epsilon_total_max" not in metrics:
+        return f"test accuracy {metrics['test']['accuracy']:.3f}, nothing sent"
     eps = metrics["epsilon_total_max"]
     return f"test accuracy {metrics['test']['accuracy']:.3f}, epsilon {'-' if eps is None else f'{eps:.2f}'}"
 
@@ -563,7 +624,7 @@ def write_outputs(out: Path, cell: Cell, data: PartitionData, metrics: dict[str,
     pd.DataFrame({"sample_id": data.sample_ids[test.numpy()], "label": data.labels[test].numpy(),
                   "predicted": predicted.numpy()}).to_csv(out / "predictions.csv", index=False)
     write_json(out / "metrics.json", metrics)
-    if cell.baseline:
+    if cell.rule is None:
         return
     pd.DataFrame(metrics["search"]["curve"]).to_csv(out / "curve.csv", index=False, float_format="%.6g")
     write_json(out / "genotypes.json", {party_name(k): g for k, g in enumerate(metrics["genotypes"])})

@@ -32,20 +32,18 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 
 from fedrepro.config import Params
 from fedrepro.io import code_digest, read_json, write_json
 from fedrepro.report.sanity import SanityResult, render_sanity
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
-from fedrepro.ssvfnas.runs import (HELD_OUT, PartitionData, alpha_summary, baseline_networks, build_supernets, build_top,
-                                   derived_networks, hold_out, make_protocol, make_search, run_steps, validation_curve,
+from fedrepro.ssvfnas.runs import (HELD_OUT, PartitionData, alpha_summary, build_supernets, build_top, derived_networks,
+                                   hold_out, make_protocol, make_search, one_party, run_steps, validation_curve,
                                    validation_point)
-from fedrepro.vfl.protocol import Party, VerticalProtocol
+from fedrepro.vfl.protocol import VerticalProtocol
 
 METRIC = "accuracy"
 
@@ -62,45 +60,14 @@ def fitted_rows(data: PartitionData) -> torch.Tensor:
     return torch.cat([data.splits["train"], data.splits["valid"]]).sort().values
 
 
-def majority_accuracy(data: PartitionData) -> float:
-    """Always answering the fitted rows' most frequent class, scored on the held-out rows."""
+def majority_accuracy(data: PartitionData, scored: str = HELD_OUT) -> float:
+    """Always answering the fitted rows' most frequent class (a tie goes to the lowest class id), scored on the
+    ``scored`` rows: the held-out ones here, the test ones in the report's main table."""
     counts = torch.bincount(data.labels[fitted_rows(data)], minlength=data.classes)
-    return float((data.labels[data.splits[HELD_OUT]] == int(counts.argmax())).float().mean())
+    return float((data.labels[data.splits[scored]] == int(counts.argmax())).float().mean())
 
 
 # ----- central training ------------------------------------------------------------------------------------------
-class PooledBottom(nn.Module):
-    """Every party's bottom network at one party: the concatenated flat features are cut back into each party's view,
-    each view goes through its own bottom, and the embeddings are concatenated ([N_0 .. N_{K-1}], party order)."""
-
-    def __init__(self, bottoms: list[nn.Module], shapes: list[tuple[int, ...]]):
-        super().__init__()
-        self.bottoms = nn.ModuleList(bottoms)
-        self.shapes = [tuple(s) for s in shapes]
-        self.sizes = [int(np.prod(s)) for s in self.shapes]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        views = torch.split(x, self.sizes, dim=1)
-        return torch.cat([b(v.reshape(len(v), *s)) for b, v, s in zip(self.bottoms, views, self.shapes)], dim=1)
-
-
-def pooled_features(data: PartitionData, parties: list[int]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
-    """The listed parties' features side by side at one party (flattened rows), and each party's row shape."""
-    features = [data.features[k] for k in parties]
-    return torch.cat([f.reshape(len(f), -1) for f in features], dim=1), [tuple(f.shape[1:]) for f in features]
-
-
-def one_party(params: Params, data: PartitionData, parties: list[int], seed: int) -> VerticalProtocol:
-    """The listed parties' hand-designed bottoms (the grid's baseline networks) and a fresh linear top, all at one party
-    holding those parties' features and the labels: a protocol that sends nothing."""
-    nets, _ = baseline_networks(params, data, seed)
-    features, shapes = pooled_features(data, parties)
-    torch.manual_seed(derive_seed(seed, "top", "sanity", data.name, tuple(parties)))
-    top = nn.Linear(len(parties) * params.ssvfnas.search.out_dim, data.classes)
-    party = Party(0, features, PooledBottom([nets[k] for k in parties], shapes), data.labels, top)
-    return VerticalProtocol([party], seed=derive_seed(seed, "retrain"))
-
-
 def train_and_score(params: Params, protocol: VerticalProtocol, data: PartitionData, lr: float, eval_every: int,
                     folder: Path) -> list[dict[str, float]]:
     """Split training of ``protocol``'s fixed networks with the retraining's settings at ``lr`` on the fitted rows; every
