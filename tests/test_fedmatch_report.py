@@ -1,4 +1,5 @@
-"""FedMatch's report: health markers from each cell's history, no claim resting on a diverged cell, patch norms."""
+"""FedMatch's report: health markers from each cell's history, no claim resting on a diverged or unconverged cell,
+patch norms."""
 
 import pandas as pd
 
@@ -47,8 +48,10 @@ def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
     assert labels == {"fedavg": "FedAvg", "individual": "BERT (individual) [diverged]",
                       "fedprox": "FedProx [not converged]"}
     claim = _compare(data, "FedAvg beats individual", ["fedavg"], ["individual"])
-    assert claim.verdict.startswith("no verdict: rests on diverged cells (BERT (individual))")
-    assert not _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict.startswith("no verdict")
+    assert claim.verdict == "inconclusive (rests on diverged BERT (individual))"
+    # an unconverged cell voids the test too: the claim would rest on where the budget stopped, not on the method
+    assert _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict == "inconclusive (rests on not converged FedProx)"
+    assert _compare(data, "FedAvg beats FedAvg", ["fedavg"], ["fedavg"]).verdict == "inconclusive (1 seed; a seed-level test needs 3)"
     table = health_table(data, ["fedavg", "individual"])
     assert table["health"].tolist() == ["converged", "diverged"]
     assert "rose from 0.9 (round 1) to 1.4 (round 3)" in table["why"].iloc[1]
@@ -93,4 +96,5 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     assert RULE in report
     assert "| FedAvg [diverged]" in report and "| FedMatch H+LR [not converged]" in report
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
-    assert "no verdict: rests on diverged cells (FedAvg)" in report
+    assert "inconclusive (rests on not converged FedMatch H+LR, diverged FedAvg)" in report
+    assert "Holm's correction runs over this report's 1 tested claims" in report
