@@ -52,6 +52,15 @@ def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
     # an unconverged cell voids the test too: the claim would rest on where the budget stopped, not on the method
     assert _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict == "inconclusive (rests on not converged FedProx)"
     assert _compare(data, "FedAvg beats FedAvg", ["fedavg"], ["fedavg"]).verdict == "inconclusive (1 seed; a seed-level test needs 3)"
+    # a reference at chance voids the claim: beating it says little about the method
+    at_chance = _compare(data, "FedProx beats FedAvg", ["fedprox"], ["fedavg"], chance={"overall": {"mrr": 0.28}})
+    assert at_chance.verdict == "inconclusive (rests on not converged FedProx)"  # an unsound cell is named first of all
+    sound = results({"fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
+                     "fedper": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5])})
+    assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.28}}).verdict == (
+        "inconclusive (the reference FedAvg is at chance: MRR 0.300 vs 0.280)")
+    assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.2}}).verdict == (
+        "inconclusive (1 seed; a seed-level test needs 3)")
     table = health_table(data, ["fedavg", "individual"])
     assert table["health"].tolist() == ["converged", "diverged"]
     assert "rose from 0.9 (round 1) to 1.4 (round 3)" in table["why"].iloc[1]

@@ -11,7 +11,7 @@ import pandas as pd
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.methods import PAPER_METHODS
-from fedrepro.fedcmc.report import (DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
+from fedrepro.fedcmc.report import (CHANCE_MARGIN, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
                                     communication_table, convergence_table, dataset_label, fedcmc_extra_download, figure1_cells,
                                     figure_point, health_table, identical_predictions, local_epochs_tables, main_points,
                                     main_table, mean_of, mean_std_percent, method_label, observation3_table, partitions_table,
@@ -73,7 +73,7 @@ def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[
         chance = chance_level(data, dataset, part(dataset, alpha))
         for method in fc.methods:
             value = mean_of(data, TABLE, method=method, dataset=dataset, alpha=alpha)
-            if value - chance < 0.01:
+            if value - chance < CHANCE_MARGIN:
                 near.append(f"{method_label(method)} at {point_name(dataset, alpha)} ({percent(value)} vs {percent(chance)})")
     if near:
         lines.append("These main-table cells score less than 1 point above the better trivial baseline (always the "
@@ -84,7 +84,7 @@ def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[
     widths = [float(high) - float(low) for low, high in re.findall(r"95% CI \[([+-][0-9.]+), ([+-][0-9.]+)\]", "\n".join(claims["test"]))]
     if widths:
         lines.append(f"The 95% bootstrap intervals of the tested claims are {np.median(widths):.2f} points wide (median): "
-                     "a smaller difference cannot be told from the choice of test sentences here.")
+                     "a smaller difference cannot be told from the sampling of test sentences and seeds here.")
     single = [name for name, seeds in (("main-table", fc.seeds), ("sweep", fc.sweeps.seeds)) if len(seeds) == 1]
     if single:
         lines.append(f"The {' and '.join(single)} cells have one training seed each: their intervals cover the sampling of test "

@@ -239,18 +239,27 @@ def point_name(dataset: str, alpha: float) -> str:
     return f"{dataset} α={alpha:g}"
 
 
+CHANCE_MARGIN = 0.01
+"""a cell less than this (micro-F1) above the best trivial baseline learned little beyond the prior."""
+
+
 def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse: dict, dataset: str, what: str = "") -> Claim:
-    """One claims row: the cells ``better`` selects beat those ``worse`` selects (test micro-F1, paired bootstrap)."""
+    """One claims row: the cells ``better`` selects beat those ``worse`` selects (test micro-F1, hierarchical
+    bootstrap); inconclusive when the reference ``worse`` sits at its partition's best trivial baseline."""
     a, b = _frames(data, group, **better), _frames(data, group, **worse)
     if not a or not b:
         return Claim.not_testable(finding, "its cells are not in this scale's grid")
     result = bootstrap_difference(a, b, data.positive[dataset])
     name = lambda sel: method_label(sel["method"]) + (f" (vectors: {sel['vectors']})" if "vectors" in sel else "")  # noqa: E731
-    return _guard(data, Claim.from_bootstrap(finding=finding,
-                                             measured=f"{what}{name(better)} {percent(mean_of(data, group, **better))} vs "
-                                                      f"{name(worse)} {percent(mean_of(data, group, **worse))} micro-F1 "
-                                                      f"({_pts(result.difference)} points)",
-                                             test=_test_text(result), result=result), group, better, worse)
+    reference = mean_of(data, group, **worse)
+    claim = Claim.from_bootstrap(finding=finding,
+                                 measured=f"{what}{name(better)} {percent(mean_of(data, group, **better))} vs "
+                                          f"{name(worse)} {percent(reference)} micro-F1 ({_pts(result.difference)} points)",
+                                 test=_test_text(result), result=result)
+    chance = chance_level(data, dataset, _select(data, group, **worse)["partition"].iloc[0])
+    if reference - chance < CHANCE_MARGIN:
+        claim.inconclusive(f"the reference {name(worse)} is at chance: {percent(reference)} vs {percent(chance)} micro-F1")
+    return _guard(data, claim, group, better, worse)
 
 
 def unsound_cells(data: FedCMCResults, group: str, *selections: dict) -> dict[str, list[str]]:

@@ -120,7 +120,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, partition
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance).to_markdown(), ""]
-    claims = claims_table(data, params)
+    claims = claims_table(data, params, chance)
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict "
               "follows the numbers whatever they are. Tested claims contrast per-question MAP or MRR, the test items being "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -118,22 +119,30 @@ def _overall(data: FedMatchResults, row: str, metric: str) -> float:
     return mean_std(values["value"].tolist())[0]
 
 
-def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr") -> Claim:
+CHANCE_MARGIN = 0.05
+"""a reference within this much of chance (overall MAP or MRR) has learned too little to be beaten meaningfully."""
+
+
+def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr",
+             chance: dict | None = None) -> Claim:
     """One claims-table row: 'better' (rows averaged) beats 'worse' on overall ``metric``, tested with seeds and test
-    questions resampled together."""
+    questions resampled together; inconclusive when the reference 'worse' sits at ``chance`` (``chance_levels``)."""
     result = hierarchical_bootstrap(_per_question(data, better, metric), _per_question(data, worse, metric),
                                     label=f"{finding}|{metric}")
     a = float(np.mean([_overall(data, r, metric) for r in better]))
     b = float(np.mean([_overall(data, r, metric) for r in worse]))
     name = lambda rows: " / ".join(LABELS.get(r, r) for r in rows)  # noqa: E731
     pairing = "paired by seed" if result.paired_seeds else "seeds drawn apart"
-    return _guarded(data, Claim.from_bootstrap(
+    claim = Claim.from_bootstrap(
         finding=finding,
         measured=f"{name(better)} {metric.upper()} {a:.3f} vs {name(worse)} {b:.3f} ({(a - b) / b:+.1%} relative)",
         test=(f"hierarchical bootstrap of per-question {metric.upper()} over {result.seeds} seed(s) x {result.items} test "
               f"questions ({RESAMPLES} resamples, {pairing}): {result.difference:+.3f}, 95% CI [{result.low:+.3f}, "
               f"{result.high:+.3f}]"),
-        result=result), better + worse)
+        result=result)
+    if chance is not None and b - chance["overall"][metric] < CHANCE_MARGIN:
+        claim.inconclusive(f"the reference {name(worse)} is at chance: {metric.upper()} {b:.3f} vs {chance['overall'][metric]:.3f}")
+    return _guarded(data, claim, better + worse)
 
 
 def _guarded(data: FedMatchResults, claim: Claim, rows: list[str]) -> Claim:
@@ -153,44 +162,46 @@ def _sweep_series(data: FedMatchResults, sweep: str, client: str, metric: str, m
     return series.sort_index()
 
 
-def claims_table(data: FedMatchResults, params: Params) -> pd.DataFrame:
-    """Every finding the paper states (ANCHORS.md) that this scale's grid can test, each a Claim."""
+def claims_table(data: FedMatchResults, params: Params, chance: dict | None = None) -> pd.DataFrame:
+    """Every finding the paper states (ANCHORS.md) that this scale's grid can test, each a Claim; a contrast whose
+    reference sits at ``chance`` (``chance_levels``) is inconclusive."""
     fm = params.fedmatch
+    compare = partial(_compare, chance=chance)
     present = set(fm.methods)
     rows = []
     if set(fm.table2) == {m for m in METHODS if m.startswith("fedmatch_") and m != "fedmatch_cs"}:
         lr = [m for m in fm.table2 if m.endswith("_lr")]
         pal = [m for m in fm.table2 if m.endswith("_pal")]
-        rows.append(_compare(data, "Table 2: the low-rank patch beats PAL overall", lr, pal))
+        rows.append(compare(data, "Table 2: the low-rank patch beats PAL overall", lr, pal))
         vh = [m for m in fm.table2 if m.split("_")[1] in "vh"]
         io = [m for m in fm.table2 if m.split("_")[1] in "io"]
-        rows.append(_compare(data, "Table 2: vertical/horizontal insertion beats inner/outer", vh, io))
+        rows.append(compare(data, "Table 2: vertical/horizontal insertion beats inner/outer", vh, io))
         ranked = sorted(fm.table2, key=lambda m: -_overall(data, m, "mrr"))
         best = ranked[0] if ranked[0] != FIGURE_METHOD else ranked[1]
-        row = _compare(data, "Table 2: H+LR is the best of the eight variants", [FIGURE_METHOD], [best])
+        row = compare(data, "Table 2: H+LR is the best of the eight variants", [FIGURE_METHOD], [best])
         row.measured = f"best variant by overall MRR: {LABELS[ranked[0]]}; " + row.measured
         rows.append(row)
-        rows.append(_compare(data, "Table 2: H+PAL over O+PAL, about +1.27% relative MRR", ["fedmatch_h_pal"], ["fedmatch_o_pal"]))
+        rows.append(compare(data, "Table 2: H+PAL over O+PAL, about +1.27% relative MRR", ["fedmatch_h_pal"], ["fedmatch_o_pal"]))
     for individual in ("individual_re2", "individual_esim", "individual"):
         if {individual, "fedavg"} <= present:
             for metric in ("map", "mrr"):
-                rows.append(_compare(data, f"Table 3: FedAvg beats {LABELS[individual]} overall ({metric.upper()})", ["fedavg"], [individual], metric))
+                rows.append(compare(data, f"Table 3: FedAvg beats {LABELS[individual]} overall ({metric.upper()})", ["fedavg"], [individual], metric))
     if {"individual", "fedavg"} <= present:
         rows.append(_individual_beats_fedavg_somewhere(data))
     for federated in ("fedavg", "lg_fedavg", "fedper"):
         if {"coverquery", federated} <= present:
-            rows.append(_compare(data, f"Table 3: CoverQuery drops clearly below {LABELS[federated]}", [federated], ["coverquery"]))
+            rows.append(compare(data, f"Table 3: CoverQuery drops clearly below {LABELS[federated]}", [federated], ["coverquery"]))
     if FIGURE_METHOD in present:
         rivals = [m for m in fm.table3 if m not in (FIGURE_METHOD, "fedmatch_cs", "centralised")]
         if rivals:
             strongest = max(rivals, key=lambda m: _overall(data, m, "mrr"))
-            row = _compare(data, "Table 3: FedMatch beats every baseline", [FIGURE_METHOD], [strongest])
+            row = compare(data, "Table 3: FedMatch beats every baseline", [FIGURE_METHOD], [strongest])
             row.measured = f"strongest baseline: {LABELS[strongest]}; " + row.measured
             rows.append(row)
     if {"fedavg", "fedavg_cs"} <= present:
-        rows.append(_compare(data, "Client sampling (2 of 5) lowers FedAvg", ["fedavg"], ["fedavg_cs"]))
+        rows.append(compare(data, "Client sampling (2 of 5) lowers FedAvg", ["fedavg"], ["fedavg_cs"]))
     if {FIGURE_METHOD, "fedmatch_cs"} <= present:
-        rows.append(_compare(data, "FedMatch_CS is slightly above FedMatch", ["fedmatch_cs"], [FIGURE_METHOD]))
+        rows.append(compare(data, "FedMatch_CS is slightly above FedMatch", ["fedmatch_cs"], [FIGURE_METHOD]))
     rows += _figure_claims(data)
     return claims_frame(rows)
 
@@ -361,7 +372,7 @@ def summary_metrics(data: FedMatchResults) -> dict:
 
 
 def training_caveats(data: FedMatchResults, chance: dict, rows: list[str]) -> list[str]:
-    """Methods that barely trained (loss fell < 10% from the first round) or sit within 0.05 MRR of chance:
+    """Methods that barely trained (loss fell < 10% from the first round) or sit within CHANCE_MARGIN MRR of chance:
     a verdict involving them says more about the budget than about the method."""
     lines = []
     level = chance["overall"]["mrr"]
@@ -371,8 +382,8 @@ def training_caveats(data: FedMatchResults, chance: dict, rows: list[str]) -> li
         notes = []
         if len(loss) and loss.iloc[-1] > 0.9 * loss.iloc[0]:
             notes.append(f"training loss only {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f}")
-        if mrr - level < 0.05:
-            notes.append(f"overall MRR {mrr:.3f} is within 0.05 of chance ({level:.3f})")
+        if mrr - level < CHANCE_MARGIN:
+            notes.append(f"overall MRR {mrr:.3f} is within {CHANCE_MARGIN:g} of chance ({level:.3f})")
         if notes:
             lines.append(f"{LABELS.get(row, row)}: " + "; ".join(notes))
     return lines
