@@ -1,5 +1,5 @@
 """FedCMC's report: Table 2, the clients table, Table 3, Figs 1, 3a, 3b and 4, the partitions, communication and
-memory, and the claims table with paired bootstrap tests, from the cells' outputs and params only.
+memory, and the claims table with seed-level bootstrap tests, from the cells' outputs and params only.
 
 ``load_fedcmc`` reads every cell the params ask for once into ``FedCMCResults`` (tidy frames); the functions
 after it each build one table, figure or claim; ``render.render_report`` writes the markdown. Nothing here reads a
