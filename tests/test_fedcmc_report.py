@@ -1,4 +1,4 @@
-"""FedCMC's report: the paired bootstrap, rounds to a target, Observation 3's share, and the whole report on a
+"""FedCMC's report: the hierarchical bootstrap of micro-F1, rounds to a target, Observation 3's share, and the whole report on a
 small fake grid of cell folders (no training)."""
 
 import json
@@ -18,7 +18,7 @@ from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedcmc.render import render_report
 from fedrepro.fedcmc.report import (chance_scores, claims_table, identical_predictions, largest_holder_share, load_fedcmc, main_table,
                                     rounds_to_target, summary_metrics, write_figures)
-from fedrepro.report.statistics import bootstrap_contrast, bootstrap_difference, interval_verdict, micro_f1
+from fedrepro.report.statistics import VERDICTS, bootstrap_contrast, bootstrap_difference, micro_f1, verdict_from_p
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ["false", "rel0", "rel1", "rel2"]
@@ -46,41 +46,53 @@ def test_micro_f1_and_the_bootstrap_point_difference_match_sklearn():
     sk = lambda p: f1_score(gold, p, labels=POSITIVE, average="micro", zero_division=0)  # noqa: E731
     assert micro_f1(gold, a, POSITIVE) == pytest.approx(sk(a), abs=1e-12)
     frame = lambda p: pd.DataFrame({"sentence_id": [f"s{i}" for i in range(300)], "label": gold, "predicted": p})  # noqa: E731
-    result = bootstrap_difference([frame(a)], [frame(b)], POSITIVE)
+    result = bootstrap_difference({0: frame(a)}, {0: frame(b)}, POSITIVE)
     assert result.difference == pytest.approx(sk(a) - sk(b), abs=1e-12)
-    assert result.low < result.difference < result.high and result.sentences == 300
+    assert result.low < result.difference < result.high and result.items == 300 and result.seeds == 1
     # nothing positive to score (every gold and prediction negative) is 0, as sklearn's zero_division=0
     assert micro_f1(["false"] * 3, ["false"] * 3, POSITIVE) == 0.0
     # the bootstrap is seeded: the same call gives the same interval
-    assert bootstrap_difference([frame(a)], [frame(b)], POSITIVE) == result
+    assert bootstrap_difference({0: frame(a)}, {0: frame(b)}, POSITIVE) == result
 
 
 def test_identical_predictions_are_not_significant():
     same = predictions(0.6)
-    result = bootstrap_difference([same], [same.copy()], POSITIVE)
-    assert (result.difference, result.low, result.high) == (0.0, 0.0, 0.0)
-    assert interval_verdict(result).startswith("not significant")
+    result = bootstrap_difference({0: same, 1: same}, {0: same.copy(), 1: same.copy()}, POSITIVE)
+    assert (result.difference, result.low, result.high, result.p_value) == (0.0, 0.0, 0.0, 1.0)
+    assert verdict_from_p(result.difference, result.p_value) == "not significant"
 
 
 def test_a_clearly_better_method_holds_and_the_reverse_is_reversed():
-    good, bad = predictions(0.9), predictions(0.3)
-    assert interval_verdict(bootstrap_difference([good], [bad], POSITIVE)) == "holds"
-    assert interval_verdict(bootstrap_difference([bad], [good], POSITIVE)) == "does not hold (significantly reversed)"
-    close = bootstrap_difference([predictions(0.51, shift=5)], [predictions(0.5)], POSITIVE)
-    assert interval_verdict(close).startswith("not significant")
+    seeds = range(3)
+    good, bad = {s: predictions(0.9, shift=s) for s in seeds}, {s: predictions(0.3, shift=s) for s in seeds}
+    verdict = lambda result: verdict_from_p(result.difference, result.p_value)  # noqa: E731
+    assert verdict(bootstrap_difference(good, bad, POSITIVE)) == "holds"
+    assert verdict(bootstrap_difference(bad, good, POSITIVE)) == "reversed"
+    close = bootstrap_difference({s: predictions(0.51, shift=5 + s) for s in seeds}, {s: predictions(0.5, shift=s) for s in seeds}, POSITIVE)
+    assert verdict(close) == "not significant"
+
+
+def test_a_gain_that_flips_sign_across_seeds_is_not_significant():
+    """Each seed's difference is large on 120 sentences, but seed 1 reverses it: the seed is the unit."""
+    better = {0: predictions(0.9), 1: predictions(0.3, shift=1), 2: predictions(0.9, shift=2)}
+    worse = {s: predictions(0.6, shift=s) for s in range(3)}
+    result = bootstrap_difference(better, worse, POSITIVE)
+    assert result.difference > 0.05 and result.paired_seeds and result.seeds == 3
+    assert result.low < 0 < result.high and verdict_from_p(result.difference, result.p_value) == "not significant"
 
 
 def test_seeds_are_averaged_and_sentences_paired_across_terms():
     a, b = [predictions(0.8), predictions(0.6, shift=3)], [predictions(0.5), predictions(0.5, shift=9)]
-    result = bootstrap_difference(a, b, POSITIVE)
+    result = bootstrap_difference(dict(enumerate(a)), dict(enumerate(b)), POSITIVE)
     per_seed = [micro_f1(x.label, x.predicted, POSITIVE) - micro_f1(y.label, y.predicted, POSITIVE) for x, y in zip(a, b)]
-    assert result.difference == pytest.approx(np.mean(per_seed)) and result.seeds == 2
+    assert result.difference == pytest.approx(np.mean(per_seed)) and result.seeds == 2 and result.paired_seeds
+    assert not bootstrap_difference(dict(enumerate(a)), {5: b[0], 6: b[1]}, POSITIVE).paired_seeds
     # a difference of differences on one test set, and the same contrast over two test sets resampled apart
-    did = bootstrap_contrast([(1.0, "d", [a[0]]), (-1.0, "d", [b[0]]), (-1.0, "d", [a[1]]), (1.0, "d", [b[1]])], {"d": POSITIVE})
+    did = bootstrap_contrast([(1.0, "d", {0: a[0]}), (-1.0, "d", {0: b[0]}), (-1.0, "d", {0: a[1]}), (1.0, "d", {0: b[1]})], {"d": POSITIVE})
     assert did.difference == pytest.approx(per_seed[0] - per_seed[1])
-    two = bootstrap_contrast([(0.5, "x", [a[0]]), (-0.5, "x", [b[0]]), (0.5, "y", [a[1]]), (-0.5, "y", [b[1]])],
+    two = bootstrap_contrast([(0.5, "x", {0: a[0]}), (-0.5, "x", {0: b[0]}), (0.5, "y", {0: a[1]}), (-0.5, "y", {0: b[1]})],
                              {"x": POSITIVE, "y": POSITIVE})
-    assert two.difference == pytest.approx(np.mean(per_seed)) and two.sentences == 2 * N_TEST
+    assert two.difference == pytest.approx(np.mean(per_seed)) and two.items == 2 * N_TEST
 
 
 # ----- rounds and Observation 3 ---------------------------------------------------------------------------
@@ -106,8 +118,8 @@ def test_largest_holder_share_against_a_uniform_pick_among_holders():
 def small_params():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["scale"] = "embedded"
-    raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1], target_f1=0.45)
-    raw["fedcmc"]["sweeps"].update(seeds=[0], dataset="synthetic-re", alpha=0.05, methods=["fedavg", "fedcmc"], clients=[4, 6],
+    raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1, 2], target_f1=0.45)
+    raw["fedcmc"]["sweeps"].update(seeds=[0, 1, 2], dataset="synthetic-re", alpha=0.05, methods=["fedavg", "fedcmc"], clients=[4, 6],
                                    local_epochs=[1, 2], vectors=["major", "minor", "none"], subset_dataset="synthetic-re",
                                    subset_size=40, subset_modes=["balanced", "natural"], subset_methods=["fedrs", "fedcmc"])
     raw["fedcmc"]["settings"].update(clients=4, rounds=3)
@@ -197,11 +209,13 @@ def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid)
     table2 = claims[claims["finding (paper)"].str.startswith("Table 2: FedCMC beats FedAvg")]
     assert table2["verdict"].tolist() == ["holds", "holds"]  # α 0.05 and 0.5, one dataset
     rs = claims[claims["finding (paper)"] == "Table 2: FedRS is significantly better than MOON"]
-    assert rs["verdict"].tolist() == ["not run at this scale"]
+    assert rs["verdict"].tolist() == ["not testable here (FedRS or MOON is not in fedcmc.methods)"]
+    assert all(v.split(" (")[0] in VERDICTS for v in claims["verdict"]), claims["verdict"].tolist()
+    assert "Holm's correction runs over this report's" in text
     minor = claims[claims["finding (paper)"].str.startswith("Fig 4: minor vectors are worse than none")]
     assert minor["verdict"].tolist() == ["holds"]
     obs = claims[claims["finding (paper)"].str.startswith("Observation 3")]
-    assert obs["verdict"].iloc[0].startswith("holds") and "100% of 4 classes" in obs["measured"].iloc[0]
+    assert obs["verdict"].iloc[0].startswith("holds (direction only") and "100% of 4 classes" in obs["measured"].iloc[0]
     assert "FedCMC 2, FedAvg not reached in 3 rounds" in text  # rounds to 45%: FedCMC 0.25, 0.5, 0.75
     assert "64 bytes more than FedAvg per client" in text
     assert "| client_" not in text  # the counts are drawn, not printed
@@ -212,13 +226,13 @@ def test_a_diverged_cell_is_marked_and_no_claim_rests_on_it(tmp_path):
     bad = next(c for c in table_cells(params) if c.method == "fedavg" and c.alpha == 0.05 and c.seed == 1)
     write_fake_grid(tmp_path, params, diverged=(bad.name,))
     data = load_fedcmc(tmp_path, params)
-    assert data.cells.set_index("name").loc[bad.name, "health"] == "diverged"
+    assert set(data.cells.loc[data.cells.name == bad.name, "health"]) == {"diverged"}  # its table cell and sweep twins
     table = main_table(data, params, "micro_f1")
     assert table.loc["FedAvg", "synthetic-re α=0.05"].endswith(" †")
     assert not table.loc["FedAvg", "synthetic-re α=0.5"].endswith(" †")
     claims = claims_table(data, params).set_index("finding (paper)")
     at_005 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.05" in f], "verdict"]
-    assert at_005.tolist() == [f"inconclusive: rests on 1 diverged cell(s) ({bad.name})"]
+    assert at_005.tolist() == [f"inconclusive (rests on 1 diverged cell(s): {bad.name})"]
     at_05 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.5" in f], "verdict"]
     assert at_05.tolist() == ["holds"]
     assert f"| {bad.name} | diverged" in render_report(params, data)
@@ -242,7 +256,7 @@ def test_methods_that_predict_every_sentence_alike_are_named(grid):
 def test_table2_is_mean_std_in_percent_with_the_trivial_baselines(grid):
     params, data = grid
     table = main_table(data, params, "micro_f1")
-    mean = np.mean([micro_f1(p.label, p.predicted, POSITIVE) for p in (predictions(0.75, 0), predictions(0.75, 1))])
+    mean = np.mean([micro_f1(p.label, p.predicted, POSITIVE) for p in (predictions(0.75, s) for s in range(3))])
     assert table.loc["FedCMC", "synthetic-re α=0.05"].startswith(f"{100 * mean:.2f} ± ")
     chance = chance_scores(data, "synthetic-re", "synthetic-re-a0.05-k4")
     gold = predictions(0.5).label
@@ -287,12 +301,13 @@ def test_the_stage_fails_in_one_line_without_cells(tmp_path):
     assert len(lines) == 1 and "is missing" in lines[0] and "dvc repro fedcmc_table" in lines[0]
 
 
-def test_claims_whose_cells_the_grid_lacks_say_not_run(grid):
+def test_claims_whose_cells_the_grid_lacks_say_not_testable_and_why(grid):
     params, data = grid
     fewer = params.model_copy(update={"fedcmc": params.fedcmc.model_copy(update={"alphas": [0.05]})})
     claims = claims_table(data, fewer).set_index("finding (paper)")
-    assert claims.loc["Table 2: FedCMC beats FedAvg on synthetic-re at α=0.5 (the paper reports no number for this dataset)", "verdict"] == "not run at this scale"
-    assert claims.loc["FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on synthetic-re", "verdict"] == "not run at this scale"
+    assert claims.loc["Table 2: FedCMC beats FedAvg on synthetic-re at α=0.5 (the paper reports no number for this dataset)", "verdict"] == "not testable here (α=0.5 is not in fedcmc.alphas)"
+    assert claims.loc["FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on synthetic-re", "verdict"] == (
+        "not testable here (needs α 0.05 and 0.5 and both methods in the main table)")
 
 
 def test_a_stale_cell_is_refused(tmp_path):

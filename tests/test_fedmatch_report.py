@@ -1,4 +1,5 @@
-"""FedMatch's report: health markers from each cell's history, no claim resting on a diverged cell, patch norms."""
+"""FedMatch's report: health markers from each cell's history, no claim resting on a diverged or unconverged cell,
+patch norms."""
 
 import pandas as pd
 
@@ -47,8 +48,19 @@ def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
     assert labels == {"fedavg": "FedAvg", "individual": "BERT (individual) [diverged]",
                       "fedprox": "FedProx [not converged]"}
     claim = _compare(data, "FedAvg beats individual", ["fedavg"], ["individual"])
-    assert claim.verdict.startswith("no verdict: rests on diverged cells (BERT (individual))")
-    assert not _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict.startswith("no verdict")
+    assert claim.verdict == "inconclusive (rests on diverged BERT (individual))"
+    # an unconverged cell voids the test too: the claim would rest on where the budget stopped, not on the method
+    assert _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict == "inconclusive (rests on not converged FedProx)"
+    assert _compare(data, "FedAvg beats FedAvg", ["fedavg"], ["fedavg"]).verdict == "inconclusive (1 seed; a seed-level test needs 3)"
+    # a reference at chance voids the claim: beating it says little about the method
+    at_chance = _compare(data, "FedProx beats FedAvg", ["fedprox"], ["fedavg"], chance={"overall": {"mrr": 0.28}})
+    assert at_chance.verdict == "inconclusive (rests on not converged FedProx)"  # an unsound cell is named first of all
+    sound = results({"fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
+                     "fedper": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5])})
+    assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.28}}).verdict == (
+        "inconclusive (the reference FedAvg is at chance: MRR 0.300 vs 0.280)")
+    assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.2}}).verdict == (
+        "inconclusive (1 seed; a seed-level test needs 3)")
     table = health_table(data, ["fedavg", "individual"])
     assert table["health"].tolist() == ["converged", "diverged"]
     assert "rose from 0.9 (round 1) to 1.4 (round 3)" in table["why"].iloc[1]
@@ -96,7 +108,8 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     assert RULE in report
     assert "| FedAvg [diverged]" in report and "| FedMatch H+LR [not converged]" in report
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
-    assert "no verdict: rests on diverged cells (FedAvg)" in report
+    assert "inconclusive (rests on not converged FedMatch H+LR, diverged FedAvg)" in report
+    assert "Holm's correction runs over this report's 1 tested claims" in report
 
 
 def test_bm25_only_row_is_map_and_mrr_of_the_recorded_scores_with_ties_by_answer_id(tmp_path):

@@ -1,4 +1,4 @@
-"""Report helpers: verdicts follow the measured numbers, mean ± std tables, TREC round trips."""
+"""Report helpers: untestable claims read alike, mean ± std tables, TREC round trips."""
 
 import pandas as pd
 
@@ -6,7 +6,6 @@ from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.report.claims import COLUMNS, Claim, claims_frame
 from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients, missed_clients_section, read_trec, summary_table
-from fedrepro.report.statistics import paired_test, verdict
 
 
 def results(values: dict[str, list[float]]) -> pd.DataFrame:
@@ -20,18 +19,6 @@ def test_summary_table_is_mean_and_sample_std_with_labels_and_chance():
     table = summary_table(results({"fedavg": [0.2, 0.4]}), "mrr", ["fedavg"], {"fedavg": "FedAvg"}, chance)
     assert table.loc["FedAvg", "overall"] == "0.300 ± 0.141"
     assert table.loc["random ranking (chance)", "a"] == "0.250"
-
-
-def test_paired_test_and_verdict_follow_the_numbers():
-    index = pd.MultiIndex.from_tuples([("c", f"q{i}") for i in range(30)])
-    base = pd.Series([0.2 + 0.01 * (i % 7) for i in range(30)], index=index)
-    better = base + 0.1 + pd.Series([0.002 * (i % 3) for i in range(30)], index=index)
-    diff, p, n = paired_test(better, base)
-    assert n == 30 and diff > 0.09 and p < 0.001 and verdict(diff, p) == "holds"
-    diff, p, _ = paired_test(base, better)
-    assert verdict(diff, p).startswith("does not hold")
-    noisy = base + pd.Series([0.05 if i % 2 else -0.05 for i in range(30)], index=index)
-    assert verdict(*paired_test(noisy, base)[:2]).startswith("not significant")
 
 
 def test_trec_files_round_trip_to_the_same_metrics(tmp_path):
@@ -55,16 +42,11 @@ def test_the_report_lists_each_client_a_round_went_on_without():
     assert missed_clients_section(missed_clients("cell_0", history[:1])) == []
 
 
-def test_every_paper_words_a_claim_it_does_not_test_as_its_report_always_has():
-    fedcmc = Claim.not_run("F", "α=0.1 is not in fedcmc.alphas")
-    assert (fedcmc.measured, fedcmc.verdict, fedcmc.test) == ("not run at this scale: α=0.1 is not in fedcmc.alphas",
-                                                               "not run at this scale", "-")
-    assert Claim.not_run("F").measured == "not run at this scale"
-    assert Claim.not_run("F", "").measured == "not run at this scale: "  # SS-VFNAS's DP-cost row before its pairs are found
-    fedmatch = Claim.not_run("F", "fedmatch.sweeps.patch_size has fewer than 2 points at this scale", verdict="not tested here", lead="")
-    assert (fedmatch.measured, fedmatch.verdict) == ("fedmatch.sweeps.patch_size has fewer than 2 points at this scale", "not tested here")
-    frame = claims_frame([fedcmc, Claim("G", "1 vs 0", "holds", "t-test")])
-    assert list(frame.columns) == COLUMNS and frame["verdict"].tolist() == ["not run at this scale", "holds"]
+def test_every_paper_words_a_claim_it_does_not_test_alike():
+    row = Claim.not_testable("F", "α=0.1 is not in fedcmc.alphas")
+    frame = claims_frame([row, Claim("G", "1 vs 0", "holds (exact counts)", "counts")])
+    assert list(frame.columns) == COLUMNS
+    assert frame["verdict"].tolist() == ["not testable here (α=0.1 is not in fedcmc.alphas)", "holds (exact counts)"]
 
 
 def test_seed_counts_and_empty_sweeps_read_the_same_in_every_report():

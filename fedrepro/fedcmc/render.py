@@ -11,7 +11,7 @@ import pandas as pd
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.methods import PAPER_METHODS
-from fedrepro.fedcmc.report import (DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
+from fedrepro.fedcmc.report import (CHANCE_MARGIN, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
                                     communication_table, convergence_table, dataset_label, fedcmc_extra_download, figure1_cells,
                                     figure_point, health_table, identical_predictions, local_epochs_tables, main_points,
                                     main_table, mean_of, mean_std_percent, method_label, observation3_table, partitions_table,
@@ -20,7 +20,7 @@ from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients_section
-from fedrepro.report.statistics import BOOTSTRAP_SEED, RESAMPLES
+from fedrepro.report.claims import tests_explained, verdict_counts
 
 
 def _backbone_text(params: Params) -> str:
@@ -73,7 +73,7 @@ def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[
         chance = chance_level(data, dataset, part(dataset, alpha))
         for method in fc.methods:
             value = mean_of(data, TABLE, method=method, dataset=dataset, alpha=alpha)
-            if value - chance < 0.01:
+            if value - chance < CHANCE_MARGIN:
                 near.append(f"{method_label(method)} at {point_name(dataset, alpha)} ({percent(value)} vs {percent(chance)})")
     if near:
         lines.append("These main-table cells score less than 1 point above the better trivial baseline (always the "
@@ -84,18 +84,13 @@ def _closing(data: FedCMCResults, params: Params, claims: pd.DataFrame) -> list[
     widths = [float(high) - float(low) for low, high in re.findall(r"95% CI \[([+-][0-9.]+), ([+-][0-9.]+)\]", "\n".join(claims["test"]))]
     if widths:
         lines.append(f"The 95% bootstrap intervals of the tested claims are {np.median(widths):.2f} points wide (median): "
-                     "a smaller difference cannot be told from the choice of test sentences here.")
+                     "a smaller difference cannot be told from the sampling of test sentences and seeds here.")
     single = [name for name, seeds in (("main-table", fc.seeds), ("sweep", fc.sweeps.seeds)) if len(seeds) == 1]
     if single:
         lines.append(f"The {' and '.join(single)} cells have one training seed each: their intervals cover the sampling of test "
                      "sentences only, not the spread between training runs, which in small federated runs is often as large "
                      "as the differences between methods.")
-    verdicts = claims["verdict"]
-    tested = verdicts[~verdicts.str.startswith("not run")]
-    counts = {k: int(tested.str.startswith(k).sum()) for k in ("holds", "does not hold", "not significant", "not measurable")}
-    lines.append(f"Of {len(verdicts)} claims rows, {len(verdicts) - len(tested)} are not run at this scale; of the rest "
-                 f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['not significant']} not significant"
-                 + (f", {counts['not measurable']} not measurable" if counts["not measurable"] else "") + ".")
+    lines.append(verdict_counts(claims))
     if fc.settings.rounds < max(PAPER_ROUNDS.values()):
         lines.append(f"The run has {fc.settings.rounds} rounds; the paper's Fig 3a numbers reach {max(PAPER_ROUNDS.values())} "
                      "rounds, so the convergence claims are checked on a much shorter horizon and a method 'not reached' here "
@@ -284,9 +279,8 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     claims = claims_table(data, params)
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict follows "
-              f"the numbers whatever they are. Tested claims use a paired bootstrap over test sentences ({RESAMPLES} resamples, "
-              f"seed {BOOTSTRAP_SEED}) of the micro-F1 difference: 'holds' if its 95% interval is above 0, 'does not hold "
-              "(significantly reversed)' if below, else 'not significant'. Claims on rounds or on Observation 3 are "
-              "descriptive.", "", claims.to_markdown(index=False, disable_numparse=True), ""]
+              "the numbers whatever they are. Tested claims contrast test micro-F1, the test items being the test "
+              "sentences. " + tests_explained(claims) + " Claims on rounds or on Observation 3 are direction only.", "",
+              claims.to_markdown(index=False, disable_numparse=True), ""]
     lines += ["## What this run can and cannot say", ""] + _closing(data, params, claims)
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from fedrepro.fedmatch.report import (BM25_ONLY, LABELS, FedMatchResults, claims
                                       patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
+from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients_section, summary_table
 
@@ -139,9 +140,12 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
     for metric in ("map", "mrr"):
         lines += [f"Test {metric.upper()} ({over_seeds(len(seeds))})", "",
                   summary_table(_results_for(data, fm.table3), metric, fm.table3, labels, chance, trivial).to_markdown(), ""]
+    claims = claims_table(data, params, chance)
     lines += ["## Claims checked at this scale", "",
               "Each finding the paper states (ANCHORS.md), with the measured numbers and the test used; a verdict "
-              "follows the numbers whatever they are.", "", claims_table(data, params).to_markdown(index=False), ""]
+              "follows the numbers whatever they are. Tested claims contrast per-question MAP or MRR, the test items being "
+              "the (client, question) pairs. " + tests_explained(claims) + " " + verdict_counts(claims), "",
+              claims.to_markdown(index=False), ""]
     caveats = training_caveats(data, chance, list(dict.fromkeys(fm.table3 + fm.table2)))
     if caveats:
         lines += ["**Read the verdicts with these measured caveats.** These methods barely trained within this "

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from fedrepro.metrics.summary import mean_std, overall
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
 from fedrepro.report.results import OVERALL, load_cell, missed_clients
-from fedrepro.report.statistics import paired_test, verdict
+from fedrepro.report.statistics import NOT_TESTABLE, RESAMPLES, direction_verdict, hierarchical_bootstrap, worded
 from fedrepro.tasks.qa import qrels_and_run
 
 LABELS = {name: method.label for name, method in METHODS.items()}
@@ -88,8 +89,15 @@ def marked_labels(data: FedMatchResults) -> dict[str, str]:
     return {row: LABELS.get(row, row) + health_marker(data, row) for row in data.health}
 
 
-def diverged_rows(data: FedMatchResults, rows: list[str]) -> list[str]:
-    return [r for r in rows if any(h.diverged for h in data.health.get(r, {}).values())]
+def unsound_rows(data: FedMatchResults, rows: list[str]) -> dict[str, str]:
+    """row -> 'diverged' / 'not converged' for the rows with such a cell in any seed (diverged first)."""
+    unsound = {}
+    for row in rows:
+        labels = {h.label for h in data.health.get(row, {}).values()}
+        label = next((x for x in ("diverged", "not converged") if x in labels), None)
+        if label:
+            unsound[row] = label
+    return unsound
 
 
 def health_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
@@ -100,10 +108,11 @@ def health_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
 
 
 # ----- claims ---------------------------------------------------------------------------------------------
-def _per_question(data: FedMatchResults, rows: list[str], metric: str) -> pd.Series:
-    """Per-question metric averaged over seeds and over the given rows (e.g. the four LR variants)."""
+def _per_question(data: FedMatchResults, rows: list[str], metric: str) -> pd.DataFrame:
+    """Per-question metric, one row per seed and one column per (client, question), averaged over the given rows
+    (e.g. the four LR variants): the hierarchical bootstrap's input."""
     frame = data.per_question[data.per_question.row.isin(rows)]
-    return frame.groupby(["client", "question"])[metric].mean()
+    return frame.groupby(["seed", "client", "question"])[metric].mean().unstack(["client", "question"])
 
 
 def _overall(data: FedMatchResults, row: str, metric: str) -> float:
@@ -111,26 +120,37 @@ def _overall(data: FedMatchResults, row: str, metric: str) -> float:
     return mean_std(values["value"].tolist())[0]
 
 
-def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr") -> Claim:
-    """One claims-table row: 'better' (rows averaged) beats 'worse' on overall ``metric``, tested per question."""
-    diff, p_value, n = paired_test(_per_question(data, better, metric), _per_question(data, worse, metric))
+CHANCE_MARGIN = 0.05
+"""a reference within this much of chance (overall MAP or MRR) has learned too little to be beaten meaningfully."""
+
+
+def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr",
+             chance: dict | None = None) -> Claim:
+    """One claims-table row: 'better' (rows averaged) beats 'worse' on overall ``metric``, tested with seeds and test
+    questions resampled together; inconclusive when the reference 'worse' sits at ``chance`` (``chance_levels``)."""
+    result = hierarchical_bootstrap(_per_question(data, better, metric), _per_question(data, worse, metric),
+                                    label=f"{finding}|{metric}")
     a = float(np.mean([_overall(data, r, metric) for r in better]))
     b = float(np.mean([_overall(data, r, metric) for r in worse]))
     name = lambda rows: " / ".join(LABELS.get(r, r) for r in rows)  # noqa: E731
-    return _guarded(data, Claim(
+    pairing = "paired by seed" if result.paired_seeds else "seeds drawn apart"
+    claim = Claim.from_bootstrap(
         finding=finding,
         measured=f"{name(better)} {metric.upper()} {a:.3f} vs {name(worse)} {b:.3f} ({(a - b) / b:+.1%} relative)",
-        verdict=verdict(diff, p_value),
-        test=f"paired t-test over {n} test questions (per-question {metric.upper()}, mean over seeds): p = {p_value:.3g}"),
-        better + worse)
+        test=(f"hierarchical bootstrap of per-question {metric.upper()} over {result.seeds} seed(s) x {result.items} test "
+              f"questions ({RESAMPLES} resamples, {pairing}): {result.difference:+.3f}, 95% CI [{result.low:+.3f}, "
+              f"{result.high:+.3f}]"),
+        result=result)
+    if chance is not None and b - chance["overall"][metric] < CHANCE_MARGIN:
+        claim.inconclusive(f"the reference {name(worse)} is at chance: {metric.upper()} {b:.3f} vs {chance['overall'][metric]:.3f}")
+    return _guarded(data, claim, better + worse)
 
 
 def _guarded(data: FedMatchResults, claim: Claim, rows: list[str]) -> Claim:
-    """No claim rests on a diverged cell: its verdict says so and keeps what the numbers alone would say."""
-    diverged = diverged_rows(data, rows)
-    if diverged:
-        names = ", ".join(LABELS.get(r, r) for r in diverged)
-        claim = replace(claim, verdict=f"no verdict: rests on diverged cells ({names}); the numbers alone: {claim.verdict}")
+    """No claim rests on a diverged or unconverged cell: its verdict says so (the numbers stay beside it)."""
+    unsound = unsound_rows(data, rows)
+    if unsound:
+        claim.inconclusive("rests on " + ", ".join(f"{label} {LABELS.get(r, r)}" for r, label in unsound.items()))
     return claim
 
 
@@ -143,46 +163,46 @@ def _sweep_series(data: FedMatchResults, sweep: str, client: str, metric: str, m
     return series.sort_index()
 
 
-def claims_table(data: FedMatchResults, params: Params) -> pd.DataFrame:
-    """Every finding the paper states (ANCHORS.md) that this scale's grid can test, each a Claim."""
+def claims_table(data: FedMatchResults, params: Params, chance: dict | None = None) -> pd.DataFrame:
+    """Every finding the paper states (ANCHORS.md) that this scale's grid can test, each a Claim; a contrast whose
+    reference sits at ``chance`` (``chance_levels``) is inconclusive."""
     fm = params.fedmatch
+    compare = partial(_compare, chance=chance)
     present = set(fm.methods)
     rows = []
     if set(fm.table2) == {m for m in METHODS if m.startswith("fedmatch_") and m != "fedmatch_cs"}:
         lr = [m for m in fm.table2 if m.endswith("_lr")]
         pal = [m for m in fm.table2 if m.endswith("_pal")]
-        rows.append(_compare(data, "Table 2: the low-rank patch beats PAL overall", lr, pal))
+        rows.append(compare(data, "Table 2: the low-rank patch beats PAL overall", lr, pal))
         vh = [m for m in fm.table2 if m.split("_")[1] in "vh"]
         io = [m for m in fm.table2 if m.split("_")[1] in "io"]
-        rows.append(_compare(data, "Table 2: vertical/horizontal insertion beats inner/outer", vh, io))
+        rows.append(compare(data, "Table 2: vertical/horizontal insertion beats inner/outer", vh, io))
         ranked = sorted(fm.table2, key=lambda m: -_overall(data, m, "mrr"))
         best = ranked[0] if ranked[0] != FIGURE_METHOD else ranked[1]
-        row = _compare(data, "Table 2: H+LR is the best of the eight variants", [FIGURE_METHOD], [best])
+        row = compare(data, "Table 2: H+LR is the best of the eight variants", [FIGURE_METHOD], [best])
         row.measured = f"best variant by overall MRR: {LABELS[ranked[0]]}; " + row.measured
-        if ranked[0] != FIGURE_METHOD and not row.verdict.startswith("no verdict"):
-            row.verdict = f"does not hold (vs the best: {row.verdict})"
         rows.append(row)
-        rows.append(_compare(data, "Table 2: H+PAL over O+PAL, about +1.27% relative MRR", ["fedmatch_h_pal"], ["fedmatch_o_pal"]))
+        rows.append(compare(data, "Table 2: H+PAL over O+PAL, about +1.27% relative MRR", ["fedmatch_h_pal"], ["fedmatch_o_pal"]))
     for individual in ("individual_re2", "individual_esim", "individual"):
         if {individual, "fedavg"} <= present:
             for metric in ("map", "mrr"):
-                rows.append(_compare(data, f"Table 3: FedAvg beats {LABELS[individual]} overall ({metric.upper()})", ["fedavg"], [individual], metric))
+                rows.append(compare(data, f"Table 3: FedAvg beats {LABELS[individual]} overall ({metric.upper()})", ["fedavg"], [individual], metric))
     if {"individual", "fedavg"} <= present:
         rows.append(_individual_beats_fedavg_somewhere(data))
     for federated in ("fedavg", "lg_fedavg", "fedper"):
         if {"coverquery", federated} <= present:
-            rows.append(_compare(data, f"Table 3: CoverQuery drops clearly below {LABELS[federated]}", [federated], ["coverquery"]))
+            rows.append(compare(data, f"Table 3: CoverQuery drops clearly below {LABELS[federated]}", [federated], ["coverquery"]))
     if FIGURE_METHOD in present:
         rivals = [m for m in fm.table3 if m not in (FIGURE_METHOD, "fedmatch_cs", "centralised")]
         if rivals:
             strongest = max(rivals, key=lambda m: _overall(data, m, "mrr"))
-            row = _compare(data, "Table 3: FedMatch beats every baseline", [FIGURE_METHOD], [strongest])
+            row = compare(data, "Table 3: FedMatch beats every baseline", [FIGURE_METHOD], [strongest])
             row.measured = f"strongest baseline: {LABELS[strongest]}; " + row.measured
             rows.append(row)
     if {"fedavg", "fedavg_cs"} <= present:
-        rows.append(_compare(data, "Client sampling (2 of 5) lowers FedAvg", ["fedavg"], ["fedavg_cs"]))
+        rows.append(compare(data, "Client sampling (2 of 5) lowers FedAvg", ["fedavg"], ["fedavg_cs"]))
     if {FIGURE_METHOD, "fedmatch_cs"} <= present:
-        rows.append(_compare(data, "FedMatch_CS is slightly above FedMatch", ["fedmatch_cs"], [FIGURE_METHOD]))
+        rows.append(compare(data, "FedMatch_CS is slightly above FedMatch", ["fedmatch_cs"], [FIGURE_METHOD]))
     rows += _figure_claims(data)
     return claims_frame(rows)
 
@@ -197,10 +217,10 @@ def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> Claim:
     wins = [f"{c} {g:+.1%}" for c, g in gaps.items() if g > 0]
     if "fiqa" in gaps:
         measured = f"FiQA MAP: individual vs FedAvg {gaps['fiqa']:+.1%} relative"
-        holds = "holds (direction)" if gaps["fiqa"] > 0 else "does not hold"
+        holds = direction_verdict(gaps["fiqa"] > 0, "direction only: no test per client")
     else:
         measured = "no FiQA client at this scale"
-        holds = "not applicable; " + ("individual wins on some client" if wins else "individual wins on no client")
+        holds = worded(NOT_TESTABLE, "no FiQA client at this scale; individual wins on " + ("some client" if wins else "no client"))
     return _guarded(data, Claim(
         finding="Table 3: individual BERT beats FedAvg on some collections (FiQA MAP, about +3.13% relative)",
         measured=measured + "; clients where individual MAP is higher: " + (", ".join(wins) or "none"),
@@ -208,7 +228,7 @@ def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> Claim:
 
 
 def _sweep_not_run(finding: str, sweep: str) -> Claim:
-    return Claim.not_run(finding, f"fedmatch.sweeps.{sweep} has fewer than 2 points at this scale", verdict="not tested here", lead="")
+    return Claim.not_testable(finding, f"fedmatch.sweeps.{sweep} has fewer than 2 points at this scale")
 
 
 def _figure_claims(data: FedMatchResults) -> list[Claim]:
@@ -226,7 +246,7 @@ def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, Claim]]:
         rho = stats.spearmanr(layers.index, layers.values).statistic if len(set(layers.values)) > 1 else 0.0
         rows.append(("shared_layers", Claim(finding="Fig 5: overall MRR falls as fewer encoder layers are shared",
                                             measured=", ".join(f"{int(k)} shared: {v:.3f}" for k, v in layers.items()) + f"; Spearman rho = {rho:+.2f}",
-                                            verdict=("holds (direction)" if rho > 0 else "does not hold") + f" over {len(layers)} points",
+                                            verdict=direction_verdict(rho > 0, f"direction only, over {len(layers)} points"),
                                             test="rank correlation of shared layers and overall MRR (few points: direction only)")))
     if len(_sweep_series(data, "patch_size", OVERALL, "mrr")) < 2:
         rows.append(("patch_size", _sweep_not_run("Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128)", "patch_size")))
@@ -236,7 +256,7 @@ def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, Claim]]:
             peak = int(sizes.idxmax())
             rows.append(("patch_size", Claim(finding=f"Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128); {client}",
                                              measured=", ".join(f"r={int(k)}: {v:.3f}" for k, v in sizes.items()) + f"; peak at r={peak}",
-                                             verdict=("holds (direction)" if peak not in (sizes.index.min(), sizes.index.max()) else "does not hold"),
+                                             verdict=direction_verdict(peak not in (sizes.index.min(), sizes.index.max()), "direction only"),
                                              test="position of the maximum over the sweep (1 value per point: direction only)")))
             break
     client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
@@ -249,7 +269,7 @@ def _figure_claim_rows(data: FedMatchResults) -> list[tuple[str, Claim]]:
         low, high = margin.index.min(), margin.index.max()
         rows.append(("data_ratio", Claim(finding="Fig 8: the MAP margin of H+LR over individual BERT grows as data shrinks (2.60% at 100%, 7.23% at 20%)",
                                          measured=f"{client}: margin {margin[high]:+.1%} at {high:.0%} of the data, {margin[low]:+.1%} at {low:.0%}",
-                                         verdict="holds (direction)" if margin[low] > margin[high] else "does not hold",
+                                         verdict=direction_verdict(margin[low] > margin[high], "direction only"),
                                          test="relative MAP margins at the smallest and largest ratio (mean over sweep seeds)")))
     return rows
 
@@ -367,7 +387,7 @@ def summary_metrics(data: FedMatchResults) -> dict:
 
 
 def training_caveats(data: FedMatchResults, chance: dict, rows: list[str]) -> list[str]:
-    """Methods that barely trained (loss fell < 10% from the first round) or sit within 0.05 MRR of chance:
+    """Methods that barely trained (loss fell < 10% from the first round) or sit within CHANCE_MARGIN MRR of chance:
     a verdict involving them says more about the budget than about the method."""
     lines = []
     level = chance["overall"]["mrr"]
@@ -377,8 +397,8 @@ def training_caveats(data: FedMatchResults, chance: dict, rows: list[str]) -> li
         notes = []
         if len(loss) and loss.iloc[-1] > 0.9 * loss.iloc[0]:
             notes.append(f"training loss only {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f}")
-        if mrr - level < 0.05:
-            notes.append(f"overall MRR {mrr:.3f} is within 0.05 of chance ({level:.3f})")
+        if mrr - level < CHANCE_MARGIN:
+            notes.append(f"overall MRR {mrr:.3f} is within {CHANCE_MARGIN:g} of chance ({level:.3f})")
         if notes:
             lines.append(f"{LABELS.get(row, row)}: " + "; ".join(notes))
     return lines

@@ -1,9 +1,13 @@
-"""The statistics every paper's claims are tested with: a paired t-test, an exact sign test, the paired bootstrap
-of micro-F1 (test sentences resampled with replacement) and the verdict wording they share."""
+"""The statistics every paper's claims are tested with. The unit of replication is the seed: a contrast is tested by a
+hierarchical bootstrap that resamples seeds and test items together (the same seeds on both sides when they share
+them), so a difference that flips sign across seeds is not mistaken for one that holds. The report corrects its claims
+for their number (Holm, ``claims``) and words every verdict from ``VERDICTS``. An exact sign test serves claims over
+matched cells."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -14,25 +18,40 @@ from fedrepro.seeding import derive_seed
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
+ALPHA = 0.05
+MIN_SEEDS = 3
+"""a seed-level test needs this many seeds: with fewer, a contrast's numbers are shown but its verdict is inconclusive."""
+
+HOLDS, REVERSED, NOT_SIGNIFICANT, INCONCLUSIVE, NOT_TESTABLE = (
+    "holds", "reversed", "not significant", "inconclusive", "not testable here")
+VERDICTS = (HOLDS, REVERSED, NOT_SIGNIFICANT, INCONCLUSIVE, NOT_TESTABLE)
+"""The one vocabulary of every report's verdicts; each verdict is one of these, maybe followed by ' (why)'."""
 
 
-def paired_test(better: pd.Series, worse: pd.Series) -> tuple[float, float, int]:
-    """Mean difference and two-sided paired t-test p-value over the questions both sides were scored on.
-
-    Each side is a per-question metric (already averaged over seeds), indexed by (client, question).
-    """
-    joined = pd.concat([better.rename("a"), worse.rename("b")], axis=1, join="inner").dropna()
-    diff = (joined["a"] - joined["b"]).to_numpy()
-    if len(diff) < 2 or np.allclose(diff, diff[0]):
-        return float(diff.mean()) if len(diff) else 0.0, 1.0, len(diff)
-    return float(diff.mean()), float(stats.ttest_rel(joined["a"], joined["b"]).pvalue), len(diff)
+def worded(word: str, why: str | None = None) -> str:
+    """A verdict of the vocabulary, with why in brackets: 'inconclusive (1 seed; a seed-level test needs 3)'."""
+    if word not in VERDICTS:
+        raise ValueError(f"{word!r} is not a verdict of {VERDICTS}")
+    return f"{word} ({why})" if why else word
 
 
-def verdict(difference: float, p_value: float, alpha: float = 0.05) -> str:
-    """holds / does not hold / not significant, for a claim that ``difference`` is positive."""
+def verdict_from_p(difference: float, p_value: float, alpha: float = ALPHA) -> str:
+    """The claim 'the contrast is positive', from its (adjusted) p-value and the sign of the contrast."""
     if p_value < alpha:
-        return "holds" if difference > 0 else "does not hold (significantly reversed)"
-    return "not significant (" + ("same direction" if difference > 0 else "opposite direction") + ")"
+        return HOLDS if difference > 0 else REVERSED
+    return NOT_SIGNIFICANT
+
+
+def direction_verdict(holds: bool, why: str) -> str:
+    """A claim the numbers can only show the direction of (no test): holds or reversed, saying so."""
+    return worded(HOLDS if holds else REVERSED, why)
+
+
+def too_few_seeds(seeds: int) -> str | None:
+    """Why a contrast over ``seeds`` seeds gets no seed-level verdict, or None when it has enough."""
+    if seeds >= MIN_SEEDS:
+        return None
+    return f"{seeds} seed{'s' if seeds != 1 else ''}; a seed-level test needs {MIN_SEEDS}"
 
 
 def sign_test(ours: list[float], theirs: list[float]) -> tuple[int, int, int, float]:
@@ -43,6 +62,73 @@ def sign_test(ours: list[float], theirs: list[float]) -> tuple[int, int, int, fl
     ties = len(ours) - wins - losses
     p = float(stats.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
     return wins, losses, ties, p
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A hierarchical bootstrap's result: the contrast, its 95% interval, its p-value and what was resampled."""
+
+    difference: float
+    """the contrast on the full test sets, each side the mean over its seeds."""
+    low: float
+    high: float
+    """the 2.5% and 97.5% percentiles over the resamples."""
+    p_value: float
+    """two-sided, from the bootstrap's standard error (normal): a percentile p cannot go below 2 / (resamples + 1),
+    which Holm's correction over a report's tens of claims could never clear."""
+    items: int
+    seeds: int
+    """the fewest seeds of any side: the seed-level test's sample size."""
+    resamples: int
+    paired_seeds: bool
+    """True when every side has the same seeds, so each resample draws the same seeds on every side."""
+
+
+def _item_weights(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
+    """How often each of ``n`` items is drawn in each resample (resamples x n), drawing n with replacement."""
+    draws = rng.integers(0, n, size=(resamples, n))
+    counts = np.bincount((draws + np.arange(resamples)[:, None] * n).ravel(), minlength=resamples * n)
+    return counts.reshape(resamples, n).astype(float)
+
+
+def _seed_means(per_seed: list[np.ndarray], seeds: list[tuple], rng: np.random.Generator) -> list[np.ndarray]:
+    """Each side's value per resample, the mean over its seeds drawn with replacement. ``per_seed[i]`` is side i's
+    value of each seed in each resample (resamples x its seeds); sides with the same seeds share one draw (paired)."""
+    resamples, paired = per_seed[0].shape[0], len(set(seeds)) == 1
+    shared = rng.integers(0, len(seeds[0]), size=(resamples, len(seeds[0]))) if paired else None
+    means = []
+    for values, labels in zip(per_seed, seeds):
+        draw = shared if paired else rng.integers(0, len(labels), size=(resamples, len(labels)))
+        means.append(np.take_along_axis(values, draw, axis=1).mean(axis=1))
+    return means
+
+
+def _result(point: float, totals: np.ndarray, items: int, seeds: list[tuple]) -> Bootstrap:
+    low, high = np.percentile(totals, [2.5, 97.5])
+    spread = float(totals.std(ddof=1)) if len(totals) > 1 else 0.0
+    if spread == 0:
+        p_value = 1.0 if point == 0 else 0.0
+    else:
+        p_value = float(2 * stats.norm.sf(abs(point) / spread))
+    return Bootstrap(float(point), float(low), float(high), p_value, items, min(len(s) for s in seeds), len(totals),
+                     len(set(seeds)) == 1)
+
+
+def hierarchical_bootstrap(better: pd.DataFrame, worse: pd.DataFrame, resamples: int = RESAMPLES,
+                           seed: int = BOOTSTRAP_SEED, label: str = "") -> Bootstrap:
+    """Mean per-item metric of ``better`` minus ``worse`` (each a seeds x items frame: one row per seed, one column
+    per test item), resampling seeds and the items both sides scored (columns without a missing value) together."""
+    items = [c for c in better.columns.intersection(worse.columns)
+             if better[c].notna().all() and worse[c].notna().all()]
+    if not items:
+        raise DataError(f"bootstrap {label!r}: the two sides share no scored item")
+    rng = np.random.default_rng(derive_seed(seed, label))
+    weights = _item_weights(rng, len(items), resamples) / len(items)
+    sides = [better[items].to_numpy(float), worse[items].to_numpy(float)]
+    labels = [tuple(better.index), tuple(worse.index)]
+    a, b = _seed_means([weights @ side.T for side in sides], labels, rng)
+    point = sides[0].mean() - sides[1].mean()
+    return _result(point, a - b, len(items), labels)
 
 
 def sentence_counts(gold, predicted, positive) -> np.ndarray:
@@ -69,65 +155,44 @@ def micro_f1(gold, predicted, positive) -> float:
     return float(_f1(sentence_counts(gold, predicted, positive).sum(axis=0)))
 
 
-@dataclass(frozen=True)
-class Bootstrap:
-    """A paired bootstrap's result: the contrast, its 95% interval and what it was resampled over."""
-
-    difference: float
-    """the contrast on the full test sets (micro-F1, 0-1)."""
-    low: float
-    high: float
-    """the 2.5% and 97.5% percentiles over the resamples."""
-    sentences: int
-    resamples: int
-    seeds: int
 
 
-def bootstrap_contrast(terms: list[tuple[float, str, list[pd.DataFrame]]], positive: dict[str, list[str]],
+def bootstrap_contrast(terms: list[tuple[float, str, Mapping[int, pd.DataFrame]]], positive: dict[str, list[str]],
                        resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
-    """Paired bootstrap of sum_i weight_i * (micro-F1 of term i, averaged over its seeds' predictions).
+    """Hierarchical bootstrap of sum_i weight_i * (micro-F1 of term i, averaged over its seeds).
 
-    Each term is (weight, test set, [predictions of each seed]). The sentences of each test set (those every
-    term on it scored, matched by sentence_id) are resampled with replacement once per resample and shared by
-    all its terms and seeds, so the comparison is paired; a contrast over several test sets resamples each
-    independently. A difference A − B is [(1, d, A), (−1, d, B)]; with one seed list per side of equal length
-    the seed-mean of each side per resample equals the mean of the per-seed differences.
+    Each term is (weight, test set, {seed: predictions}). Each resample draws the seeds with replacement (one draw
+    shared by every term when all terms have the same seeds, so the comparison is paired by seed) and the sentences
+    of each test set with replacement (those every term on it scored, matched by sentence_id; shared by all its
+    terms and seeds, so it is paired by sentence too); a contrast over several test sets resamples each
+    independently. A difference A - B is [(1, d, A), (-1, d, B)].
     """
-    totals, point, sentences, seeds = np.zeros(resamples), 0.0, 0, 0
+    if not terms or any(not frames for _, _, frames in terms):
+        raise DataError("bootstrap: a term has no predictions")
+    per_seed, seeds, weights_of, point, sentences = [], [], [], 0.0, 0
     for group in sorted({g for _, g, _ in terms}):
         members = [(w, frames) for w, g, frames in terms if g == group]
-        ids = sorted(set.intersection(*[set(f["sentence_id"]) for _, frames in members for f in frames]))
-        n = len(ids)
-        if n == 0:
+        ids = sorted(set.intersection(*[set(f["sentence_id"]) for _, frames in members for f in frames.values()]))
+        if not ids:
             raise DataError(f"bootstrap: the predictions on test set {group!r} share no sentence")
         rng = np.random.default_rng(derive_seed(seed, group))
-        draws = rng.integers(0, n, size=(resamples, n))
-        weights = np.bincount((draws + np.arange(resamples)[:, None] * n).ravel(), minlength=resamples * n)
-        weights = weights.reshape(resamples, n).astype(float)
+        weights = _item_weights(rng, len(ids), resamples)
         for weight, frames in members:
-            counts = [sentence_counts(*f.set_index("sentence_id").loc[ids, ["label", "predicted"]].to_numpy().T, positive[group])
-                      for f in frames]
-            stacked = np.concatenate(counts, axis=1)  # n x 3*seeds
-            resampled = (weights @ stacked).reshape(resamples, len(frames), 3)
-            totals += weight * _f1(resampled).mean(axis=1)
+            labels = tuple(sorted(frames))
+            counts = [sentence_counts(*frames[s].set_index("sentence_id").loc[ids, ["label", "predicted"]].to_numpy().T,
+                                      positive[group]) for s in labels]
+            resampled = (weights @ np.concatenate(counts, axis=1)).reshape(resamples, len(labels), 3)
+            per_seed.append(_f1(resampled))
+            seeds.append(labels)
+            weights_of.append(weight)
             point += weight * float(np.mean([_f1(c.sum(axis=0)) for c in counts]))
-            seeds = max(seeds, len(frames))
-        sentences += n
-    low, high = np.percentile(totals, [2.5, 97.5])
-    return Bootstrap(float(point), float(low), float(high), sentences, resamples, seeds)
+        sentences += len(ids)
+    means = _seed_means(per_seed, seeds, np.random.default_rng(derive_seed(seed, "seeds")))
+    totals = sum(weight * mean for weight, mean in zip(weights_of, means))
+    return _result(point, totals, sentences, seeds)
 
 
-def bootstrap_difference(better: list[pd.DataFrame], worse: list[pd.DataFrame], positive: list[str],
+def bootstrap_difference(better: Mapping[int, pd.DataFrame], worse: Mapping[int, pd.DataFrame], positive: list[str],
                          resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
-    """Micro-F1 of ``better`` minus ``worse`` on one test set (lists of per-seed predictions), paired bootstrap."""
+    """Micro-F1 of ``better`` minus ``worse`` on one test set ({seed: predictions} each), hierarchical bootstrap."""
     return bootstrap_contrast([(1.0, "test", better), (-1.0, "test", worse)], {"test": positive}, resamples, seed)
-
-
-def interval_verdict(result: Bootstrap) -> str:
-    """The claim 'the contrast is positive': holds if the 95% interval is above 0, reversed if below, else not
-    significant (``verdict``'s wording; 'no difference' when the predictions score exactly the same)."""
-    if result.low > 0 or result.high < 0:
-        return verdict(result.low if result.low > 0 else result.high, 0.0)
-    if result.difference == 0 and result.low == result.high == 0:
-        return "not significant (no difference)"
-    return verdict(result.difference, 1.0)

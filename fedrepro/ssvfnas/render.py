@@ -11,9 +11,9 @@ from fedrepro.config import Params
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds
-from fedrepro.report.statistics import RESAMPLES
+from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.ssvfnas.cells import BASELINE, dp_name
-from fedrepro.ssvfnas.report import (ALPHA, ALPHA_MOVED, SSVFNASResults, alpha_moved, alpha_table, cell_hardware, claims_table,
+from fedrepro.ssvfnas.report import (ALPHA_MOVED, SSVFNASResults, alpha_moved, alpha_table, cell_hardware, claims_table,
                                      dp_level_text, genotypes_table, health_table, main_table, messages_table, method_label,
                                      noisy_levels, parameters_table, partition_names, percent, partitions_table, reliance_table,
                                      rule_agreement, select_cells, shown_cells, target_frame, target_table)
@@ -127,11 +127,7 @@ def _closing(data: SSVFNASResults, params: Params, claims: pd.DataFrame) -> list
                      f"{int((unsound['health'] == 'not converged').sum())} had not converged in their retraining (marked in "
                      "the main table): a diverged cell's accuracy says nothing about its method, and an unconverged one's "
                      "is where this budget stopped, not where the method settles.")
-    tested = claims["verdict"][~claims["verdict"].str.startswith("not run")]
-    counts = {k: int(tested.str.startswith(k).sum()) for k in ("holds", "does not hold", "not significant", "inconclusive")}
-    lines.append(f"Of {len(claims)} claims rows, {len(claims) - len(tested)} are not run at this scale; of the rest "
-                 f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['not significant']} are not "
-                 f"significant, {counts['inconclusive']} are inconclusive (they rest on a diverged cell).")
+    lines.append(verdict_counts(claims))
     return [" ".join(lines), ""]
 
 
@@ -313,8 +309,8 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "## Claims checked at this scale", "",
         "Each SS-VFNAS finding (ANCHORS.md) and the issue's own checks, with the measured numbers and the test used; a "
         "verdict follows the numbers whatever they are. Steps and ε to the target: an exact sign test over matched cells "
-        f"(same dataset-K, DP level, seed; p < {ALPHA:g}). Accuracy: a paired bootstrap over test samples ({RESAMPLES} "
-        "resamples) of the retrained accuracy difference, 'holds' if its 95% interval is above 0.", "",
+        "(same dataset-K, DP level, seed). Accuracy: the retrained accuracy difference, matched cells grouped by dataset-K "
+        "and DP level with their seeds resampled. " + tests_explained(claims), "",
         claims.to_markdown(index=False, disable_numparse=True), "",
         "## What this run can and cannot say", "",
         *_closing(data, params, claims),

@@ -24,7 +24,7 @@ from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, curve_caption, messages_figure
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.statistics import Bootstrap, bootstrap_contrast, interval_verdict, sign_test, verdict
+from fedrepro.report.statistics import RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict, sign_test
 from fedrepro.ssvfnas.cells import (BASELINE, METHODS, Cell, baseline_cells, dp_name, label_alone_cells, partitions, retrain_health,
                                     table_cells)
 from fedrepro.ssvfnas.runs import hold_out, load_partition
@@ -36,7 +36,6 @@ MAJORITY, ALONE = "trivial: majority class", "trivial: label party alone"
 RULES = {"darts": "DARTS bi-level", "milenas": "MiLeNAS mixed-level"}
 PAIRS = (("ss_vfnas1", "vfnas1"), ("ss_vfnas2", "vfnas2"))
 """(with pre-search, without): the paper's comparisons, one per search rule"""
-ALPHA = 0.05
 CELL_FIELDS = ["method", "dataset", "parties", "partition", "dp", "sigma_forward", "sigma_backward", "seed"]
 
 
@@ -554,12 +553,6 @@ def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
 
 
 # ----- claims -------------------------------------------------------------------------------------------------
-def _sign_verdict(wins: int, losses: int, p: float) -> str:
-    if wins + losses == 0:
-        return "not significant (no difference)"
-    return verdict(wins - losses, p, ALPHA)
-
-
 def _pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float]]) -> list[tuple[pd.Series, pd.Series]]:
     """Matched (ours, theirs) cells: the same dataset-K, DP level and seed."""
     out = []
@@ -574,20 +567,35 @@ def _pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float
 
 
 def _guard(row: Claim, pairs: list[tuple[pd.Series, pd.Series]]) -> Claim:
-    """No claim rests on a diverged cell: its verdict says so instead of the test's (the numbers stay beside it)."""
-    diverged = sorted({cell.key for pair in pairs for cell in pair if cell.health == "diverged"})
-    if diverged:
-        row.verdict = f"inconclusive (diverged cell): rests on {len(diverged)} diverged cell(s) ({', '.join(diverged)})"
+    """No claim rests on a diverged or unconverged cell: its verdict says so instead of the test's (the numbers stay
+    beside it)."""
+    why = []
+    for label in ("diverged", "not converged"):
+        keys = sorted({cell.key for pair in pairs for cell in pair if cell.health == label})
+        if keys:
+            why.append(f"{len(keys)} {label} cell(s): {', '.join(keys)}")
+    if why:
+        row.inconclusive("rests on " + "; ".join(why))
     return row
 
 
-def _accuracy_terms(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> list[tuple[float, str, list[pd.DataFrame]]]:
-    """Bootstrap terms of 'mean accuracy of ours minus theirs': each pair weighs 1 / pairs; the test samples of a
-    dataset are resampled together (its K values share the same test rows)."""
-    terms = []
+def _seeds(pairs: list[tuple[pd.Series, pd.Series]]) -> int:
+    return len({int(a.seed) for a, _ in pairs})
+
+
+def _accuracy_terms(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> list[tuple[float, str, dict[int, pd.DataFrame]]]:
+    """Bootstrap terms of 'mean accuracy of ours minus theirs': the pairs grouped by condition (dataset-K and both
+    sides' DP levels), each condition weighing 1 / conditions with its seeds as the bootstrap's seeds; the test
+    samples of a dataset are resampled together (its K values share the same test rows)."""
+    conditions: dict[tuple, tuple[dict, dict]] = {}
     for a, b in pairs:
-        terms.append((1.0 / len(pairs), a.dataset, [_as_frame(data.predictions[a.key])]))
-        terms.append((-1.0 / len(pairs), b.dataset, [_as_frame(data.predictions[b.key])]))
+        key = (a.dataset, a.parties, a.sigma_forward, a.sigma_backward, b.sigma_forward, b.sigma_backward)
+        ours, theirs = conditions.setdefault(key, ({}, {}))
+        ours[int(a.seed)] = _as_frame(data.predictions[a.key])
+        theirs[int(b.seed)] = _as_frame(data.predictions[b.key])
+    terms = []
+    for (dataset, *_), (ours, theirs) in conditions.items():
+        terms += [(1.0 / len(conditions), dataset, ours), (-1.0 / len(conditions), dataset, theirs)]
     return terms
 
 
@@ -598,28 +606,29 @@ def _as_frame(predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_contrast(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> Bootstrap:
-    """Paired bootstrap of the mean test-accuracy difference over matched (ours, theirs) cells."""
+    """Hierarchical bootstrap of the mean test-accuracy difference over matched (ours, theirs) cells."""
     terms = _accuracy_terms(data, pairs)
     positive = {}
     for _, group, frames in terms:
         labels = set(positive.get(group, []))
-        for f in frames:
+        for f in frames.values():
             labels |= set(f["label"]) | set(f["predicted"])
         positive[group] = sorted(labels)
     return bootstrap_contrast(terms, positive)
 
 
 def _bootstrap_text(result: Bootstrap, pairs: int) -> str:
-    return (f"paired bootstrap over {result.sentences} test samples ({result.resamples} resamples; {pairs} matched cell pair(s) "
-            f"averaged within each resample): {100 * result.difference:+.2f} points, 95% CI [{100 * result.low:+.2f}, "
-            f"{100 * result.high:+.2f}]")
+    pairing = "paired by seed" if result.paired_seeds else "seeds drawn apart"
+    return (f"hierarchical bootstrap over {result.seeds} seed(s) x {result.items} test samples ({RESAMPLES} resamples, "
+            f"{pairing}; {pairs} matched cell pair(s) averaged within each resample): {100 * result.difference:+.2f} points, "
+            f"95% CI [{100 * result.low:+.2f}, {100 * result.high:+.2f}]")
 
 
 def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
     finding = (f"SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: {method_label(ours)} vs "
                f"{method_label(theirs)} ({RULES[METHODS[ours][0]]})")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
-        return Claim.not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
+        return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, params.ssvfnas.dp_levels)
     targets = target_frame(data, params).set_index("key")
     censored = params.ssvfnas.search.steps + 1  # not reached: later than any step of the search
@@ -629,25 +638,25 @@ def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -
     bytes_a = [targets.loc[x.key, "target_bytes"] for x, _ in pairs if targets.loc[x.key, "reached"]]
     bytes_b = [targets.loc[y.key, "target_bytes"] for _, y in pairs if targets.loc[y.key, "reached"]]
     mean = lambda v: float(np.mean([s for s in v if s != censored])) if any(s != censored for s in v) else float("nan")  # noqa: E731
-    return Claim(finding=finding,
+    return Claim.tested(finding=finding,
                  measured=(f"target {100 * params.ssvfnas.target_accuracy:g}% reached in {sum(s != censored for s in a)} of {len(a)} "
                            f"{method_label(ours)} cells (mean {mean(a):.1f} steps, {_mb(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
                            f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
                            f"{_mb(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
-                 verdict=_sign_verdict(wins, losses, p),
                  test=(f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
-                       f"reached = after the last step): p = {p:.3g}; bytes per step are equal within a pair, so bytes follow steps"))
+                       f"reached = after the last step); bytes per step are equal within a pair, so bytes follow steps"),
+                 difference=wins - losses, p_value=p, seeds=_seeds(pairs))
 
 
 def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
     finding = f"Privacy is amplified by less communication: {method_label(ours)} reaches the target at a smaller epsilon than {method_label(theirs)}"
     levels = noisy_levels(params)
     if not levels:
-        return Claim.not_run(finding, "no DP level with noise on both sides in ssvfnas.dp_levels")
+        return Claim.not_testable(finding, "no DP level with noise on both sides in ssvfnas.dp_levels")
     if params.ssvfnas.fidelity == "released_code":
-        return Claim.not_run(finding, "fidelity released_code has no accountant")
+        return Claim.not_testable(finding, "fidelity released_code has no accountant")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
-        return Claim.not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
+        return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, levels)
     targets = target_frame(data, params).set_index("key")
     a, b = [], []
@@ -660,39 +669,39 @@ def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str)
     wins, losses, ties, p = sign_test(a, b)
     finite_a = [v for v in a if math.isfinite(v)]
     finite_b = [v for v in b if math.isfinite(v)]
-    return Claim(finding=finding,
+    return Claim.tested(finding=finding,
                  measured=(f"{len(a)} of {len(pairs)} matched pairs with DP reach the target on at least one side; mean ε at the "
                            f"target {np.mean(finite_a) if finite_a else float('nan'):.2f} vs {np.mean(finite_b) if finite_b else float('nan'):.2f}; "
                            f"smaller in {wins}, larger in {losses}, tied in {ties}"),
-                 verdict=_sign_verdict(wins, losses, p),
-                 test=f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as ε = ∞): p = {p:.3g}")
+                 test=f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as ε = ∞)",
+                 difference=wins - losses, p_value=p, seeds=_seeds(pairs))
 
 
 def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: str, theirs: str, levels: list[list[float]],
                     why_empty: str, budget: bool = False) -> Claim:
     if not levels:
-        return Claim.not_run(finding, why_empty)
+        return Claim.not_testable(finding, why_empty)
     methods = set(params.ssvfnas.methods) | {BASELINE}
     if not {ours, theirs} <= methods:
-        return Claim.not_run(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
+        return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
     pairs = _pairs(data, ours, theirs, levels)
     if not pairs:
-        return Claim.not_run(finding, "no matched cells")
+        return Claim.not_testable(finding, "no matched cells")
     result = accuracy_contrast(data, pairs)
     mean_a = float(np.mean([x.accuracy for x, _ in pairs]))
     mean_b = float(np.mean([y.accuracy for _, y in pairs]))
     eps = sorted({round(x.epsilon_total, 2) for x, _ in pairs if math.isfinite(x.epsilon_total)})
     at = f" at ε (total) {', '.join(f'{e:g}' for e in eps)}" if eps and budget else ""
-    return _guard(Claim(finding=finding,
-                        measured=f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
-                        verdict=interval_verdict(result), test=_bootstrap_text(result, len(pairs))), pairs)
+    return _guard(Claim.from_bootstrap(finding=finding,
+                                       measured=f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
+                                       test=_bootstrap_text(result, len(pairs)), result=result), pairs)
 
 
 def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
     finding = "VFNAS-2 (MiLeNAS) needs fewer messages per collaborative step than VFNAS-1 (DARTS)"
     pairs = [(m2, m1) for m2, m1 in (("vfnas2", "vfnas1"), ("ss_vfnas2", "ss_vfnas1")) if {m1, m2} <= set(params.ssvfnas.methods)]
     if not pairs:
-        return Claim.not_run(finding, "VFNAS-1 and VFNAS-2 are not both in ssvfnas.methods")
+        return Claim.not_testable(finding, "VFNAS-1 and VFNAS-2 are not both in ssvfnas.methods")
     parts, holds, tied = [], True, True
     for k in sorted(set(data.cells.parties)):
         for m2, m1 in pairs:
@@ -706,7 +715,7 @@ def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
             parts.append(f"K={k}: {method_label(m2)} {ma} messages / {xa} exchanges vs {method_label(m1)} {mb} / {xb}")
             break
     return Claim(finding=finding, measured="; ".join(parts),
-                 verdict="holds" if holds else ("does not hold (equal)" if tied else "does not hold"),
+                 verdict=direction_verdict(holds, "exact counts" + ("; equal" if tied and not holds else "")),
                  test="exact counts from the channel's log of every step (deterministic; no sampling involved)")
 
 
@@ -727,7 +736,7 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
         rows.append(_accuracy_claim(data, params, f"Without DP, {method_label(ours)} is at least as accurate as {method_label(theirs)} "
                                     "(the paper's SS-VFNAS results sit at or above VFNAS's)", ours, theirs, clear,
                                     "no DP level [0, 0] in ssvfnas.dp_levels"))
-    rows.append(Claim.not_run("SS pre-search yields networks that generalise across tasks",
+    rows.append(Claim.not_testable("SS pre-search yields networks that generalise across tasks",
                          "the grid has one task per dataset; no transfer task is run at any scale"))
     for method in ss.methods:
         rows.append(_accuracy_claim(data, params, f"Issue 8 check: the architecture {method_label(method)} searched beats the hand-designed "
@@ -735,7 +744,7 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     if noisy and clear:
         for method in ss.methods:
             row = _accuracy_claim(data, params, f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
-                                  method, method, [], "")
+                                  method, method, [], "no matched cells without and with DP")
             pairs = []
             index = data.cells.set_index("key", drop=False)
             for _, a in select_cells(data, method=method).iterrows():
@@ -746,11 +755,11 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                             pairs.append((a, index.loc[name]))
             if pairs:
                 result = accuracy_contrast(data, pairs)
-                row = _guard(Claim(finding=f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
-                                   measured=f"test accuracy {percent(np.mean([a.accuracy for a, _ in pairs]))} without DP vs "
-                                            f"{percent(np.mean([b.accuracy for _, b in pairs]))} with, over {len(pairs)} "
-                                            "matched pair(s)",
-                                   verdict=interval_verdict(result), test=_bootstrap_text(result, len(pairs))), pairs)
+                row = _guard(Claim.from_bootstrap(finding=f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
+                                                  measured=f"test accuracy {percent(np.mean([a.accuracy for a, _ in pairs]))} without "
+                                                           f"DP vs {percent(np.mean([b.accuracy for _, b in pairs]))} with, over "
+                                                           f"{len(pairs)} matched pair(s)",
+                                                  test=_bootstrap_text(result, len(pairs)), result=result), pairs)
             rows.append(row)
     return claims_frame(rows)
 

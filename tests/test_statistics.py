@@ -1,0 +1,110 @@
+"""The shared statistics and claims row: the seed is the unit (a hierarchical bootstrap over seeds and test items,
+paired by seed), Holm's correction over a report's claims, and one verdict vocabulary."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedrepro.report.claims import COLUMNS, Claim, claims_frame, holm
+from fedrepro.report.statistics import VERDICTS, hierarchical_bootstrap, sign_test, verdict_from_p, worded
+
+ITEMS = [f"q{i}" for i in range(40)]
+
+
+def scores(seed_effects: list[float], base: float = 0.5, noise: float = 0.02, seeds: list[int] | None = None,
+           rng_seed: int = 0) -> pd.DataFrame:
+    """A seeds x items frame: base + the seed's effect + item noise (the same noise for every seed and side)."""
+    item_noise = np.random.default_rng(rng_seed).normal(0, noise, len(ITEMS))
+    rows = [base + effect + item_noise for effect in seed_effects]
+    return pd.DataFrame(rows, index=seeds if seeds is not None else range(len(seed_effects)), columns=ITEMS)
+
+
+def test_a_difference_consistent_across_seeds_is_found():
+    worse = scores([0.0] * 5, rng_seed=1)
+    better = scores([0.05, 0.06, 0.04, 0.05, 0.055], rng_seed=2)
+    result = hierarchical_bootstrap(better, worse)
+    assert result.difference == pytest.approx(better.to_numpy().mean() - worse.to_numpy().mean())
+    assert result.low > 0 and result.p_value < 0.001 and result.seeds == 5 and result.items == len(ITEMS)
+    assert verdict_from_p(result.difference, result.p_value) == "holds"
+    assert verdict_from_p(-result.difference, result.p_value) == "reversed"
+    # deterministic: the same call gives the same result
+    assert hierarchical_bootstrap(better, worse) == result
+
+
+def test_a_difference_that_flips_sign_across_seeds_is_not_significant_though_items_alone_would_say_so():
+    worse = scores([0.0] * 6, rng_seed=1)
+    better = scores([0.15, -0.05, 0.15, -0.05, 0.15, -0.05], rng_seed=1)  # +0.05 on average, the sign flips by seed
+    result = hierarchical_bootstrap(better, worse)
+    assert result.difference == pytest.approx(0.05)
+    assert result.low < 0 < result.high and verdict_from_p(result.difference, result.p_value) == "not significant"
+    # the old test's view (seeds averaged first, only items resampled) would call it significant
+    averaged = hierarchical_bootstrap(better.mean().to_frame().T, worse.mean().to_frame().T)
+    assert averaged.p_value < 0.001
+
+
+def test_seeds_are_drawn_alike_on_both_sides_when_they_share_them():
+    # a large seed effect shared by both sides (the seed's data order, say) and a small constant gain
+    shared = [0.3, -0.2, 0.1, -0.3, 0.2]
+    worse = scores(shared, rng_seed=1)
+    better = worse + 0.02 + scores([0.0] * 5, base=0.0, noise=0.005, rng_seed=3)
+    paired = hierarchical_bootstrap(better, worse)
+    assert paired.paired_seeds and paired.p_value < 0.001 and paired.low > 0
+    # the same numbers with the seeds labelled apart are drawn independently: the seed effect swamps the gain
+    apart = hierarchical_bootstrap(better, worse.set_axis([10, 11, 12, 13, 14]))
+    assert not apart.paired_seeds and apart.low < 0 < apart.high and apart.p_value > 0.05
+    assert apart.difference == pytest.approx(paired.difference)
+
+
+def test_only_items_both_sides_scored_are_compared():
+    better, worse = scores([0.1] * 3), scores([0.0] * 3)
+    better[ITEMS[0]] = np.nan
+    assert hierarchical_bootstrap(better, worse).items == len(ITEMS) - 1
+
+
+def test_holm_adjusts_as_statsmodels_does_and_can_turn_holds_into_not_significant():
+    # Holm by hand: sorted 0.01, 0.03, 0.04, 0.2 -> 4 x 0.01, max(3 x 0.03, .), max(2 x 0.04, .), 1 x 0.2
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    alone = claims_frame([Claim.tested("A", "m", "bootstrap", difference=0.1, p_value=0.04, seeds=3)])
+    assert alone["verdict"].tolist() == ["holds"]
+    assert alone["test"].iloc[0] == "bootstrap; p = 0.04, Holm-adjusted over 1 tested claims: p = 0.04"
+    family = claims_frame([Claim.tested(name, "m", "bootstrap", difference=d, p_value=p, seeds=3)
+                           for name, d, p in (("A", 0.1, 0.04), ("B", 0.1, 0.01), ("C", -0.1, 0.03), ("D", 0.1, 0.2))])
+    assert family["verdict"].tolist() == ["not significant", "holds", "not significant", "not significant"]
+    assert "p = 0.04, Holm-adjusted over 4 tested claims: p = 0.09" in family["test"].iloc[0]
+    reversed_ = claims_frame([Claim.tested("R", "m", "t", difference=-0.1, p_value=0.001, seeds=3)])
+    assert reversed_["verdict"].tolist() == ["reversed"]
+
+
+def test_fewer_than_three_seeds_is_inconclusive_but_the_numbers_and_p_stay():
+    claim = Claim.tested("A", "0.6 vs 0.5", "bootstrap", difference=0.1, p_value=0.0001, seeds=2)
+    frame = claims_frame([claim, Claim.tested("B", "m", "t", difference=0.1, p_value=0.001, seeds=1)])
+    assert frame["verdict"].tolist() == ["inconclusive (2 seeds; a seed-level test needs 3)",
+                                         "inconclusive (1 seed; a seed-level test needs 3)"]
+    assert frame["measured"].iloc[0] == "0.6 vs 0.5" and "Holm-adjusted over 2 tested claims" in frame["test"].iloc[0]
+    assert Claim.tested("C", "m", "t", difference=0.1, p_value=0.001, seeds=3).verdict is None  # waits for Holm
+
+
+def test_an_untestable_claim_stays_so_and_a_void_test_says_why():
+    claim = Claim.not_testable("F", "α=0.1 is not in fedcmc.alphas")
+    claim.inconclusive("rests on a diverged cell")
+    assert (claim.measured, claim.verdict, claim.test) == ("-", "not testable here (α=0.1 is not in fedcmc.alphas)", "-")
+    tested = Claim.tested("G", "m", "t", difference=0.1, p_value=0.001, seeds=3)
+    tested.inconclusive("rests on 1 diverged cell(s): x")
+    frame = claims_frame([claim, tested])
+    assert list(frame.columns) == COLUMNS
+    assert frame["verdict"].tolist() == ["not testable here (α=0.1 is not in fedcmc.alphas)",
+                                         "inconclusive (rests on 1 diverged cell(s): x)"]
+
+
+def test_only_the_vocabulary_words_a_verdict():
+    assert VERDICTS == ("holds", "reversed", "not significant", "inconclusive", "not testable here")
+    assert worded("inconclusive", "neither reaches the target") == "inconclusive (neither reaches the target)"
+    with pytest.raises(ValueError):
+        worded("does not hold")
+    with pytest.raises(ValueError):
+        claims_frame([Claim("F", "m")])  # neither a verdict nor a p-value
+
+
+def test_sign_test_counts_wins_losses_and_ties():
+    wins, losses, ties, p = sign_test([1, 2, 3, 4, 5, 6, 7, 9], [2, 3, 4, 5, 6, 7, 8, 9])
+    assert (wins, losses, ties) == (7, 0, 1) and p == pytest.approx(2 / 2 ** 7)
