@@ -114,6 +114,8 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
     assert "inconclusive (rests on not converged FedMatch H+LR, diverged FedAvg)" in report
     assert "Holm's correction runs over this report's 1 tested claims" in report
+    assert "| Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch" in report
+    assert report.count("not testable here (the sweep fedmatch.sweeps.aggregate_every is empty at this scale)") == 4
 
 
 def test_bm25_only_row_is_map_and_mrr_of_the_recorded_scores_with_ties_by_answer_id(tmp_path):
