@@ -337,7 +337,7 @@ def _no_client(finding: str, wanted: tuple[str, ...]) -> Claim:
     return Claim.not_testable(finding, f"no {' or '.join(wanted)} client at this scale")
 
 
-def _figure_claims(data: FedMatchResults, chance: dict | None = None) -> list[Claim]:
+def _figure_claims(data: FedMatchResults, chance: dict | None) -> list[Claim]:
     """The sweeps' claims; each is guarded by the health of its own sweep's cells."""
     sweep_rows = lambda sweep: [r for r in data.health if r.startswith(f"{sweep}=")]  # noqa: E731
     return [_guarded(data, claim, sweep_rows(sweep)) for sweep, claim in _figure_claim_rows(data, chance)]
