@@ -1,9 +1,13 @@
 """FedMatch's report: health markers from each cell's history, no claim resting on a diverged or unconverged cell,
 patch norms."""
 
+import numpy as np
 import pandas as pd
 
-from fedrepro.fedmatch.report import FedMatchResults, _compare, bm25_levels, health_table, history_health, marked_labels, patch_table
+from fedrepro.fedmatch.report import (FedMatchResults, _compare, _figure_claims, _individuals_beat_somewhere, bm25_levels, health_table,
+                                      history_health, marked_labels, patch_table)
+from fedrepro.report.claims import claims_frame
+from fedrepro.report.statistics import VERDICTS
 
 CLIENTS = ("a", "b")
 
@@ -110,6 +114,8 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
     assert "inconclusive (rests on not converged FedMatch H+LR, diverged FedAvg)" in report
     assert "Holm's correction runs over this report's 1 tested claims" in report
+    assert "| Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch" in report
+    assert report.count("not testable here (the sweep fedmatch.sweeps.aggregate_every is empty at this scale)") == 4
 
 
 def test_bm25_only_row_is_map_and_mrr_of_the_recorded_scores_with_ties_by_answer_id(tmp_path):
@@ -125,3 +131,115 @@ def test_bm25_only_row_is_map_and_mrr_of_the_recorded_scores_with_ties_by_answer
     assert levels["clients"] == {"a": {"map": 0.75, "mrr": 0.75}, "b": {"map": 0.5, "mrr": 0.5}}
     assert levels["overall"] == {"map": 0.625, "mrr": 0.625}
     assert bm25_levels(tmp_path / "absent") is None
+
+
+# ----- the claims of Figs 5, 7, 8 and Table 3's "individual models beat LG-FedAvg and FedPer on some domains" --------
+PAPER_CLIENTS = ("bioasq", "fiqa", "insuranceqa", "medquad", "privacyqa")
+CONVERGED = history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5])
+LOW_CHANCE = {"clients": {c: {"map": 0.1, "mrr": 0.1} for c in PAPER_CLIENTS}, "overall": {"map": 0.1, "mrr": 0.1}}
+
+
+def grid(rows: dict[str, dict[str, float]], seeds=(0, 1, 2), questions=10, clients=PAPER_CLIENTS) -> FedMatchResults:
+    """A sound synthetic grid: rows (table methods, or '<sweep>=<point>:<method>' sweep points) -> client -> level
+    ('*' for the other clients). Each question's MAP and MRR is its level plus a fixed per-question offset and a little
+    seed noise, so a 0.1 gap holds over 3 seeds and a level tie does not."""
+    rng = np.random.default_rng(0)
+    offsets = rng.normal(0, 0.05, size=(len(clients), questions))
+    results, questions_frame, health = [], [], {}
+    for row, levels in rows.items():
+        sweep, point, method = (None, None, row)
+        if ":" in row:
+            (sweep, point), method = row.split(":")[0].split("="), row.split(":")[1]
+        base = {"row": row, "method": method, "sweep": sweep, "point": point}
+        for seed in seeds:
+            values = offsets + rng.normal(0, 0.01, size=offsets.shape) + [[levels.get(c, levels.get("*"))] for c in clients]
+            means = dict(zip(clients, values.mean(axis=1)))
+            for client, value in {**means, "overall": float(np.mean(list(means.values())))}.items():
+                results += [{**base, "seed": seed, "client": client, "metric": m, "value": value} for m in ("map", "mrr")]
+            questions_frame += [{"row": row, "seed": seed, "client": c, "question": f"q{q}", "map": values[i, q], "mrr": values[i, q]}
+                                for i, c in enumerate(clients) for q in range(questions)]
+        health[row] = {seed: history_health(CONVERGED) for seed in seeds}
+    return FedMatchResults(pd.DataFrame(results), pd.DataFrame(questions_frame), pd.DataFrame(), {}, [], health)
+
+
+def sweep(name: str, points, level, method="fedmatch_h_lr") -> dict[str, dict[str, float]]:
+    """One sweep's rows, each point's levels from ``level(point)``."""
+    return {f"{name}={p}:{method}": level(p) for p in points}
+
+
+def verdicts(claims: list) -> dict[str, str]:
+    return claims_frame(claims).set_index("finding (paper)")["verdict"].to_dict()
+
+
+NEW_FINDINGS = ("Fig 5 (2)", "Fig 5 (3)", "Fig 7 (1): aggregating", "Fig 7 (1): BioASQ", "Fig 7 (2)", "Fig 7 (3)", "Fig 8 (1)",
+                "Table 3: individual models beat LG-FedAvg", "Table 3: individual models beat FedPer")
+
+
+def full_grid(seeds=(0, 1, 2)) -> FedMatchResults:
+    rows = {"individual": {"*": 0.4}, "individual_re2": {"*": 0.35, "fiqa": 0.6}, "lg_fedavg": {"*": 0.5}, "fedper": {"*": 0.5}}
+    rows |= sweep("shared_layers", (2, 1, 0), lambda n: {"*": 0.4 + 0.05 * n, "fiqa": 0.5, "bioasq": 0.6 - 0.1 * (n == 2)})
+    rows |= sweep("aggregate_every", (1, 2, 3), lambda e: {"*": 0.6 - 0.1 * e, "fiqa": 0.5 + 0.05 * (e == 2), "bioasq": 0.5 + 0.05 * (e == 2)})
+    rows |= sweep("data_ratio", (0.2, 0.6, 1.0), lambda r: {"*": 0.5})
+    rows |= sweep("data_ratio", (0.2, 0.6, 1.0), lambda r: {"*": 0.3}, method="individual")
+    return grid(rows, seeds)
+
+
+def new_claims(data: FedMatchResults, chance=LOW_CHANCE) -> dict[str, str]:
+    individuals = [m for m in ("individual", "individual_re2") if m in data.health]
+    claims = _figure_claims(data, chance) + [_individuals_beat_somewhere(data, f, individuals, chance) for f in ("lg_fedavg", "fedper")]
+    return {finding: verdict for finding, verdict in verdicts(claims).items() if finding.startswith(NEW_FINDINGS)}
+
+
+def test_every_new_claim_gets_a_verdict_from_the_vocabulary_and_holds_where_the_grid_is_built_to_hold():
+    claims = new_claims(full_grid())
+    assert len(claims) == len(NEW_FINDINGS)
+    assert all(verdict.split(" (")[0] in VERDICTS for verdict in claims.values())
+    by_start = {start: next(v for f, v in claims.items() if f.startswith(start)) for start in NEW_FINDINGS}
+    assert by_start["Fig 7 (1): aggregating"] == "holds"  # E = 1 ahead by 0.1 on three of five collections
+    assert by_start["Fig 7 (1): BioASQ"] == "holds"
+    assert by_start["Fig 7 (3)"] == "holds"  # PrivacyQA: E = 1 0.5, E = 2 0.4
+    assert by_start["Fig 7 (2)"].startswith("holds (direction only")  # FiQA and BioASQ move 0.05, the others 0.2
+    assert by_start["Fig 5 (2)"].startswith("holds (direction only")  # FiQA flat
+    assert by_start["Fig 5 (3)"] == "holds"  # BioASQ 0.6 below all shared, 0.5 at all shared; FiQA flat
+    assert by_start["Fig 8 (1)"] == "holds"  # 0.5 against 0.3 at every ratio
+    # RE2 beats both federated methods on FiQA (0.6 vs 0.5) and loses everywhere else: some domains, and which
+    assert by_start["Table 3: individual models beat LG-FedAvg"] == "holds"
+    assert by_start["Table 3: individual models beat FedPer"] == "holds"
+
+
+def test_new_claims_are_reversed_where_built_reversed_and_inconclusive_with_two_seeds():
+    rows = {"individual": {"*": 0.3}, "lg_fedavg": {"*": 0.5}, "fedper": {"*": 0.5}}
+    rows |= sweep("aggregate_every", (1, 2), lambda e: {"*": 0.3 + 0.1 * e})
+    rows |= sweep("data_ratio", (0.2, 1.0), lambda r: {"*": 0.5 - 0.2 * (r == 0.2)})
+    rows |= sweep("data_ratio", (0.2, 1.0), lambda r: {"*": 0.4}, method="individual")
+    claims = new_claims(grid(rows))
+    verdict = lambda start: next(v for f, v in claims.items() if f.startswith(start))  # noqa: E731
+    assert verdict("Fig 7 (1): aggregating") == verdict("Fig 7 (3)") == "reversed"
+    assert verdict("Fig 7 (1): BioASQ") == "holds"  # its mirror
+    assert verdict("Fig 8 (1)") == "reversed"  # BERT ahead at 20%: one ratio against 'at every ratio'
+    # federated ahead on every domain: reversed, not merely unsupported
+    assert verdict("Table 3: individual models beat LG-FedAvg") == verdict("Table 3: individual models beat FedPer") == "reversed"
+    tested = [v for v in new_claims(grid(rows, seeds=(0, 1))).values() if not v.startswith("not testable") and "direction only" not in v]
+    assert len(tested) == 6 and set(tested) == {"inconclusive (2 seeds; a seed-level test needs 3)"}
+
+
+def test_an_empty_sweep_or_a_missing_collection_is_not_testable_and_a_claim_names_its_domains():
+    data = grid({"individual": {"*": 0.4, "medquad": 0.6}, "lg_fedavg": {"*": 0.5}})
+    claims = verdicts(_figure_claims(data, LOW_CHANCE))
+    assert claims["Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch"] == (
+        "not testable here (the sweep fedmatch.sweeps.aggregate_every is empty at this scale)")
+    assert claims["Fig 5 (3): on BioASQ and FiQA, sharing all the layers is not optimal"] == (
+        "not testable here (the sweep fedmatch.sweeps.shared_layers is empty at this scale)")
+    assert claims["Fig 8 (1): FedMatch H+LR beats individual BERT at every data ratio (InsuranceQA)"] == (
+        "not testable here (the sweep fedmatch.sweeps.data_ratio is empty at this scale)")
+    claim = _individuals_beat_somewhere(data, "lg_fedavg", ["individual"], LOW_CHANCE)
+    assert "significant after Bonferroni over the 5: BERT (individual) on medquad" in claim.measured
+    assert "5 contrasts, one member of Holm's family" in claim.test and "deciding contrast: BERT (individual) on medquad" in claim.test
+    at_chance = _individuals_beat_somewhere(data, "lg_fedavg", ["individual"], {"overall": {"map": 0.48, "mrr": 0.48}})
+    assert at_chance.verdict.startswith("inconclusive (the reference LG-FedAvg is at chance")
+    insurance = grid(sweep("aggregate_every", (1, 2), lambda e: {"*": 0.5}), clients=("auto-insurance", "life-insurance"))
+    fig7 = verdicts(_figure_claims(insurance, LOW_CHANCE))
+    assert fig7["Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch"] == (
+        "not testable here (no PrivacyQA client at this scale)")
+    assert fig7["Fig 7 (2): the large collections (FiQA, BioASQ) are the most robust to the aggregation period"] == (
+        "not testable here (no FiQA or BioASQ client at this scale)")
