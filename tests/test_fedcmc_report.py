@@ -322,3 +322,70 @@ def test_a_stale_cell_is_refused(tmp_path):
     json.dump({**record, "history": [{**r, "clients": r["clients"][:-1]} for r in record["history"]]}, metrics.open("w"))
     with pytest.raises(DataError, match="changed since the cell ran"):
         load_fedcmc(tmp_path, params)
+
+
+# ----- the claims added for every stated finding, and ChemProt's one reading -------------------------------------
+def test_every_new_claim_has_a_verdict_and_i2b2_is_not_testable(grid):
+    params, data = grid
+    claims = claims_table(data, params).set_index("finding (paper)")
+    new = [f for f in claims.index if f.startswith(("Observation 1", "Observation 2", "Fig 3b: FedAvg's F1 varies", "Table 2: FedAvg is worse"))]
+    assert len(new) == 5, new
+    assert all(claims.loc[f, "verdict"].split(" (")[0] in VERDICTS for f in new)
+    assert claims.loc["Table 2: FedAvg is worse on 8-class i2b2 than on binary PGR", "verdict"].startswith(
+        "not testable here (i2b2 2010 is not public")
+    # the fake grid's d_{k,c} falls with each client's own counts in every round: Observation 1 holds
+    obs1 = next(f for f in new if f.startswith("Observation 1"))
+    assert claims.loc[obs1, "verdict"] == "holds" and "mean tau -1.00" in claims.loc[obs1, "measured"]
+
+
+def _set_curves(root: Path, params, epochs: int, curve) -> None:
+    """Give FedAvg's Fig 3b cells at ``epochs`` local epochs the per-round test micro-F1 ``curve(seed)`` (every copy
+    of the cell: a sweep point equal to a main-table cell is read from the table's folder)."""
+    for cell in sweep_cells(params, "local_epochs"):
+        if cell.method != "fedavg" or cell.local_epochs != epochs:
+            continue
+        for path in root.rglob(f"{cell.name}/metrics.json"):
+            record = json.loads(path.read_text())
+            for entry, value in zip(record["history"], curve(cell.seed)):
+                entry["test"]["global"]["micro_f1"] = value
+            path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("zigzag, verdict", [(2, "holds"), (1, "reversed")])
+def test_fedavgs_fluctuation_over_local_epochs_holds_or_reverses_as_built(tmp_path, zigzag, verdict):
+    """Three seeds; the local-epoch point ``zigzag`` jumps 40 points between rounds, the other rises by 5 a round."""
+    params = small_params()
+    write_fake_grid(tmp_path, params)
+    for epochs in (1, 2):
+        jumpy = epochs == zigzag
+        _set_curves(tmp_path, params, epochs, lambda seed, jumpy=jumpy: [0.2, 0.6 + 0.02 * seed, 0.2] if jumpy
+                    else [0.3, 0.35 + 0.01 * seed, 0.4])
+    claims = claims_table(load_fedcmc(tmp_path, params), params).set_index("finding (paper)")
+    row = claims.loc["Fig 3b: FedAvg's F1 varies more with more local epochs (FedCMC relatively robust)"]
+    assert row["verdict"] == verdict, row.to_dict()
+
+
+def test_one_class_set_per_corpus_or_the_report_refuses(tmp_path):
+    """Table 3's subset reading ChemProt another way (the no-relation class dropped) than the main table is refused."""
+    params = small_params()
+    write_fake_grid(tmp_path, params)
+    subset = next(c for c in sweep_cells(params, "subsets")).partition
+    info_path = tmp_path / "partitions" / subset / "partition.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "classes": [c for c in info["classes"] if c != "false"]}))
+    with pytest.raises(DataError, match="one class set"):
+        load_fedcmc(tmp_path, params)
+
+
+def test_table3s_subset_keeps_the_main_tables_classes():
+    """The subset is drawn from the main table's corpus as is: a negative class the main table has stays in it."""
+    from fedrepro.fedcmc.partition import build_partition
+    params = small_params()
+    labels = ["NA", "rel0", "rel1", "rel2"]
+    corpus = pd.DataFrame([(f"{split}-{i}", f"<e1>a</e1> b <e2>c</e2> {i}", labels[i % 4], split)
+                           for split, n in (("train", 200), ("valid", 40), ("test", 40)) for i in range(n)],
+                          columns=["sentence_id", "text", "label", "split"])
+    main = next(c for c in table_cells(params))
+    subset = next(c for c in sweep_cells(params, "subsets") if c.subset == "balanced")
+    classes = [sorted(build_partition(params, cell, corpus)[0]["label"].unique()) for cell in (main, subset)]
+    assert classes[0] == classes[1] == labels

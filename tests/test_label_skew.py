@@ -170,21 +170,6 @@ def test_subsample_train(table):
         subsample_train(table, 601, "natural", seed=0)
 
 
-def test_subsample_train_drops_the_no_relation_class_first(table):
-    """ChemProt's CPR groups hold five relation types and NA; the paper's subsets are 100 of each relation type."""
-    relation_ids = set(table["sentence_id"])
-    extra = pd.DataFrame([(f"{split}-na{i}", "text", "NA", split) for split in SIZES for i in range(40)],
-                         columns=table.columns, index=range(10_000, 10_000 + 40 * len(SIZES)))
-    with_na = pd.concat([table, extra])
-    with pytest.raises(DataError, match="divisible by the 6 classes"):
-        subsample_train(with_na, 250, "balanced", seed=0)
-    balanced = subsample_train(with_na, 250, "balanced", seed=0, drop_labels=["NA"])
-    assert "NA" not in set(balanced["label"]) and set(balanced["sentence_id"]) <= relation_ids
-    assert balanced.equals(subsample_train(table, 250, "balanced", seed=0))
-    natural = subsample_train(with_na, 101, "natural", seed=0, drop_labels=["NA"])
-    assert natural.equals(subsample_train(table, 101, "natural", seed=0))
-
-
 def test_counts_keep_empty_clients_and_classes():
     assignment = pd.DataFrame({"sentence_id": ["s1", "s2", "s3", "s4"], "label": ["a", "a", "b", "c"],
                                "split": ["train", "train", "train", "test"]})

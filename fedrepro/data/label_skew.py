@@ -7,7 +7,6 @@ Integer counts always come from ``_cut``, the one rounding rule used both to che
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -165,18 +164,14 @@ def partition_corpus(table: pd.DataFrame, n_clients: int, scheme: str, alpha: fl
     return assignment, proportions
 
 
-def subsample_train(table: pd.DataFrame, size: int, mode: str, seed: int,
-                    drop_labels: Sequence[str] = ()) -> pd.DataFrame:
-    """``size`` train rows for the small-data runs (FedCMC Table 3, 500-sample ChemProt); valid/test kept whole,
-    less the rows labelled with one of ``drop_labels``, which leave every split first: the paper's CPR has only its
-    five relation types ("100 samples per class" of 500), where the CPR-group corpus also holds the no-relation class.
+def subsample_train(table: pd.DataFrame, size: int, mode: str, seed: int) -> pd.DataFrame:
+    """``size`` train rows for the small-data runs (FedCMC Table 3, 500-sample ChemProt); valid/test kept whole.
 
     ``balanced``: size / C of every class (C = all classes left). ``natural``: per-class counts proportional to
     the train label distribution, rounded by largest remainder so they sum to ``size``.
     """
     if mode not in SUBSAMPLE_MODES:
         raise DataError(f"subsample_train: mode={mode!r}; allowed {list(SUBSAMPLE_MODES)}")
-    table = table[~table["label"].astype(str).isin([str(label) for label in drop_labels])]
     is_train = (table["split"] == "train").to_numpy()
     labels = table["label"].astype(str).to_numpy()
     classes = sorted(set(labels))

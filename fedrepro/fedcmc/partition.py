@@ -51,9 +51,10 @@ def build_partition(params: Params, cell: Cell, corpus: pd.DataFrame) -> tuple[p
     settings, seed = params.fedcmc.settings, params.data.seed
     if cell.subset is None:
         table = cap_splits(corpus, settings.max_train_sentences, settings.max_eval_sentences, seed)
-    else:  # Table 3's subset is drawn from the whole training split; it is smaller than any cap
-        table = cap_splits(subsample_train(corpus, params.fedcmc.sweeps.subset_size, cell.subset, seed,
-                                           settings.negative_labels), 0, settings.max_eval_sentences, seed)
+    else:  # Table 3's subset is drawn from the whole training split (smaller than any cap), from the same corpus and
+        # classes as the main table: one reading of ChemProt everywhere (docs/fedcmc.md)
+        table = cap_splits(subsample_train(corpus, params.fedcmc.sweeps.subset_size, cell.subset, seed),
+                           0, settings.max_eval_sentences, seed)
     assignment, proportions = partition_corpus(table, cell.clients, settings.partition, cell.alpha, seed,
                                                settings.min_client_size, settings.balance)
     return table, assignment, proportions

@@ -11,7 +11,7 @@ import pandas as pd
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.methods import PAPER_METHODS
-from fedrepro.fedcmc.report import (CHANCE_MARGIN, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
+from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
                                     communication_table, convergence_table, dataset_label, fedcmc_extra_download, figure1_cells,
                                     figure_point, health_table, identical_predictions, local_epochs_tables, main_points,
                                     main_table, mean_of, mean_std_percent, method_label, observation3_table, partitions_table,
@@ -136,6 +136,8 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         f"- F1: the headline is micro-F1 over the positive classes (every class but the negative labels "
         f"{', '.join(f'`{n}`' for n in settings.negative_labels)}; every class when a corpus has none of them), macro-F1 "
         "beside it; percentages with 2 decimals as in the paper.",
+        f"- ChemProt, one reading everywhere: {CHEMPROT_READING}; the main table, Table 3 and every figure use it, and "
+        "the report refuses partitions of one corpus with different class sets.",
         "- Evaluation: the global (aggregated) model on the global test set, the union of the clients' test shares, because "
         "the paper evaluates the aggregated model on each dataset's test set. Nothing is selected on the test set; the "
         "per-round test F1 (Figs 3a, 3b) is only reported.",
@@ -197,8 +199,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         lines += [f"{sw.subset_size} training sentences of {dataset_label(sw.subset_dataset)} (balanced: {sw.subset_size} / C per "
                   f"class; natural: the corpus's label mix), α = {sw.alpha:g}, {settings.clients} clients, "
                   f"{f'at most {settings.max_eval_sentences} test sentences' if settings.max_eval_sentences else 'the whole test set'}; "
-                  f"sentences of a no-relation class ({', '.join(settings.negative_labels)}) leave every split, as the paper's "
-                  "CPR has only its five relation types; "
+                  f"drawn from the same corpus and classes as the main table ({CHEMPROT_READING}); "
                   f"test micro-F1 in % ({over_seeds(len(sw.seeds))}). The paper (500 ChemProt sentences, 100 per class): "
                   "FedRS and FedLC about as good as FedCMC on the balanced subset, FedCMC ahead on the natural one.", "",
                   sweep_table(data, "subsets", sw.subset_methods, "subset", sw.subset_modes).to_markdown(disable_numparse=True), ""]

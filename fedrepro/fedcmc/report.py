@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
@@ -30,13 +31,17 @@ from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.results import missed_clients
 from fedrepro.report.statistics import (ALPHA, HOLDS, INCONCLUSIVE, NOT_TESTABLE, REVERSED, RESAMPLES, Bootstrap, bootstrap_contrast,
-                                        bootstrap_difference, direction_verdict, micro_f1, worded)
+                                        bootstrap_difference, direction_verdict, hierarchical_bootstrap, micro_f1, worded)
 
 LABELS = {name: algorithm.label for name, algorithm in REGISTRY.items()}
 DATASET_LABELS = {"i2b2": "2010 i2b2/VA", "chemprot_cpr5": "ChemProt (CPR)", "pgr": "PGR"}
 PAPER_GAINS = {0.05: {"i2b2": 12.99, "chemprot_cpr5": 8.39, "pgr": 4.04},
                0.5: {"i2b2": 9.08, "chemprot_cpr5": 7.81, "pgr": 2.12}}
 """FedCMC − FedAvg F1 the paper reports (ANCHORS.md), by alpha and dataset."""
+CHEMPROT_READING = ("ChemProt is `chemprot_cpr5`, the five CPR relation types (CPR:3/4/5/6/9) with no no-relation class: "
+                    "the paper counts 10,307 CPR sentences in 5 relation types (the positive pairs; the CPR-group version "
+                    "with NA candidates has 38,106) and draws Table 3's balanced subset as 100 per class of 500, i.e. 5 classes")
+"""The one reading of ChemProt the main table, Table 3 and the figures share, and why (the paper's Datasets and Table 3)."""
 PAPER_ROUNDS = {"fedcmc": 5, "fedrs": 15, "fedavg": 20}
 """Rounds to 45% F1 at alpha 0.05 the paper reports (Fig 3a)."""
 TABLE = "table"
@@ -129,7 +134,12 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
                                      folder / "heatmap.png")
     classes = {}
     for part in partitions.values():
-        classes.setdefault(part.info["dataset"], [str(c) for c in part.info["classes"]])
+        own = [str(c) for c in part.info["classes"]]
+        first = classes.setdefault(part.info["dataset"], own)
+        if own != first:
+            raise DataError(f"{root / 'partitions' / part.name}: classes {own}, where another partition of {part.info['dataset']} has "
+                            f"{first}: the main table, Table 3 and the figures read a corpus one way (one class set); rerun "
+                            "`dvc repro fedcmc_partition`")
     negative = params.fedcmc.settings.negative_labels
     positive = {d: positive_labels(c, negative) for d, c in classes.items()}
     rows, rounds, predictions, diagnostics, info, missed = [], [], {}, {}, {}, []
@@ -666,9 +676,30 @@ def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
                                                       measured=f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
                                                       test=_test_text(result, " of the difference of the two drops"), result=result),
                            TABLE, *[dict(method=m, dataset=dataset, alpha=a) for m in ("fedavg", "fedcmc") for a in (0.05, 0.5)]))
-    # (j) Observation 3
+    # (j) FedAvg is worse on 8-class i2b2 than on binary PGR
+    rows.append(_i2b2_claim(data, params))
+    # (k) Observations 1 and 2, Observation 3
+    rows += _observation12_claims(data, params)
     rows += _observation3_claims(data, params)
     return claims_frame(rows)
+
+
+def _i2b2_claim(data: FedCMCResults, params: Params) -> Claim:
+    """FedAvg's micro-F1 on PGR minus on i2b2, mean over the main table's alphas, each test set resampled apart."""
+    finding = "Table 2: FedAvg is worse on 8-class i2b2 than on binary PGR"
+    fc = params.fedcmc
+    if "i2b2" not in fc.datasets:
+        return Claim.not_testable(finding, "i2b2 2010 is not public (n2c2 data use agreement) and not in the mirror")
+    if "pgr" not in fc.datasets or "fedavg" not in fc.methods:
+        return Claim.not_testable(finding, "PGR or FedAvg is not in the main table")
+    terms = [(sign / len(fc.alphas), dataset, _frames(data, TABLE, method="fedavg", dataset=dataset, alpha=alpha))
+             for alpha in fc.alphas for dataset, sign in (("pgr", 1.0), ("i2b2", -1.0))]
+    result = bootstrap_contrast(terms, data.positive)
+    mean = lambda d: float(np.mean([mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a) for a in fc.alphas]))  # noqa: E731
+    return _guard(data, Claim.from_bootstrap(
+        finding=finding, measured=f"FedAvg, mean over α: PGR {percent(mean('pgr'))} vs i2b2 {percent(mean('i2b2'))} micro-F1",
+        test=_test_text(result, ", each test set resampled apart, mean over α"), result=result),
+        TABLE, *[dict(method="fedavg", dataset=d) for d in ("pgr", "i2b2")])
 
 
 def _rounds_claims(data: FedCMCResults, params: Params) -> list[Claim]:
@@ -715,6 +746,7 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[Claim]:
                                        verdict=result,
                                        test="descriptive (no test): rounds to the target at the fewest and most local epochs"),
                            "local_epochs", *[dict(method=m) for m in sw.methods]))
+    rows.append(_variance_claim(data, params))
     return rows
 
 
@@ -821,6 +853,106 @@ def _observation3_claims(data: FedCMCResults, params: Params) -> list[Claim]:
                               verdict=direction_verdict(np.mean(shares) > chance, "direction only, no test: against chance"),
                               test="descriptive (no test): `vector_clients` of each round against the training counts"))
     return rows
+
+
+def client_rank_agreement(similarity: np.ndarray, clients: list[str], counts: pd.DataFrame) -> pd.Series:
+    """Per client: Kendall's tau between its row of ``counts`` (clients x classes, the similarity's columns) and its
+    d_{k,c} over the classes; Observations 1 and 2 say it is negative. NaN where the counts do not vary."""
+    taus = {}
+    for row, client in zip(np.asarray(similarity, dtype=float), clients):
+        held = counts.loc[client].to_numpy(dtype=float)
+        taus[client] = float(stats.kendalltau(held, row).statistic) if np.ptp(held) > 0 else float("nan")
+    return pd.Series(taus, dtype=float)
+
+
+def _fedavg_diagnostics(data: FedCMCResults, params: Params) -> dict[int, str]:
+    """seed -> the FedAvg main-table cell at Fig 1's point with per-round diagnostics (the seeds of Observations 1-2)."""
+    fedavg, _, _ = figure1_cells(data, params)
+    if fedavg is None:
+        return {}
+    row = data.cells.set_index("key").loc[fedavg]
+    chosen = _select(data, TABLE, method="fedavg", dataset=row.dataset, alpha=row.alpha)
+    return {int(seed): key for seed, key in zip(chosen["seed"], chosen["key"]) if data.diagnostics.get(key)}
+
+
+def _per_seed(data: FedCMCResults, cells: dict[int, str], value) -> pd.DataFrame:
+    """seeds x items: ``value(record list, counts)`` (a Series over items) of each seed's cell."""
+    return pd.DataFrame({seed: value(data.diagnostics[key], cell_counts(data, key)) for seed, key in cells.items()}).T
+
+
+def _observation12_claims(data: FedCMCResults, params: Params) -> list[Claim]:
+    """Observations 1 and 2 (Fig 1's rows), on FedAvg's d_{k,c} at Fig 1's point, every main-table seed: the unit is
+    the seed, the items are the clients (or classes), resampled together (``hierarchical_bootstrap``)."""
+    findings = ("Observation 1 (Fig 1): in the first rounds, the more of class c a client holds, the smaller its d_{k,c}",
+                "Observation 2 (Fig 1): over the rounds, the clients' d_{k,c} draw together (towards the global d_c)",
+                "Observation 2 (Fig 1): in later rounds, the more of class c all clients hold, the smaller d_{k,c}")
+    cells = _fedavg_diagnostics(data, params)
+    if not cells:
+        return [Claim.not_testable(finding, "no FedAvg cell with per-round diagnostics") for finding in findings]
+
+    def tau(round_of, counts_of):
+        return lambda records, counts: -client_rank_agreement(round_of(records)["similarity"], round_of(records)["clients"],
+                                                              counts_of(counts))
+
+    def spread(record):
+        return pd.Series(np.asarray(record["similarity"], dtype=float).std(axis=0), dtype=float)
+
+    first, last = (lambda records: records[0]), (lambda records: records[-1])
+    global_counts = lambda counts: pd.DataFrame([counts.sum(axis=0)] * len(counts), index=counts.index)  # noqa: E731
+    local_tau, global_tau = _per_seed(data, cells, tau(first, lambda c: c)), _per_seed(data, cells, tau(last, global_counts))
+    first_spread = _per_seed(data, cells, lambda records, _: spread(records[0]))
+    last_spread = _per_seed(data, cells, lambda records, _: spread(records[-1]))
+    records = data.diagnostics[next(iter(cells.values()))]
+    rounds = (records[0]["round"], records[-1]["round"])
+    contrasts = [(local_tau, 0 * local_tau, f"round {rounds[0]}: Kendall's tau of each client's own class counts vs its d_{{k,c}}",
+                  "clients", lambda r: f"mean tau {-r.difference:+.2f}"),
+                 (first_spread, last_spread, f"std over the clients of d_{{k,c}}, round {rounds[0]} vs round {rounds[1]}",
+                  "classes", lambda r: f"mean std {first_spread.mean().mean():.3f} -> {last_spread.mean().mean():.3f}"),
+                 (global_tau, 0 * global_tau, f"round {rounds[1]}: Kendall's tau of the global class counts vs each client's d_{{k,c}}",
+                  "clients", lambda r: f"mean tau {-r.difference:+.2f}")]
+    cell = data.cells.set_index("key").loc[next(iter(cells.values()))]
+    rows = []
+    for finding, (better, worse, what, items, numbers) in zip(findings, contrasts):
+        result = hierarchical_bootstrap(better, worse, label=finding)
+        rows.append(Claim.from_bootstrap(
+            finding=finding, measured=f"FedAvg at {point_name(cell.dataset, cell.alpha)}, {len(cells)} seed(s); {what}: {numbers(result)}",
+            test=(f"hierarchical bootstrap over {result.seeds} seed(s) x {result.items} {items} ({RESAMPLES} resamples): "
+                  f"{result.difference:+.3f}, 95% CI [{result.low:+.3f}, {result.high:+.3f}]"), result=result))
+    return [_guard(data, row, TABLE, *[dict(key=key) for key in cells.values()]) for row in rows]
+
+
+def squared_changes(curve: pd.Series) -> pd.Series:
+    """A test-F1 curve's squared round-to-round changes, indexed by the round they end at: their mean is the curve's
+    fluctuation (the mean squared successive difference, twice the noise variance around a smooth trend)."""
+    curve = curve.dropna().sort_index()
+    return (curve.diff() ** 2).iloc[1:]
+
+
+def _variance_claim(data: FedCMCResults, params: Params) -> Claim:
+    """Fig 3b: FedAvg's F1 fluctuates more at the most local epochs than at the fewest. The paper's 'variance of the
+    F1-score' is read as the round-to-round fluctuation of each seed's test-F1 curve (Fig 3b's curves), tested with
+    the seed as unit and the rounds as items; a spread over 3 seeds would rest on 3 values a side."""
+    finding = "Fig 3b: FedAvg's F1 varies more with more local epochs (FedCMC relatively robust)"
+    sw = params.fedcmc.sweeps
+    if len(sw.local_epochs) < 2 or "fedavg" not in sw.methods or not params.fedcmc.settings.eval_every:
+        return Claim.not_testable(finding, "needs 2 local-epoch points, FedAvg in fedcmc.sweeps.methods and eval_every > 0")
+    low, high = min(sw.local_epochs), max(sw.local_epochs)
+
+    def changes(method: str, epochs: int) -> pd.DataFrame:
+        chosen = _select(data, "local_epochs", method=method, local_epochs=epochs)
+        return pd.DataFrame({int(seed): squared_changes(data.rounds[data.rounds.key == key].set_index("round")["micro_f1"])
+                             for seed, key in zip(chosen["seed"], chosen["key"])}).T
+
+    result = hierarchical_bootstrap(changes("fedavg", high), changes("fedavg", low), label=finding)
+    fluctuation = lambda m, e: f"{100 * np.sqrt(changes(m, e).to_numpy().mean()):.2f}"  # noqa: E731
+    measured = "; ".join(f"{method_label(m)} E={low}: {fluctuation(m, low)}, E={high}: {fluctuation(m, high)}"
+                         for m in ("fedavg", "fedcmc") if m in sw.methods)
+    return _guard(data, Claim.from_bootstrap(
+        finding=finding, measured=f"root mean squared round-to-round change of test micro-F1 (points): {measured}",
+        test=(f"hierarchical bootstrap of FedAvg's mean squared change, E={high} − E={low}, over {result.seeds} seed(s) x "
+              f"{result.items} round transitions ({RESAMPLES} resamples): {result.difference:+.5f}, 95% CI "
+              f"[{result.low:+.5f}, {result.high:+.5f}]"), result=result),
+        "local_epochs", dict(method="fedavg"))
 
 
 # ----- outputs -----------------------------------------------------------------------------------------------
