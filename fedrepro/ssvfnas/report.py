@@ -635,7 +635,7 @@ def _chance_text(point: str, level: float) -> str:
 
 def _above_chance(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]],
                   screened: tuple[int, ...] = (0, 1)) -> tuple[list[tuple[pd.Series, pd.Series]], list[str], list[str]]:
-    """The pairs whose condition (dataset-K, both sides' DP levels) has every ``screened`` side's seed-mean accuracy at
+    """The pairs whose condition (dataset-K, both sides' methods and DP levels) has every ``screened`` side's seed-mean accuracy at
     least ``CHANCE_MARGIN`` above its dataset-K's majority rate; the conditions left out (why); the dataset-Ks with no
     majority rate to screen against (no partition data)."""
     conditions: dict[tuple, list[tuple[pd.Series, pd.Series]]] = {}
@@ -648,8 +648,11 @@ def _above_chance(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]
             unscreened.add(point)
             kept += members
             continue
-        low = [f"{method_label(members[0][side].method)} {members[0][side].dp} {percent(mean)}%" for side in screened
-               if (mean := float(np.mean([pair[side].accuracy for pair in members]))) < level + CHANCE_MARGIN]
+        low = []
+        for side in screened:
+            mean = float(np.mean([pair[side].accuracy for pair in members]))
+            if mean < level + CHANCE_MARGIN:
+                low.append(f"{method_label(members[0][side].method)} {members[0][side].dp} {percent(mean)}%")
         if low:
             dropped.append(f"{', '.join(low)} vs {_chance_text(point, level)}")
         else:
