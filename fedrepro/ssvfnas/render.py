@@ -13,7 +13,7 @@ from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.ssvfnas.cells import BASELINE, dp_name
-from fedrepro.ssvfnas.report import (ALPHA_MOVED, SSVFNASResults, alpha_moved, alpha_table, cell_hardware, claims_table,
+from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, SSVFNASResults, alpha_moved, alpha_table, cell_hardware, claims_table,
                                      dp_level_text, genotypes_table, health_table, main_table, messages_table, method_label,
                                      noisy_levels, parameters_table, partition_names, percent, partitions_table, reliance_table,
                                      rule_agreement, select_cells, shown_cells, target_frame, target_table)
@@ -310,7 +310,12 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "Each SS-VFNAS finding (ANCHORS.md) and the issue's own checks, with the measured numbers and the test used; a "
         "verdict follows the numbers whatever they are. Steps and ε to the target: an exact sign test over matched cells "
         "(same dataset-K, DP level, seed). Accuracy: the retrained accuracy difference, matched cells grouped by dataset-K "
-        "and DP level with their seeds resampled. " + tests_explained(claims), "",
+        "and DP level with their seeds resampled. Reference at chance: an accuracy claim compares only conditions "
+        f"(dataset-K and DP levels) where the compared cells' seed-mean test accuracy is at least {100 * CHANCE_MARGIN:g} "
+        "point(s) above their dataset-K's majority class (for DP's cost, the no-DP side only: a noisy side at chance is the "
+        "cost); the rest are left out and named in the test column, and a claim with none left is inconclusive (reference "
+        "at chance). A target claim does not count a dataset-K where the target is not that far above the majority rate "
+        "(answering the majority class would reach it), and is inconclusive where none is left. " + tests_explained(claims), "",
         claims.to_markdown(index=False, disable_numparse=True), "",
         "## What this run can and cannot say", "",
         *_closing(data, params, claims),

@@ -24,7 +24,7 @@ from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, curve_caption, messages_figure
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.statistics import RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict, sign_test
+from fedrepro.report.statistics import INCONCLUSIVE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict, sign_test, worded
 from fedrepro.ssvfnas.cells import (BASELINE, METHODS, Cell, baseline_cells, dp_name, label_alone_cells, partitions, retrain_health,
                                     table_cells)
 from fedrepro.ssvfnas.runs import hold_out, load_partition
@@ -36,6 +36,11 @@ MAJORITY, ALONE = "trivial: majority class", "trivial: label party alone"
 RULES = {"darts": "DARTS bi-level", "milenas": "MiLeNAS mixed-level"}
 PAIRS = (("ss_vfnas1", "vfnas1"), ("ss_vfnas2", "vfnas2"))
 """(with pre-search, without): the paper's comparisons, one per search rule"""
+CHANCE_MARGIN = 0.01
+"""cells 'clearly beat' the majority class of their dataset-K when their seed-mean test accuracy is at least this far
+above its majority rate; a claim compares no cells that do not (they learned nothing it could compare), and a target
+accuracy counts on a dataset-K only when it is this far above the majority rate (below, answering the majority class
+already reaches it)."""
 CELL_FIELDS = ["method", "dataset", "parties", "partition", "dp", "sigma_forward", "sigma_backward", "seed"]
 
 
@@ -585,11 +590,11 @@ def _seeds(pairs: list[tuple[pd.Series, pd.Series]]) -> int:
 
 def _accuracy_terms(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> list[tuple[float, str, dict[int, pd.DataFrame]]]:
     """Bootstrap terms of 'mean accuracy of ours minus theirs': the pairs grouped by condition (dataset-K and both
-    sides' DP levels), each condition weighing 1 / conditions with its seeds as the bootstrap's seeds; the test
+    sides' methods and DP levels), each condition weighing 1 / conditions with its seeds as the bootstrap's seeds; the test
     samples of a dataset are resampled together (its K values share the same test rows)."""
     conditions: dict[tuple, tuple[dict, dict]] = {}
     for a, b in pairs:
-        key = (a.dataset, a.parties, a.sigma_forward, a.sigma_backward, b.sigma_forward, b.sigma_backward)
+        key = (a.dataset, a.parties, a.method, a.sigma_forward, a.sigma_backward, b.method, b.sigma_forward, b.sigma_backward)
         ours, theirs = conditions.setdefault(key, ({}, {}))
         ours[int(a.seed)] = _as_frame(data.predictions[a.key])
         theirs[int(b.seed)] = _as_frame(data.predictions[b.key])
@@ -624,12 +629,79 @@ def _bootstrap_text(result: Bootstrap, pairs: int) -> str:
             f"95% CI [{100 * result.low:+.2f}, {100 * result.high:+.2f}]")
 
 
+def _chance_text(point: str, level: float) -> str:
+    return f"{point} majority {percent(level)}%"
+
+
+def _above_chance(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]],
+                  screened: tuple[int, ...] = (0, 1)) -> tuple[list[tuple[pd.Series, pd.Series]], list[str], list[str]]:
+    """The pairs whose condition (dataset-K, both sides' methods and DP levels) has every ``screened`` side's seed-mean accuracy at
+    least ``CHANCE_MARGIN`` above its dataset-K's majority rate; the conditions left out (why); the dataset-Ks with no
+    majority rate to screen against (no partition data)."""
+    conditions: dict[tuple, list[tuple[pd.Series, pd.Series]]] = {}
+    for a, b in pairs:
+        conditions.setdefault((a.partition, a.dp, a.method, b.dp, b.method), []).append((a, b))
+    kept, dropped, unscreened = [], [], set()
+    for (point, *_), members in conditions.items():
+        level = data.majority.get(point)
+        if level is None:
+            unscreened.add(point)
+            kept += members
+            continue
+        low = []
+        for side in screened:
+            mean = float(np.mean([pair[side].accuracy for pair in members]))
+            if mean < level + CHANCE_MARGIN:
+                low.append(f"{method_label(members[0][side].method)} {members[0][side].dp} {percent(mean)}%")
+        if low:
+            dropped.append(f"{', '.join(low)} vs {_chance_text(point, level)}")
+        else:
+            kept += members
+    return kept, sorted(set(dropped)), sorted(unscreened)
+
+
+def _chance_note(dropped: list[str], unscreened: list[str]) -> str:
+    """The test column's account of the chance screen: what it left out and what it could not screen."""
+    notes = []
+    if dropped:
+        notes.append(f"left out, not {100 * CHANCE_MARGIN:g} point(s) above the majority class: {'; '.join(dropped)}")
+    if unscreened:
+        notes.append(f"not screened against the majority class (no partition data): {', '.join(unscreened)}")
+    return "".join(f"; {note}" for note in notes)
+
+
+def _target_pairs(data: SSVFNASResults, params: Params,
+                  pairs: list[tuple[pd.Series, pd.Series]]) -> tuple[list[tuple[pd.Series, pd.Series]], str]:
+    """The pairs on dataset-Ks where the target accuracy is ``CHANCE_MARGIN`` above the majority rate (elsewhere the
+    majority class alone reaches it), and the test column's note of the dataset-Ks not counted."""
+    target = params.ssvfnas.target_accuracy
+    below = sorted({a.partition for a, _ in pairs
+                    if a.partition in data.majority and target < data.majority[a.partition] + CHANCE_MARGIN})
+    unscreened = sorted({a.partition for a, _ in pairs if a.partition not in data.majority})
+    kept = [(a, b) for a, b in pairs if a.partition not in below]
+    notes = []
+    if below:
+        notes.append(f"not counted, the target {100 * target:g}% is not {100 * CHANCE_MARGIN:g} point(s) above the majority "
+                     f"class: {', '.join(_chance_text(p, data.majority[p]) for p in below)}")
+    if unscreened:
+        notes.append(f"target not checked against the majority class (no partition data): {', '.join(unscreened)}")
+    return kept, "".join(f"; {note}" for note in notes)
+
+
+def _target_at_chance(finding: str, params: Params, note: str) -> Claim:
+    """A target claim with no dataset-K left once the target is checked against the majority class."""
+    return Claim(finding, "-", worded(INCONCLUSIVE, f"target {100 * params.ssvfnas.target_accuracy:g}% at or below the majority "
+                                                    "rate on every dataset-K"), note.lstrip("; "))
+
+
 def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
     finding = (f"SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: {method_label(ours)} vs "
                f"{method_label(theirs)} ({RULES[METHODS[ours][0]]})")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
         return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    pairs = _pairs(data, ours, theirs, params.ssvfnas.dp_levels)
+    pairs, note = _target_pairs(data, params, _pairs(data, ours, theirs, params.ssvfnas.dp_levels))
+    if not pairs:
+        return _target_at_chance(finding, params, note)
     targets = target_frame(data, params).set_index("key")
     censored = params.ssvfnas.search.steps + 1  # not reached: later than any step of the search
     a = [targets.loc[x.key, "target_step"] if targets.loc[x.key, "reached"] else censored for x, _ in pairs]
@@ -644,7 +716,7 @@ def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -
                            f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
                            f"{_mb(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
                  test=(f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
-                       f"reached = after the last step); bytes per step are equal within a pair, so bytes follow steps"),
+                       f"reached = after the last step); bytes per step are equal within a pair, so bytes follow steps{note}"),
                  difference=wins - losses, p_value=p, seeds=_seeds(pairs))
 
 
@@ -657,7 +729,9 @@ def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str)
         return Claim.not_testable(finding, "fidelity released_code has no accountant")
     if not {ours, theirs} <= set(params.ssvfnas.methods):
         return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    pairs = _pairs(data, ours, theirs, levels)
+    pairs, note = _target_pairs(data, params, _pairs(data, ours, theirs, levels))
+    if not pairs:
+        return _target_at_chance(finding, params, note)
     targets = target_frame(data, params).set_index("key")
     a, b = [], []
     for x, y in pairs:
@@ -673,7 +747,8 @@ def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str)
                  measured=(f"{len(a)} of {len(pairs)} matched pairs with DP reach the target on at least one side; mean ε at the "
                            f"target {np.mean(finite_a) if finite_a else float('nan'):.2f} vs {np.mean(finite_b) if finite_b else float('nan'):.2f}; "
                            f"smaller in {wins}, larger in {losses}, tied in {ties}"),
-                 test=f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as ε = ∞)",
+                 test=(f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as "
+                       f"ε = ∞){note}"),
                  difference=wins - losses, p_value=p, seeds=_seeds(pairs))
 
 
@@ -684,17 +759,29 @@ def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: st
     methods = set(params.ssvfnas.methods) | {BASELINE}
     if not {ours, theirs} <= methods:
         return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    pairs = _pairs(data, ours, theirs, levels)
+    return _contrast_claim(data, finding, _pairs(data, ours, theirs, levels), budget=budget)
+
+
+def _contrast_claim(data: SSVFNASResults, finding: str, pairs: list[tuple[pd.Series, pd.Series]], budget: bool = False,
+                    screened: tuple[int, ...] = (0, 1)) -> Claim:
+    """'Ours is more accurate than theirs' over matched pairs, tested on the conditions whose ``screened`` sides clearly
+    beat the majority class (``_above_chance``); with none left, inconclusive (reference at chance)."""
     if not pairs:
         return Claim.not_testable(finding, "no matched cells")
-    result = accuracy_contrast(data, pairs)
-    mean_a = float(np.mean([x.accuracy for x, _ in pairs]))
-    mean_b = float(np.mean([y.accuracy for _, y in pairs]))
-    eps = sorted({round(x.epsilon_total, 2) for x, _ in pairs if math.isfinite(x.epsilon_total)})
+    kept, dropped, unscreened = _above_chance(data, pairs, screened)
+    note = _chance_note(dropped, unscreened)
+    shown = kept or pairs
+    mean_a = float(np.mean([x.accuracy for x, _ in shown]))
+    mean_b = float(np.mean([y.accuracy for _, y in shown]))
+    eps = sorted({round(x.epsilon_total, 2) for x, _ in shown if math.isfinite(x.epsilon_total)})
     at = f" at ε (total) {', '.join(f'{e:g}' for e in eps)}" if eps and budget else ""
-    return _guard(Claim.from_bootstrap(finding=finding,
-                                       measured=f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(pairs)} matched pair(s)",
-                                       test=_bootstrap_text(result, len(pairs)), result=result), pairs)
+    measured = f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(shown)} matched pair(s)"
+    if not kept:
+        return Claim(finding, measured, worded(INCONCLUSIVE, f"reference at chance: {'; '.join(dropped)}"),
+                     f"no condition {100 * CHANCE_MARGIN:g} point(s) above the majority class on the compared sides")
+    result = accuracy_contrast(data, kept)
+    return _guard(Claim.from_bootstrap(finding=finding, measured=measured, test=_bootstrap_text(result, len(kept)) + note,
+                                       result=result), kept)
 
 
 def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
@@ -736,32 +823,72 @@ def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
         rows.append(_accuracy_claim(data, params, f"Without DP, {method_label(ours)} is at least as accurate as {method_label(theirs)} "
                                     "(the paper's SS-VFNAS results sit at or above VFNAS's)", ours, theirs, clear,
                                     "no DP level [0, 0] in ssvfnas.dp_levels"))
-    rows.append(Claim.not_testable("SS pre-search yields networks that generalise across tasks",
-                         "the grid has one task per dataset; no transfer task is run at any scale"))
+    rows += [_federated_nas_claim(data, params), _heterogeneity_claim(data), _overlap_claim(), _transfer_claim()]
     for method in ss.methods:
         rows.append(_accuracy_claim(data, params, f"Issue 8 check: the architecture {method_label(method)} searched beats the hand-designed "
                                     "network of similar size trained the same way", method, BASELINE, list(ss.dp_levels), "no DP level"))
     if noisy and clear:
         for method in ss.methods:
-            row = _accuracy_claim(data, params, f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
-                                  method, method, [], "no matched cells without and with DP")
-            pairs = []
-            index = data.cells.set_index("key", drop=False)
-            for _, a in select_cells(data, method=method).iterrows():
-                if a.sigma_forward == 0 and a.sigma_backward == 0:
-                    for lvl in noisy:
-                        name = Cell(method, a.dataset, a.parties, float(lvl[0]), float(lvl[1]), a.seed).name
-                        if name in index.index:
-                            pairs.append((a, index.loc[name]))
-            if pairs:
-                result = accuracy_contrast(data, pairs)
-                row = _guard(Claim.from_bootstrap(finding=f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)",
-                                                  measured=f"test accuracy {percent(np.mean([a.accuracy for a, _ in pairs]))} without "
-                                                           f"DP vs {percent(np.mean([b.accuracy for _, b in pairs]))} with, over "
-                                                           f"{len(pairs)} matched pair(s)",
-                                                  test=_bootstrap_text(result, len(pairs)), result=result), pairs)
-            rows.append(row)
+            rows.append(_dp_cost_claim(data, method, noisy))
     return claims_frame(rows)
+
+
+def _dp_cost_claim(data: SSVFNASResults, method: str, noisy: list[list[float]]) -> Claim:
+    """No DP vs each noisy level on matched cells; only the no-DP side is screened against the majority class, as a
+    noisy side at chance is the very cost the claim measures."""
+    pairs = []
+    index = data.cells.set_index("key", drop=False)
+    for _, a in select_cells(data, method=method, dp="nodp").iterrows():
+        for lvl in noisy:
+            name = Cell(method, a.dataset, a.parties, float(lvl[0]), float(lvl[1]), a.seed).name
+            if name in index.index:
+                pairs.append((a, index.loc[name]))
+    finding = f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)"
+    if not pairs:
+        return Claim.not_testable(finding, "no matched cells without and with DP")
+    return _contrast_claim(data, finding, pairs, screened=(0,))
+
+
+def _federated_nas_claim(data: SSVFNASResults, params: Params) -> Claim:
+    """The paper's case for federated NAS over manual design, every search method's cells pooled against the
+    hand-designed network's on matched cells (the Issue 8 rows split it by method)."""
+    finding = ("Federated NAS: parties collaboratively search for an optimal architecture, releasing the burden of designing "
+               "networks manually; the searched architectures (every method pooled) beat the hand-designed network of similar "
+               "size trained the same way")
+    pairs = [pair for method in params.ssvfnas.methods for pair in _pairs(data, method, BASELINE, params.ssvfnas.dp_levels)]
+    return _contrast_claim(data, finding, pairs)
+
+
+def _heterogeneity_claim(data: SSVFNASResults) -> Claim:
+    """Counts, per search cell, whether its parties derived different cells: the paper's 'heterogeneous networks with no
+    consensus architecture' (a fact of each cell, so no test)."""
+    finding = "VFNAS generates multiple heterogeneous networks with no consensus architecture from different participants"
+    search = data.cells[data.cells.method != BASELINE]
+    if search.empty:
+        return Claim.not_testable(finding, "no search cell")
+    differ = sum(len({str(_kept_edges(g)) for g in data.genotypes[key]}) > 1 for key in search.key)
+    return Claim(finding, f"the parties' derived cells differ in {differ} of {len(search)} search cells",
+                 direction_verdict(differ > 0, "direction only: counts of derived genotypes"),
+                 "count over every search cell of the derived genotypes' edges (op and input) per party; 'capable of' holds "
+                 "when any cell's parties differ")
+
+
+def _overlap_claim() -> Claim:
+    return Claim.not_testable(
+        "SS-VFNAS generates high-performance, transferable architectures even with insufficient overlapping (aligned) "
+        "samples (abstract)",
+        "every partition keeps only the samples all parties hold (plain intersection), so the pre-search and the search "
+        "see the same fully overlapping rows; testing it needs partitions whose parties share a varied fraction of rows, "
+        "each party's non-overlapping rows used by its self-supervised pre-search, and SS-VFNAS vs VFNAS at each fraction")
+
+
+def _transfer_claim() -> Claim:
+    return Claim.not_testable(
+        "The self-supervised pre-training steps of SS-VFNAS allow parties to obtain a neural network that is generalized "
+        "well across tasks",
+        "the grid has one task per dataset and runs no transfer at any scale; testing it needs a second labelled task on "
+        "the same parties' features, the architecture searched on one task retrained on the other beside one searched on "
+        "that task and the hand-designed network")
 
 
 # ----- outputs --------------------------------------------------------------------------------------------
