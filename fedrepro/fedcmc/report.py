@@ -1017,7 +1017,7 @@ def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
     vectors = vectors_table(data, params)
     if not vectors.empty:
         bar_figure(vectors, f"Fig 4: FedCMC's vectors, {point_name(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}", "test micro-F1 (%)",
-                   folder / "fig4_vectors.png")
+                   folder / "fig4_vectors.png", len(fc.sweeps.seeds))
     (vectors / 100).rename(columns={"mean": "micro_f1"}).reset_index().to_csv(folder / "fig4_vectors.csv", index=False, float_format="%.6f")
     (folder / "partitions").mkdir(exist_ok=True)
     for name, part in sorted(data.partitions.items()):

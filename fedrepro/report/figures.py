@@ -169,13 +169,12 @@ def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float
     _save(fig, path)
 
 
-def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path) -> None:
-    """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %), ±1 std whiskers only where there is a
-    spread to show (std is NaN for one seed: a zero-length whisker would read as a measured zero spread)."""
+def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path, seeds: int) -> None:
+    """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %) over ``seeds`` seeds, with ±1 std whiskers
+    only over several (one seed's std is 0, and a zero-length whisker would read as a measured zero spread)."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     positions = np.arange(len(table))
-    spread = table["std"].to_numpy(dtype=float)
-    ax.bar(positions, table["mean"], yerr=spread if np.isfinite(spread).any() else None, capsize=4, color="steelblue")
+    ax.bar(positions, table["mean"], yerr=table["std"] if seeds > 1 else None, capsize=4, color="steelblue")
     for x, value in zip(positions, table["mean"]):
         ax.text(x, value, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(positions, [str(i) for i in table.index])
@@ -211,7 +210,7 @@ def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str
     one line per method (``points``: label -> frame with columns epsilon, accuracy), each method's no-DP accuracy
     dotted (``unbounded``) and the trivial rows (``references``, which send nothing) dash-dotted in black. Right: the supernets' test accuracy against the epsilon spent so far during the search
     (``curves``: label -> frame with columns epsilon, accuracy). Log x when epsilon spans more than a factor 10."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
     colours: dict[str, str] = {}
     for ax, series in ((axes[0], points), (axes[1], curves)):
         values = []
@@ -234,7 +233,7 @@ def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str
     axes[1].set(title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)")
     for ax in axes:
         _at_least_span(ax)
-        ax.legend(fontsize=6, ncols=2)
+        _legend_beside(ax, fontsize=6)
     fig.suptitle(title, fontsize=10)
     _save(fig, path)
 
