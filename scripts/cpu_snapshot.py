@@ -1,10 +1,11 @@
 """Run one paper's grid at CPU scale on the mirrored real data in a clean clone, then freeze its report here.
 
-    python scripts/cpu_snapshot.py run fedmatch --mirror ../shared/data/raw    # clone, set params, dvc repro (about 1 h)
+    python scripts/cpu_snapshot.py run fedmatch --mirror ../shared/data/raw    # clone, set params, dvc repro (`plan`: how much)
     python scripts/cpu_snapshot.py run fedcmc --mirror ../shared/data/raw
-    python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # the main table, about 23 min
+    python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # 192 cells, about an hour on 2 cores
     python scripts/cpu_snapshot.py collect fedcmc WORKDIR                      # copy WORKDIR's report into reports/cpu/fedcmc
     python scripts/cpu_snapshot.py status [--mark]                            # which snapshots are stale against HEAD
+    python scripts/cpu_snapshot.py plan [fedmatch]                            # the cells a snapshot trains, by table and figure
 
 The clone keeps this checkout's data untouched; its report is written by the paper's own report stage and
 copied with a SNAPSHOT.md that records the commit, the date, the params and the stage wall times, and with the
@@ -35,25 +36,55 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPERS = {
     "fedmatch": {
         "title": "fedrepro — FedMatch at CPU scale on the mirrored real data",
-        # Tables 2-3 at 1 seed fit the 2-core budget; Fig 5 at both ends; Figs 6-8 skipped
-        "grid": {"fedmatch.seeds": [0], "fedmatch.sweeps.shared_layers": [2, 0], "fedmatch.sweeps.patch_size": [],
-                 "fedmatch.sweeps.aggregate_every": [], "fedmatch.sweeps.data_ratio": []},
+        # Tables 2-3 and Figs 5-8 at 3 seeds (the sweeps' seeds too: their claims are tested with the seed as unit)
+        "grid": {"fedmatch.sweeps.seeds": [0, 1, 2]},
         "targets": ["fedmatch_table", "fedmatch_sweep", "fedmatch_report"],
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",
-        # Table 2 (PGR and ChemProt x alpha 0.05 / 0.5 x 7 methods) at 1 seed fits the hour; the sweeps do not
-        "grid": {"fedcmc.seeds": [0], "fedcmc.sweeps.clients": [], "fedcmc.sweeps.local_epochs": [],
-                 "fedcmc.sweeps.vectors": [], "fedcmc.sweeps.subset_modes": []},
+        # Table 2, the clients table, Table 3 and Figs 1, 3a, 3b, 4 at 3 seeds (the sweeps' seeds too)
+        "grid": {"fedcmc.sweeps.seeds": [0, 1, 2]},
         "targets": ["fedcmc_table", "fedcmc_sweep", "fedcmc_report"],
     },
     "ssvfnas": {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",
-        # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP, sigma 1 and 2; 3 seeds)
+        # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP, sigma 1 and 2; 3 seeds),
+        # with the hand-designed baseline and the label party alone
         "grid": {},
         "targets": ["ssvfnas_partition", "ssvfnas_table", "ssvfnas_report"],
     },
 }
+
+
+def plan(paper: str) -> list[tuple[str, int, float]]:
+    """(table or figure, cells, their training in main-table cells' worth) of ``paper``'s snapshot: a cell trained
+    twice the epochs counts 2, one on a fifth of the data 0.2. Multiply by a main-table cell's seconds for the wall time."""
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.config import parse_params
+
+    params = parse_params(snapshot_params(paper, yaml.safe_load((ROOT / "params.yaml").read_text()), "mirror"))
+    if paper == "fedmatch":
+        from fedrepro.fedmatch.cells import SWEEPS, aggregation_epochs, sweep_cells, table_cells
+
+        epochs = params.train.rounds * params.train.local_epochs
+        groups = [("Tables 2-3", table_cells(params), lambda cell: 1.0)]
+        length = {"aggregate_every": lambda cell: aggregation_epochs(params) / epochs, "data_ratio": lambda cell: float(cell.value)}
+        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", [c for c in sweep_cells(params) if c.sweep == sweep],
+                    length.get(sweep, lambda cell: 1.0)) for sweep in SWEEPS]
+    elif paper == "fedcmc":
+        from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
+
+        settings = params.fedcmc.settings
+        share = params.fedcmc.sweeps.subset_size / settings.max_train_sentences if settings.max_train_sentences else 1.0
+        length = lambda cell: cell.local_epochs / settings.local_epochs * (share if cell.subset else 1.0)
+        groups = [("Table 2", table_cells(params), length)]
+        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", sweep_cells(params, sweep), length) for sweep in SWEEPS]
+    else:
+        from fedrepro.ssvfnas.cells import baseline_cells, label_alone_cells, table_cells
+
+        groups = [(name, cells(params), lambda cell: 1.0) for name, cells in
+                  [("main table", table_cells), ("hand-designed baseline", baseline_cells), ("label party alone", label_alone_cells)]]
+    return [(name, len(cells), sum(weight(cell) for cell in cells)) for name, cells, weight in groups]
 
 
 def set_key(params: dict, dotted: str, value) -> None:
@@ -189,23 +220,31 @@ def main() -> None:
     status_parser = commands.add_parser("status")
     status_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
     status_parser.add_argument("--mark", action="store_true", help="banner on each stale snapshot's report, none on a fresh one")
+    plan_parser = commands.add_parser("plan")
+    plan_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
     args = parser.parse_args()
     if args.command == "run":
         run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}")
-    elif args.command == "collect":
+        return
+    if args.command == "collect":
         collect(args.paper, args.workdir)
-    else:
-        unknown = sorted(set(args.papers) - set(PAPERS))
-        if unknown:
-            parser.error(f"status: unknown paper(s) {unknown}; allowed {sorted(PAPERS)}")
-        for paper in args.papers or sorted(PAPERS):
-            changes = status(paper)
-            print(f"{paper}: {'stale' if changes else 'fresh'} against HEAD")
-            for line in changes:
-                print(f"  {line}")
-            if args.mark:
-                mark(paper, bool(changes))
-
+        return
+    unknown = sorted(set(args.papers) - set(PAPERS))
+    if unknown:
+        parser.error(f"{args.command}: unknown paper(s) {unknown}; allowed {sorted(PAPERS)}")
+    for paper in args.papers or sorted(PAPERS):
+        if args.command == "plan":
+            groups = plan(paper)
+            print(f"{paper}: {sum(n for _, n, _ in groups)} cells, {sum(w for _, _, w in groups):.1f} main-table cells' worth")
+            for name, cells, worth in groups:
+                print(f"  {name}: {cells} cells ({worth:.1f})")
+            continue
+        changes = status(paper)
+        print(f"{paper}: {'stale' if changes else 'fresh'} against HEAD")
+        for line in changes:
+            print(f"  {line}")
+        if args.mark:
+            mark(paper, bool(changes))
 
 if __name__ == "__main__":
     main()
