@@ -128,9 +128,11 @@ def collect(paper: str, workdir: Path) -> None:
     """Copy the clone's report here with a stamp: the commit that trained it, the date, the params."""
     target = ROOT / "reports" / "cpu" / paper
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(workdir / "reports" / paper, target)
+    if target.exists():  # the sanity sweeps' folders and files (sanity*) are kept: no report stage writes them
+        for entry in target.iterdir():
+            if not entry.name.startswith("sanity"):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    shutil.copytree(workdir / "reports" / paper, target, dirs_exist_ok=True)
     shutil.copy(workdir / "params.yaml", target / "params.yaml")
     shutil.copy(workdir / "dvc.lock", target / "SNAPSHOT.lock")
     times_file = next((f for f in (workdir / f"stage_times_{paper}.txt", workdir / "stage_times.txt") if f.exists()), None)
