@@ -281,3 +281,98 @@ def test_a_node_that_fails_otherwise_is_its_clients_miss_and_the_round_goes_on(f
     assert CRASHES in faults[case]["sampled"][0]
     assert list(first["missed"]) == [CRASHES] and CRASHES not in first["clients"] and first["clients"]
     assert first["missed"][CRASHES].startswith("node error: ") and "its disk failed" in first["missed"][CRASHES]
+
+
+# ----- the server's round against a Grid that fakes the nodes' replies ------------------------------------------
+class FakeGrid:
+    """Stands for Flower's Grid: each pushed message is answered at once with ``answer(client_id, message)`` (the
+    content of the reply)."""
+
+    def __init__(self, client_of: dict[int, str], answer) -> None:
+        self.client_of, self.answer, self.replies = client_of, answer, {}
+
+    def push_messages(self, messages):
+        from flwr.app import Message
+
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = f"message-{len(self.replies)}"  # the SuperLink's job
+            reply = Message(self.answer(self.client_of[message.metadata.dst_node_id], message), reply_to=message)
+            self.replies[message.metadata.message_id] = reply
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.replies[i] for i in ids]
+
+
+@pytest.fixture
+def fake_round(tmp_path, monkeypatch):
+    """``play(tamper)``: round 1 of FedAvg under size weighting on a ``FlowerServer`` whose nodes reply through a
+    ``FakeGrid``: every client uploads the weights it was sent and its true training size, then ``tamper(client_id,
+    content)`` may change the reply. Returns the round's record."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from flwr.app import MessageType, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedrepro.fl.flower import messages as m
+    from fedrepro.fl.flower.server import FlowerServer
+
+    for field in ("_task_id", "_run_id", "_node_id"):  # what Flower sets in a running ServerApp
+        monkeypatch.setattr(TaskIdentity, field, 1)
+    cell = recipe("faults/fedavg")
+    task, algorithm = cell.build()
+    server = FlowerServer(cell, task, algorithm, tmp_path, progress=False)
+    server.node_of = {client_id: index + 10 for index, client_id in enumerate(server.train_ids)}
+
+    def play(tamper):
+        def answer(client_id, message):
+            if message.metadata.message_type == MessageType.EVALUATE:
+                return RecordDict({m.METRICS: MetricRecord({"accuracy": 0.5})})
+            content = RecordDict({m.TENSORS: message.content[m.TENSORS],
+                                  m.METRICS: MetricRecord({m.NUM_SAMPLES: QA_SIZES[client_id], m.TRAIN_LOSS: 1.0})})
+            tamper(client_id, content)
+            return content
+
+        server.grid = FakeGrid({node: client for client, node in server.node_of.items()}, answer)
+        return server._run_round(0)
+
+    return play
+
+
+def test_honest_fake_nodes_deliver_so_the_tampering_tests_below_can_fail(fake_round):
+    record = fake_round(lambda client_id, content: None)
+    assert "missed" not in record and len(record["clients"]) == 2
+
+
+def test_a_reply_without_its_metrics_is_that_clients_miss_naming_it(fake_round):
+    from fedrepro.fl.flower import messages as m
+
+    victim = []
+
+    def drop_metrics(client_id, content):
+        if not victim:
+            victim.append(client_id)
+            del content[m.METRICS]
+
+    record = fake_round(drop_metrics)
+    assert list(record["missed"]) == victim and victim[0] not in record["clients"] and record["clients"]
+    assert record["missed"][victim[0]] == f"rejected: client {victim[0]}: its reply holds no '{m.METRICS}' record"
+
+
+def test_a_client_claiming_more_samples_than_its_partition_holds_is_rejected_naming_it(fake_round):
+    """Under size weighting a client's num_samples is its weight N_k / N: 1e9 would take over the model."""
+    from fedrepro.fl.flower import messages as m
+
+    inflated = []
+
+    def inflate(client_id, content):
+        if not inflated:
+            inflated.append(client_id)
+            content[m.METRICS][m.NUM_SAMPLES] = 1_000_000_000
+
+    record = fake_round(inflate)
+    client = inflated[0]
+    assert list(record["missed"]) == [client] and client not in record["clients"] and record["clients"]
+    assert record["missed"][client] == (f"rejected: client {client}: num_samples 1000000000 is not its declared "
+                                        f"training size {QA_SIZES[client]}")

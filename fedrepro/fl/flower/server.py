@@ -9,8 +9,9 @@ scalars beside them (a node's client id, sample counts, losses, metrics) pass it
 Nodes are told apart by the client id they answer to a first query, so sampling picks the same clients
 as the engine's. A node that does not answer, fails (its ClientApp raised or crashed), or uploads tensors the
 server must not aggregate (unknown or missing names, wrong shapes, NaN or Inf: the check the engine makes too)
-is left out of that round; the round's record says which client missed and why, and the global model is built
-from the others only. A node whose client's own training diverged stops the run with ``TrainingDiverged``, as
+is left out of that round, and so is one whose reply lacks its metrics or claims another sample count than its
+client's declared training size (README, "Trust model"); the round's record says which client missed and why,
+and the global model is built from the others only. A node whose client's own training diverged stops the run with ``TrainingDiverged``, as
 in the engine: a cell that goes on without a diverging client would hide it.
 """
 
@@ -154,8 +155,9 @@ class FlowerServer(Engine):
             if reply is None or reply.has_error():
                 missed[client_id] = "no reply" if reply is None else f"node error: {reply.error.reason}"
                 continue
-            upload = m.to_tensors(reply.content[m.TENSORS])
-            problem = upload_problem(client_id, upload, self.state.global_weights, self.shared_names)
+            problem = self._reply_problem(client_id, reply)
+            upload = m.to_tensors(reply.content[m.TENSORS]) if problem is None else {}
+            problem = problem or upload_problem(client_id, upload, self.state.global_weights, self.shared_names)
             if problem is not None:
                 log.error("round %d: rejected %s", round_index + 1, problem)
                 missed[client_id] = f"rejected: {problem}"
@@ -166,6 +168,19 @@ class FlowerServer(Engine):
             losses.append(float(scalars[m.TRAIN_LOSS]) if m.TRAIN_LOSS in scalars else None)
         self._delivered = [update.client_id for update in updates]
         return self.close_round(round_index, [u.client_id for u in updates], updates, losses, missed)
+
+    def _reply_problem(self, client_id: str, reply: Message) -> str | None:
+        """Why a train reply cannot be counted before its tensors are even read, or None: a record missing, or a
+        sample count other than the client's declared training size. The server checks the count because under
+        ``weighting: size`` it is the client's weight N_k / N, so a silo claiming 1e9 samples would take over the
+        model; the sizes are the partition's, which the server's own copy of the task declares."""
+        missing = [name for name in (m.TENSORS, m.METRICS) if name not in reply.content]
+        if missing:
+            return f"client {client_id}: its reply holds no {' and no '.join(repr(name) for name in missing)} record"
+        claimed, declared = reply.content[m.METRICS].get(m.NUM_SAMPLES), self.trainer.num_samples(client_id)
+        if claimed != declared:
+            return f"client {client_id}: {m.NUM_SAMPLES} {claimed} is not its declared training size {declared}"
+        return None
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each node scores its client's own model (the global shared weights it is sent plus its private state)
