@@ -132,6 +132,12 @@ class TrainParams(_Strict):
 
     runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
         description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
+    # How long a flower-deployment server waits for a round's replies before it closes the round without the silent
+    # clients (a crashed silo must not stall the others). It bounds the whole round, not one client: on one machine
+    # the launcher runs the round's ClientApps a core budget at a time (one at a time on 2 cores), and one FedMatch
+    # client's round of 1,000 triples on a 6-layer MiniLM takes several minutes there, so the default (an hour) lets a
+    # slow CPU round of every client finish; a lost silo costs its round that long at most. No "no limit" value.
+    reply_timeout: float = Field(gt=0, description="seconds a flower-deployment server waits for a round's replies")
 
     @field_validator("precision")
     @classmethod

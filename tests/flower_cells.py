@@ -41,10 +41,11 @@ CRASH_AFTER_ROUND = 1
 RESUME_CASE = "resume/scaffold"
 DEPLOY_CASES = ("deploy-relation/scaffold", "deploy-qa/fedper")
 KILL_CASE = "kill-relation/scaffold"
-KILL_ROUNDS, REPLY_TIMEOUT = 10, 20.0
+KILL_ROUNDS, REPLY_TIMEOUT = 10, 45.0
 """On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
 (SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
 FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
+SUPERLINK_KILL_CASE = "superlink-kill-relation/fedavg"
 CRASHES, DIVERGES = "c", "a"
 """In the fault cases: round 1 samples c (whose node fails) but not a, round 2 samples a (whose training diverges)."""
 KNOBS = {"fedprox": {"mu": 0.1}, "fedmatch": {"patch": PatchSpec("horizontal", "lr", size=8)},
@@ -66,7 +67,8 @@ def all_cases() -> list[str]:
 
 def recipe(case: str, rounds: int = 2) -> CellRecipe:
     """The algorithm with its ``KNOBS``; 2 of 3 clients per round."""
-    family, algorithm = case.removeprefix("deploy-").removeprefix("kill-").split("/")
+    family, algorithm = case.split("/")
+    family = family.rpartition("-")[2]  # deploy-relation, kill-relation, ...: the relation cell
     relation = family in ("relation", "resume")
     settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=2, lr=1e-3, batch_size=8 if relation else 4,
                               warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
@@ -118,6 +120,8 @@ def run_case(case: str, work: Path) -> dict:
         return run_node_kill(work)
     if case in FAULT_CASES:
         return run_faults(case, work)
+    if case == SUPERLINK_KILL_CASE:
+        return run_superlink_kill(work)
     result = {}
     for runtime in ("engine", "flower-simulation"):
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
@@ -196,18 +200,23 @@ def run_deployment(case: str, work: Path) -> dict:
 
 
 def run_node_kill(work: Path) -> dict:
-    """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline). Right after
-    round 1 is checkpointed, a client that trained in round 1 and is sampled in round 2 has its SuperNode (and the
-    ClientApp working on round 2) killed with SIGKILL; once round 2 is over without it, the node is started again
-    with the same key and directory and must rejoin with its state as it was."""
+    """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline), its launcher
+    running one ClientApp at a time (a 2-core machine). In round 2, while its ClientApp works on the round, a client
+    that trained in round 1 has its SuperNode process alone killed with SIGKILL (not its SuperExec or ClientApp, as a
+    crash would); once round 2 is over without it, the node is started again with the same key and directory and
+    must rejoin with its state as it was."""
+    import os
     import signal
     import threading
+    import time
 
     from fedrepro.fl.flower.federation import wait_until
+    from fedrepro.fl.flower.launcher import children_of
 
     folder = work / KILL_CASE
-    deployment = build_runtime(recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False)
-    deployment.reply_timeout = REPLY_TIMEOUT
+    deployment = build_runtime(recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False,
+                               reply_timeout=REPLY_TIMEOUT)
+    deployment.launcher_slots = 1
     sampled = [deployment.sample_clients(r) for r in range(KILL_ROUNDS)]
     victim = max(sorted(set(sampled[0]) & set(sampled[1])), key=lambda c: sum(c in later for later in sampled[2:]))
     state_dir = deployment.nodes_root / victim
@@ -222,7 +231,20 @@ def run_node_kill(work: Path) -> dict:
 
     def kill_and_restart(federation) -> None:
         wait_until(lambda: checkpointed() >= 1, 600, "round 1")
-        federation.stop(f"supernode-{victim}", signal.SIGKILL, grace=0)
+        name = f"supernode-{victim}"
+        node = federation.processes[name]
+        def running(pid: int) -> bool:  # the launcher lists an ended ClientApp until its next fork reaps it
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 120
+        while not any(map(running, children_of(federation.launcher_socket, set(federation.family(name, node))))):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no ClientApp of client {victim} ran in round 2")
+            time.sleep(0.01)  # until the victim's round-2 ClientApp runs
+        os.kill(node.pid, signal.SIGKILL)
         drill["files_at_kill"] = state_files()
         held = NodeStateStore(state_dir, deployment.fingerprint).latest_until(KILL_ROUNDS).tensors
         drill["control_off_if_lost"] = largest_control(held) / len(deployment.train_ids)
@@ -243,6 +265,46 @@ def run_node_kill(work: Path) -> dict:
                                                deployment.train_ids)
     drill["history"] = deployment.state.history
     return {"drill": drill}
+
+
+def run_superlink_kill(work: Path) -> dict:
+    """FedAvg for 10 rounds on a deployment whose SuperLink process alone is killed with SIGKILL once round 1 is
+    checkpointed: what the stage raised, the rounds it checkpointed, and which of the federation's processes (those
+    with its FLWR_HOME) still run after it."""
+    import os
+    import signal
+    import threading
+
+    from fedrepro.fl.flower.federation import wait_until
+
+    deployment = build_runtime(recipe(SUPERLINK_KILL_CASE, KILL_ROUNDS), "flower-deployment", work / SUPERLINK_KILL_CASE,
+                               progress=False)
+    result: dict = {}
+
+    def kill(federation) -> None:
+        result["home"] = str(federation.home)
+        wait_until(lambda: (deployment.checkpoint_dir / "latest" / "state.json").exists(), 600, "round 1")
+        os.kill(federation.processes["superlink"].pid, signal.SIGKILL)
+
+    def start(federation) -> None:
+        threading.Thread(target=kill, args=(federation,), daemon=True).start()
+
+    deployment.on_federation_up = start
+    try:
+        deployment.run()
+        result["error"] = None
+    except Exception as error:  # noqa: BLE001 - what the stage would die with, whatever it is
+        result["error"] = {"type": type(error).__name__, "message": str(error)}
+    home = f"FLWR_HOME={result['home']}".encode()
+    result["left_running"] = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if home in environ.read_bytes().split(b"\0"):
+                result["left_running"].append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    result["rounds_checkpointed"] = load_checkpoint(deployment.checkpoint_dir, deployment.fingerprint).next_round
+    return result
 
 
 def run_faults(case: str, work: Path) -> dict:

@@ -21,7 +21,7 @@ from fedrepro.fl.engine import FIT, Engine
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
-                          all_cases, federated_algorithms, recipe)
+                          SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -130,7 +130,7 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
     """The fault cases alone, so their tests need none of the other runs."""
-    return flower_cells(tmp_path_factory.mktemp("faults"), list(FAULT_CASES), timeout=600)
+    return flower_cells(tmp_path_factory.mktemp("faults"), [*FAULT_CASES, SUPERLINK_KILL_CASE], timeout=600)
 
 
 def test_every_federated_algorithm_of_the_registry_is_checked():
@@ -242,24 +242,38 @@ def test_a_supernode_or_a_cli_without_tls_cannot_connect(runs, case):
 
 
 def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_intact(runs):
-    """SIGKILL of one SuperNode right after round 1: round 2 ends without it (the reply timeout decides), the
-    record says who missed which round, the run finishes, and the restarted node trains again from its state
+    """SIGKILL of one SuperNode process alone while its ClientApp works on round 2, the launcher running one
+    ClientApp at a time: round 2 ends without it (the reply timeout decides) with the other client counted, the
+    record says who missed which round, every later round goes on (the dead node's ClientApp, whose retries once
+    held the launcher's only slot forever, is ended with it), and the restarted node trains again from its state
     file, byte-identical to what it held when killed. That it went on from that state is read off SCAFFOLD's
     invariant (``scaffold_invariant``): the server's variate is the mean of every client's only if the rejoined
     client's change was taken from the variate it held when killed."""
     drill = runs[KILL_CASE]["drill"]
     victim, history = drill["victim"], drill["history"]
     assert [record["round"] for record in history] == list(range(1, KILL_ROUNDS + 1)), "the run finished"
-    assert history[1]["missed"] == {victim: "no reply"} and victim not in history[1]["clients"]
+    assert history[1]["missed"] == {victim: "no reply"} and victim not in history[1]["clients"] and history[1]["clients"]
     assert all(victim not in record["clients"] for record in history if victim in record.get("missed", {}))
     assert drill["files_at_kill"], "the victim had trained before it was killed"
     assert list(drill["files_at_kill"]) == ["round-000000.safetensors"], "killed before it saved round 2's state"
-    assert drill["files_before_restart"] == drill["files_at_kill"], "nothing touched its state while it was down"
+    assert drill["files_before_restart"].items() >= drill["files_at_kill"].items(), \
+        "the state it held when killed is kept as it was (its round-2 ClientApp may have saved an uncounted round)"
     rejoined = history[drill["rejoined_after_round"]:]
     assert any(victim in record["clients"] for record in rejoined), "it trained again after rejoining"
     assert drill["control_gap"] <= 1e-3 * drill["control_off_if_lost"], \
         ("the rejoined node went on from the control variate it held when killed (c = mean of every client's c_k)",
          drill["control_gap"], [(record["round"], record.get("missed")) for record in history])
+
+
+def test_a_superlink_killed_mid_run_stops_the_stage_naming_it_and_leaves_no_process(faults):
+    """SIGKILL of the SuperLink process alone: the stage stops with a FederationError saying so (not a KeyError from
+    a failed ``flwr ls``), no process of the federation (its ServerApp included) outlives it, and the rounds done
+    stay checkpointed for a rerun to resume from."""
+    killed = faults[SUPERLINK_KILL_CASE]
+    assert killed["error"] is not None and killed["error"]["type"] == "FederationError", killed["error"]
+    assert "the SuperLink exited" in killed["error"]["message"] and "resumes" in killed["error"]["message"]
+    assert killed["left_running"] == []
+    assert 1 <= killed["rounds_checkpointed"] < KILL_ROUNDS
 
 
 # ----- a node that fails, on the simulation and on a deployment -------------------------------------------------

@@ -33,7 +33,9 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed. ``params`` as the grid has them: the cell's sweep point is applied here."""
     params = cell_params(params, cell)
-    return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": params.train.model_dump(),
+    # reply_timeout only says how long a deployment's server waits: a run whose every client answers is the same
+    train = params.train.model_dump(exclude={"reply_timeout"})
+    return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": train,
                                              "fedmatch": params.fedmatch.settings.model_dump(),
                                              "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")})
 
@@ -116,7 +118,8 @@ def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path,
                checkpoint_dir: Path, progress: bool = True) -> Engine:
     """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
     recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest)
-    return build_runtime(recipe, cell_params(params, cell).train.runtime, checkpoint_dir, progress)
+    train = cell_params(params, cell).train
+    return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout)
 
 
 def cell_inputs(cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> tuple[Path, ...]:

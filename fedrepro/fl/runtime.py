@@ -15,8 +15,10 @@ from fedrepro.fl.recipe import CellRecipe
 
 
 def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, progress: bool = True,
-                  on_round_end: Callable[[dict[str, Any]], None] | None = None) -> Engine:
+                  on_round_end: Callable[[dict[str, Any]], None] | None = None, reply_timeout: float | None = None
+                  ) -> Engine:
     """The runtime that trains ``recipe``; it resumes from ``checkpoint_dir`` when that holds this very run.
+    ``reply_timeout`` (``train.reply_timeout``) bounds how long a deployment's server waits for a round's replies.
 
     A method that shares nothing (individual, centralised, CoverQuery) has no federation to run, so every
     runtime trains it in process.
@@ -32,4 +34,4 @@ def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, 
         return FlowerSimulation(recipe, task, algorithm, checkpoint_dir, progress, on_round_end)
     from fedrepro.fl.flower.deployment import FlowerDeployment
 
-    return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress)
+    return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress, reply_timeout=reply_timeout)

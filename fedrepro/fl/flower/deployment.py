@@ -36,7 +36,7 @@ class FlowerDeployment(Engine):
     """
 
     def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
-                 progress: bool = True, timeout: float = 3600) -> None:
+                 progress: bool = True, timeout: float = 3600, reply_timeout: float | None = None) -> None:
         if recipe.spec is None:
             raise FederationError("a deployment rebuilds the cell in other processes: its recipe needs a spec")
         super().__init__(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress)
@@ -46,8 +46,11 @@ class FlowerDeployment(Engine):
         self.federation_dir = self.checkpoint_dir / "federation"
         self.wire: dict[str, Any] = {}
         """Flower's own count of the run's traffic (``flwr ls``: inbound, outbound, total bytes)."""
-        self.reply_timeout: float | None = None
-        """Seconds the server waits for a round's replies; a node silent that long misses the round (None: wait)."""
+        self.reply_timeout = reply_timeout
+        """Seconds the server waits for a round's replies (``train.reply_timeout``); a node silent that long misses
+        the round (None: wait for every node, which a crashed silo stalls forever)."""
+        self.launcher_slots: int | None = None
+        """ClientApps the launcher runs at once (None: the machine's cores over the cell's threads)."""
         self.on_federation_up: Callable[[LocalFederation], None] | None = None
         """Called once the SuperLink and the SuperNodes run, before ``flwr run`` (drills start extra nodes here)."""
 
@@ -90,7 +93,8 @@ class FlowerDeployment(Engine):
             diverged.unlink(missing_ok=True)  # a previous run's
             with stopped_cleanly_on_sigterm(), LocalFederation(self.federation_dir) as federation:
                 federation.start_launcher(self.recipe.threads,
-                                          ["fedrepro.fl.flower.apps", self.recipe.spec["factory"].partition(":")[0]])
+                                          ["fedrepro.fl.flower.apps", self.recipe.spec["factory"].partition(":")[0]],
+                                          self.launcher_slots)
                 for client_id in self.train_ids:
                     private, public = make_node_key(federation.folder / "node-keys", client_id)
                     federation.register(public)

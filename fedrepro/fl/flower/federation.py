@@ -3,7 +3,14 @@ certificates generated here (``fedrepro.fl.flower.certificates``), SuperNodes au
 against it.
 
 ``LocalFederation`` starts and stops the processes (each in its own session; stopping ends them and everything they
-started, so no process outlives the run). Every address is loopback; ports are picked free. The same pieces spread
+started, so no process outlives the run). What a process started is found by ``MARK``, an environment variable every
+process inherits from the one the federation spawned, not by the process tree: Flower starts its SuperExecs in
+sessions of their own, and once a SuperLink or SuperNode dies its children are re-parented, so a SuperLink killed
+mid-run left its ServerApp running long after the stage had failed. While a run is on, a SuperNode that died
+unasked (a crashed silo) has its SuperExec and ClientApps ended at once (``end_dead_supernodes``): otherwise the
+dead node stays a zombie of this process, Flower's parent monitors keep its SuperExec alive, and the ClientApp that
+SuperExec started retries its dead node forever in one of the launcher's few slots, so every other node's ClientApp
+queued behind it and the round never ended. Every address is loopback; ports are picked free. The same pieces spread
 over machines are in the README ("The same algorithms on Flower"): the SuperLink's certificate must name its address,
 each SuperNode gets the CA certificate, its own key (registered with ``flwr supernode register``) and its
 ``client-id`` / ``state-dir`` node config.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import shutil
@@ -32,10 +40,14 @@ from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.apps import CHECKPOINT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
 from fedrepro.fl.flower.certificates import LOOPBACK, make_certificates
 
+logger = logging.getLogger(__name__)
 CONNECTION = "fedrepro"
 """The SuperLink connection's name in the federation's own Flower config (``$FLWR_HOME/config.toml``)."""
 TASK_POLL_SECONDS = "0.2"
 """How often a SuperExec asks its SuperNode for a message to run (Flower's default: every second)."""
+MARK = "FEDREPRO_FEDERATION_PROCESS"
+"""Set to ``<federation folder>:<process name>`` in the environment of each process the federation spawns, and so of
+everything that process starts (see the module docstring)."""
 STATUS_EVERY_SECONDS = 10.0
 """While the run's checkpoint is not final, ask Flower for the run's status this often (each ask is a CLI process)."""
 APP_TOML = """[build-system]
@@ -97,6 +109,19 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _marked(mark: str) -> list[int]:
+    """The live processes whose environment holds ``MARK=mark`` (zombies have no environment left)."""
+    entry = f"{MARK}={mark}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None) -> Path:
     """The Flower App ``flwr run`` sends: only a pyproject.toml naming ``fedrepro.fl.flower.apps`` and the run config
     (the recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout)."""
@@ -134,6 +159,8 @@ class LocalFederation:
         self.processes: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int | None] = {}
         """Per stopped process: its exit code if it had ended by itself before ``stop``, else None."""
+        self.ended: set[int] = set()
+        """The pids of SuperNodes that died unasked and whose SuperExec and ClientApps were ended."""
         self.certificates: dict[str, Path] = {}
         self.launcher_socket = Path(tempfile.mkdtemp(prefix="fedrepro-launcher-")) / "socket"
         """In a short temporary folder: a Unix socket's path may not exceed about 100 bytes."""
@@ -152,11 +179,14 @@ class LocalFederation:
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.environment,
-                                   cwd=self.folder, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+                                   env={**self.environment, MARK: self._mark(name)}, start_new_session=True)
         log.close()
         self.processes[name] = process
         return process
+
+    def _mark(self, name: str) -> str:
+        return f"{self.folder}:{name}"
 
     def flwr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """The Flower CLI against this federation's SuperLink."""
@@ -180,10 +210,11 @@ class LocalFederation:
         wait_until(lambda: self.flwr("supernode", "ls", CONNECTION, check=False).returncode == 0, 60,
                    f"the SuperLink on {self.address}")
 
-    def start_launcher(self, threads: int, preload: list[str]) -> None:
+    def start_launcher(self, threads: int, preload: list[str], slots: int | None = None) -> None:
         """The warm ClientApp launcher (``fedrepro.fl.flower.launcher``) with ``preload`` imported, shared by the nodes
-        of this machine: as many ClientApps at once as its cores fit ClientApps of ``threads`` torch threads."""
-        slots = max(1, (os.cpu_count() or 1) // max(1, threads))
+        of this machine: as many ClientApps at once as its cores fit ClientApps of ``threads`` torch threads, or
+        ``slots`` (a drill pins 1, a 2-core machine's count for a cell of 2 threads)."""
+        slots = slots or max(1, (os.cpu_count() or 1) // max(1, threads))
         self._spawn("launcher", [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(self.launcher_socket), str(slots),
                                  *preload])
         wait_until(lambda: self.launcher_socket.exists() or self.processes["launcher"].poll() is not None, 120,
@@ -211,8 +242,7 @@ class LocalFederation:
         """End a process and everything it started (its SuperExec, ServerApp or ClientApp processes)."""
         process = self.processes.pop(name)
         self.exit_codes[name] = process.poll()
-        family = [process.pid, *_descendants(process.pid)]
-        family += launcher.children_of(self.launcher_socket, set(family))  # its ClientApps, forked by the launcher
+        family = self.family(name, process)
         for pid in family:
             try:
                 os.kill(pid, sig)
@@ -228,6 +258,23 @@ class LocalFederation:
             except ProcessLookupError:
                 pass
         process.wait()
+
+    def family(self, name: str, process: subprocess.Popen) -> list[int]:
+        """A process and everything it started, re-parented or not, and the ClientApps the launcher forked for them."""
+        family = sorted({process.pid, *_descendants(process.pid), *_marked(self._mark(name))})
+        return family + launcher.children_of(self.launcher_socket, set(family))
+
+    def end_dead_supernodes(self) -> None:
+        """End the SuperExec and ClientApps of every SuperNode that has died unasked (see the module docstring);
+        polling the dead node also reaps it."""
+        for name, process in list(self.processes.items()):
+            if name.startswith("supernode-") and process.pid not in self.ended and process.poll() is not None:
+                for pid in self.family(name, process):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.ended.add(process.pid)
+                logger.warning("%s exited (code %s) during the run: its SuperExec and ClientApps were ended",
+                               name, process.returncode)
 
     def stop_all(self) -> None:
         """SuperNodes first, then the launcher (and any ClientApp still running), the SuperLink last."""
@@ -256,20 +303,35 @@ class LocalFederation:
         run_id = str(started["run-id"])
         asked = time.monotonic()
 
-        def status() -> str:
-            listing = json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout)
-            return listing["runs"][0]["status"]
+        def listing() -> dict[str, Any]:
+            """The run's entry of ``flwr ls`` (which exits 0 with ``"success": false`` when it cannot answer)."""
+            self.check_superlink(run_id)
+            answer = self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout
+            runs = json.loads(answer).get("runs")
+            if not runs:
+                raise FederationError(f"`flwr ls --run-id {run_id}` did not list Flower run {run_id}: {answer[-2000:]}")
+            return runs[0]
 
         def finished() -> bool:
             nonlocal asked
+            self.end_dead_supernodes()
             if not looks_done() and time.monotonic() - asked < STATUS_EVERY_SECONDS:
+                self.check_superlink(run_id)
                 return False
             asked = time.monotonic()
-            return status().startswith("finished")
+            return listing()["status"].startswith("finished")
 
         wait_until(finished, timeout, f"Flower run {run_id}")
-        run = json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout)["runs"][0]
+        run = listing()
         if run["status"] != "finished:completed":
             log = self.flwr("log", run_id, CONNECTION, "--show", check=False)
             raise FederationError(f"Flower run {run_id} ended {run['status']}: {(log.stdout + log.stderr)[-3000:]}")
         return run
+
+    def check_superlink(self, run_id: str) -> None:
+        """Raise ``FederationError`` if the SuperLink has exited (the run cannot go on without it)."""
+        code = self.processes["superlink"].poll()
+        if code is not None:
+            raise FederationError(f"the SuperLink exited (code {code}) during Flower run {run_id}: see "
+                                  f"{self.logs / 'superlink.log'}; the server's checkpoints are kept, so running the "
+                                  f"stage again resumes from the last one")

@@ -14,7 +14,10 @@ At most ``slots`` children run at once (the machine's cores over the cell's torc
 on one machine shares its cores among all the nodes, and eight ClientApps of two threads each on two cores
 spun OpenMP threads against each other until a round took a minute; on Ray each ClientApp likewise asks
 for the cores it uses. Each child is listed in ``<socket>.children/<pid>`` with the pid of the SuperExec that
-asked for it, so stopping a SuperNode (and its SuperExec) can stop the ClientApp processes working for it too.
+asked for it, so stopping a SuperNode (and its SuperExec) can stop the ClientApp processes working for it too. A
+SuperNode that dies unasked has its ClientApps ended the same way, by the federation that started it
+(``LocalFederation.end_dead_supernodes``): a ClientApp whose node is gone retries it forever and would hold its slot,
+and only the federation, which owns the node's process, can tell a dead node's ClientApp from a slow one.
 """
 
 from __future__ import annotations
