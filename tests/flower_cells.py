@@ -277,8 +277,8 @@ def run_superlink_kill(work: Path) -> dict:
 
     from fedrepro.fl.flower.federation import wait_until
 
-    deployment = build_runtime(recipe(SUPERLINK_KILL_CASE, KILL_ROUNDS), "flower-deployment", work / SUPERLINK_KILL_CASE,
-                               progress=False)
+    deployment = build_runtime(recipe(SUPERLINK_KILL_CASE, KILL_ROUNDS), "flower-deployment",
+                               work / SUPERLINK_KILL_CASE, progress=False)
     result: dict = {}
 
     def kill(federation) -> None:

@@ -10,9 +10,9 @@ Nodes are told apart by the client id they answer to a first query, so sampling 
 as the engine's. A node that does not answer, fails (its ClientApp raised or crashed), or uploads tensors the
 server must not aggregate (unknown or missing names, wrong shapes, NaN or Inf: the check the engine makes too)
 is left out of that round, and so is one whose reply lacks its metrics or claims another sample count than its
-client's declared training size (README, "Trust model"); the round's record says which client missed and why,
-and the global model is built from the others only. A node whose client's own training diverged stops the run with ``TrainingDiverged``, as
-in the engine: a cell that goes on without a diverging client would hide it.
+client's declared training size (docs/flower.md, "Trust model"); the round's record says which client missed and
+why, and the global model is built from the others only. A node whose client's own training diverged stops the run
+with ``TrainingDiverged``, as in the engine: a cell that goes on without a diverging client would hide it.
 """
 
 from __future__ import annotations
