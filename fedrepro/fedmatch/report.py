@@ -149,6 +149,17 @@ CHANCE_MARGIN = 0.05
 """a reference within this much of chance (overall MAP or MRR) has learned too little to be beaten meaningfully."""
 
 
+def _inconclusive_if_reference_at_chance(claim: Claim, chance: dict | None, reference: str, value: float, metric: str,
+                                          clients: list[str] | None = None) -> None:
+    """Marks ``claim`` inconclusive when its reference (named ``reference``, scoring ``value`` on ``metric``) sits
+    within ``CHANCE_MARGIN`` of chance (overall, or mean over ``clients``); no-op without ``chance``."""
+    if chance is None:
+        return
+    level = _chance_level(chance, metric, clients)
+    if value - level < CHANCE_MARGIN:
+        claim.inconclusive(f"the reference {reference} is at chance: {metric.upper()} {value:.3f} vs {level:.3f}")
+
+
 def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr",
              chance: dict | None = None, clients: list[str] | None = None) -> Claim:
     """One claims-table row: 'better' (rows averaged) beats 'worse' on overall ``metric`` (or on ``clients`` only),
@@ -168,10 +179,7 @@ def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list
               f"questions ({RESAMPLES} resamples, {pairing}): {result.difference:+.3f}, 95% CI [{result.low:+.3f}, "
               f"{result.high:+.3f}]"),
         result=result)
-    if chance is not None:
-        level = _chance_level(chance, metric, clients)
-        if b - level < CHANCE_MARGIN:
-            claim.inconclusive(f"the reference {name(worse)} is at chance: {metric.upper()} {b:.3f} vs {level:.3f}")
+    _inconclusive_if_reference_at_chance(claim, chance, name(worse), b, metric, clients)
     return _guarded(data, claim, better + worse)
 
 
@@ -321,9 +329,7 @@ def _individuals_beat_somewhere(data: FedMatchResults, federated: str, individua
                                 f"significant after Bonferroni over the {k}: {', '.join(significant) or 'none'}"),
                       test=(f"hierarchical bootstrap of per-question MAP on each (individual model, client) pair over "
                             f"{min(r.seeds for r in contrasts.values())} seed(s) ({RESAMPLES} resamples)"))
-    if chance is not None and _overall(data, federated, "map") - chance["overall"]["map"] < CHANCE_MARGIN:
-        claim.inconclusive(f"the reference {LABELS[federated]} is at chance: MAP {_overall(data, federated, 'map'):.3f} "
-                           f"vs {chance['overall']['map']:.3f}")
+    _inconclusive_if_reference_at_chance(claim, chance, LABELS[federated], _overall(data, federated, "map"), "map")
     return _guarded(data, claim, individuals + [federated])
 
 
