@@ -7,7 +7,6 @@ Integer counts always come from ``_cut``, the one rounding rule used both to che
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 

@@ -155,8 +155,6 @@ def micro_f1(gold, predicted, positive) -> float:
     return float(_f1(sentence_counts(gold, predicted, positive).sum(axis=0)))
 
 
-
-
 def bootstrap_contrast(terms: list[tuple[float, str, Mapping[int, pd.DataFrame]]], positive: dict[str, list[str]],
                        resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
     """Hierarchical bootstrap of sum_i weight_i * (micro-F1 of term i, averaged over its seeds).
