@@ -115,6 +115,8 @@ def cell_inputs(cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_
 
 
 def parameter_counts(engine: Engine) -> dict[str, int]:
+    """Total and uploaded (the shared ones a client sends each round it trains) parameters, kept in a cell's
+    metrics.json for the communication table (``report.communication_table``), which sets them beside the bytes sent."""
     params = engine.params
     return {"total": sum(p.numel() for p in params.values()),
             "uploaded": sum(params[n].numel() for n in engine.shared_names)}
