@@ -99,6 +99,24 @@ def _copy_verified(src: Path, dest: Path, rel: str, meta: dict[str, Any]) -> Non
     verify_file(dest, rel, meta)
 
 
+def _copy_from_mirror(mirror: Path, rel: str, meta: dict[str, Any], staging: Path) -> bool:
+    """``rel`` from the mirror into ``staging``, verified; False when an optional file is absent. A required file that
+    is absent stops the stage, naming it and the mirror (and that data.own_files declares it, for the user's own)."""
+    src = mirror / PurePosixPath(rel)
+    if not src.is_file():
+        if meta.get("optional"):
+            return False
+        declared = "params: data.own_files declares it, but it is " if meta.get("own") else ""
+        raise DataError(f"{rel}: {declared}missing from mirror {mirror}")
+    _copy_verified(src, staging / PurePosixPath(rel), rel, meta)
+    return True
+
+
+def _manifest_entry(rel: str, meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    entry = {"path": rel, "sha256": meta["sha256"], "bytes": path.stat().st_size}
+    return {**entry, "own": True} if meta.get("own") else entry
+
+
 def acquire_own(own_files: Mapping[str, str], vertical_sets: Mapping[str, Sequence[str] | None],
                 mirror: str | os.PathLike | None, staging: Path, checksums: dict | None = None) -> list[dict[str, Any]]:
     """The user's own files into ``staging`` at the embedded source, verified. A vertical set the package does not
@@ -112,11 +130,8 @@ def acquire_own(own_files: Mapping[str, str], vertical_sets: Mapping[str, Sequen
     check_declared(users, set(own_files), root)
     entries = []
     for rel, meta in sorted((rel, meta) for group in own_checksums(own_files).values() for rel, meta in group.items()):
-        src = root / PurePosixPath(rel)
-        if not src.is_file():
-            raise DataError(f"params: data.own_files declares {rel}, which is missing from data.mirror {root}")
-        _copy_verified(src, staging / PurePosixPath(rel), rel, meta)
-        entries.append({"path": rel, "sha256": meta["sha256"], "bytes": src.stat().st_size, "own": True})
+        _copy_from_mirror(root, rel, meta, staging)
+        entries.append(_manifest_entry(rel, meta, staging / PurePosixPath(rel)))
     return entries
 
 
@@ -207,20 +222,14 @@ def acquire(
         for coll, rel, meta in tqdm(todo, desc="acquire", unit="file", disable=not progress):
             dest = staging / PurePosixPath(rel)
             if source == "mirror" or meta.get("own"):
-                src = mirror / PurePosixPath(rel)
-                if not src.is_file():
-                    if meta.get("optional"):
-                        manifest["collections"][coll]["missing_optional"].append(rel)
-                        continue
-                    declared = "params: data.own_files declares it, but it is " if meta.get("own") else ""
-                    raise DataError(f"{rel}: {declared}missing from mirror {mirror}")
-                _copy_verified(src, dest, rel, meta)
+                if not _copy_from_mirror(mirror, rel, meta, staging):
+                    manifest["collections"][coll]["missing_optional"].append(rel)
+                    continue
             else:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 _fetch_official(rel, sources.get(coll, {}).get(rel), dest, cache, Path(scratch))
                 verify_file(dest, rel, meta)
-            entry = {"path": rel, "sha256": meta["sha256"], "bytes": dest.stat().st_size}
-            manifest["files"].append({**entry, "own": True} if meta.get("own") else entry)
+            manifest["files"].append(_manifest_entry(rel, meta, dest))
             manifest["collections"][coll]["present"].append(rel)
         write_json(staging / "acquire_manifest.json", manifest)
     return manifest

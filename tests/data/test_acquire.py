@@ -156,6 +156,9 @@ def test_own_files_come_from_the_mirror_at_the_official_and_embedded_sources(mir
         acquire_own(own, {"clinic": ["host", "host_2"]}, root, tmp_path / "embedded2")
     with pytest.raises(DataError, match="data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum"):
         acquire_own({}, {"clinic": ["host"]}, root, tmp_path / "embedded3")  # a set the package does not know
+    (root / "fate_vfl/clinic_hetero_host.csv").unlink()
+    with pytest.raises(DataError, match="fate_vfl/clinic_hetero_host.csv: params: data.own_files declares it, but it is missing"):
+        acquire_own(own, {"clinic": ["host"]}, root, tmp_path / "embedded4")  # the same words as at the other sources
 
 
 def test_a_collection_of_your_own_without_declared_files_is_refused(mirror, tmp_path):
