@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedrepro.errors import ConfigError
 from fedrepro.fedcmc.methods import VECTORS as FEDCMC_VECTORS
@@ -73,6 +73,16 @@ class DataParams(_Strict):
                 raise ValueError(f"data.re_corpora.{index} = {name!r}: allowed {list(RE_CORPORA)}, or a corpus of your own "
                                  "named in data.re_layouts with the layout it follows")
         return self
+
+    @field_validator("qa_layouts", "re_layouts")
+    @classmethod
+    def _own_layouts_need_a_raw_source(cls, layouts: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        """The embedded source prepares InsuranceQA's domains and a synthetic relation corpus only: a collection or
+        corpus of the user's own would be acquired and then left unused, so say so instead."""
+        if layouts and info.data.get("source") == "embedded":
+            raise ValueError(f"applies only with data.source mirror or official (the embedded source prepares only its "
+                             f"own data); set data.source: mirror, or data.{info.field_name}: {{}}")
+        return layouts
 
     @property
     def raw_collections(self) -> list[str]:

@@ -113,6 +113,18 @@ def test_bad_params_name_the_key_and_value(path, value, expected):
     assert expected in message and "\n" not in message
 
 
+@pytest.mark.parametrize("key, layouts", [("qa_layouts", {"bank_faq": "fiqa"}), ("re_layouts", {"my_genes": "pgr"})])
+def test_own_layouts_at_the_embedded_source_are_refused_not_silently_ignored(key, layouts):
+    raw = with_change(f"data.{key}", layouts)
+    with pytest.raises(ConfigError) as error:
+        parse_params(raw)
+    assert str(error.value) == (f"params: data.{key} = {layouts!r}: Value error, applies only with data.source mirror or "
+                                f"official (the embedded source prepares only its own data); set data.source: mirror, or "
+                                f"data.{key}: {{}}")
+    raw["data"]["source"] = "mirror"
+    assert getattr(parse_params(raw).data, key) == layouts
+
+
 def test_a_stage_with_bad_params_exits_nonzero_in_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(with_change("train.lr", -1)))
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "acquire.py")], cwd=tmp_path, capture_output=True, text=True)
