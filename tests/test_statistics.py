@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedrepro.report import claims as claims_module
 from fedrepro.report.claims import COLUMNS, Claim, claims_frame, holm
 from fedrepro.report.statistics import VERDICTS, hierarchical_bootstrap, sign_test, verdict_from_p, worded
 
@@ -80,8 +81,25 @@ def test_fewer_than_three_seeds_is_inconclusive_but_the_numbers_and_p_stay():
     frame = claims_frame([claim, Claim.tested("B", "m", "t", difference=0.1, p_value=0.001, seeds=1)])
     assert frame["verdict"].tolist() == ["inconclusive (2 seeds; a seed-level test needs 3)",
                                          "inconclusive (1 seed; a seed-level test needs 3)"]
-    assert frame["measured"].iloc[0] == "0.6 vs 0.5" and "Holm-adjusted over 2 tested claims" in frame["test"].iloc[0]
+    assert frame["measured"].iloc[0] == "0.6 vs 0.5"
+    assert frame["test"].iloc[0] == "bootstrap; p = 0.0001, outside Holm's family (the claim is already inconclusive)"
     assert Claim.tested("C", "m", "t", difference=0.1, p_value=0.001, seeds=3).verdict is None  # waits for Holm
+
+
+def test_holm_adjusts_over_the_claims_a_p_value_decides_not_over_those_already_inconclusive():
+    decided = [Claim.tested(name, "m", "bootstrap", difference=0.1, p_value=p, seeds=3) for name, p in (("A", 0.02), ("B", 0.03))]
+    voided = Claim.tested("V", "m", "bootstrap", difference=0.1, p_value=0.5, seeds=3)
+    voided.inconclusive("the reference is at chance")
+    few_seeds = Claim.tested("S", "m", "bootstrap", difference=0.1, p_value=0.6, seeds=1)
+    frame = claims_frame([decided[0], voided, few_seeds, decided[1]]).set_index("finding (paper)")
+    # over A and B only: 2 x 0.02 = 0.04, max(1 x 0.03, 0.04) = 0.04, both hold; over all four (0.02, 0.03, 0.5, 0.6)
+    # they would be 4 x 0.02 = 0.08 and 3 x 0.03 = 0.09, neither significant
+    assert frame.loc["A", "test"] == "bootstrap; p = 0.02, Holm-adjusted over 2 tested claims: p = 0.04"
+    assert frame.loc["B", "test"] == "bootstrap; p = 0.03, Holm-adjusted over 2 tested claims: p = 0.04"
+    assert frame.loc[["A", "B"], "verdict"].tolist() == ["holds", "holds"]
+    assert frame.loc["V", "verdict"] == "inconclusive (the reference is at chance)"
+    assert frame.loc["V", "test"] == "bootstrap; p = 0.5, outside Holm's family (the claim is already inconclusive)"
+    assert "Holm's correction runs over this report's 2 tested claims" in claims_module.tests_explained(frame.reset_index())
 
 
 def test_an_untestable_claim_stays_so_and_a_void_test_says_why():

@@ -184,7 +184,7 @@ def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list
 
 
 def _combined(finding: str, contrasts: dict[str, Bootstrap], every: bool, measured: str, test: str) -> Claim:
-    """One claim over several contrasts (each 'better beats worse' somewhere), one member of Holm's family.
+    """One claim over several contrasts (each 'better beats worse' somewhere), with one p-value (for Holm's family).
 
     'On some' (``every`` False) holds when its most significant favourable contrast holds after Bonferroni over the
     k contrasts (p = k x its p), and is reversed only when every contrast goes significantly against it (p = the
@@ -204,7 +204,7 @@ def _combined(finding: str, contrasts: dict[str, Bootstrap], every: bool, measur
             "holds only if every one does (p = the largest); reversed if one goes against it after Bonferroni over "
             "them (p = k x its p)")
     seeds = min(r.seeds for r in contrasts.values())
-    return Claim.tested(finding, measured, f"{test}; {k} contrasts, one member of Holm's family: the claim {rule}; "
+    return Claim.tested(finding, measured, f"{test}; {k} contrasts combined into one claim, which {rule}; "
                         f"deciding contrast: {key}", contrasts[key].difference, p_value, seeds)
 
 

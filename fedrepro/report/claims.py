@@ -1,6 +1,6 @@
 """One claims row for every paper: the finding as the paper states it, what was measured, the verdict and the test
 behind it, so the three claims tables share their columns, their verdict words (``statistics.VERDICTS``) and one
-correction for the number of claims (Holm's, over every claim of a report that carries a p-value)."""
+correction for the number of claims (Holm's, over every claim of a report whose verdict its p-value decides)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ class Claim:
     difference: float | None = None
     """the contrast the finding says is positive (its sign decides holds / reversed)."""
     p_value: float | None = None
-    """the raw two-sided p-value of a tested claim; Holm's correction adjusts it across the report."""
+    """the raw two-sided p-value of a tested claim; Holm's correction adjusts it across the report, unless the claim
+    is already inconclusive (too few seeds, or voided by ``inconclusive``)."""
 
     @classmethod
     def tested(cls, finding: str, measured: str, test: str, difference: float, p_value: float, seeds: int) -> Claim:
@@ -66,9 +67,11 @@ def _p_text(p: float) -> str:
 
 
 def claims_frame(claims: list[Claim]) -> pd.DataFrame:
-    """The claims table, one row per claim in the given order. Every claim with a p-value is one of Holm's family:
-    the test column gives its raw and adjusted p, and a claim still without a verdict gets it from the adjusted p."""
-    tested = [claim for claim in claims if claim.p_value is not None]
+    """The claims table, one row per claim in the given order. Holm's family is the claims whose verdict their
+    p-value decides (a p-value and no verdict yet): the test column gives their raw and adjusted p, and the verdict
+    follows the adjusted p. A claim already inconclusive keeps its raw p, outside the family, which it would only
+    enlarge (a larger adjustment of the others) without a verdict of its own to correct."""
+    tested = [claim for claim in claims if claim.p_value is not None and claim.verdict is None]
     adjusted = dict(zip(map(id, tested), holm([claim.p_value for claim in tested])))
     rows = []
     for claim in claims:
@@ -76,8 +79,9 @@ def claims_frame(claims: list[Claim]) -> pd.DataFrame:
         if id(claim) in adjusted:
             p = adjusted[id(claim)]
             test = f"{test}; p {_p_text(claim.p_value)}, Holm-adjusted over {len(tested)} tested claims: p {_p_text(p)}"
-            if verdict is None:
-                verdict = verdict_from_p(claim.difference, p)
+            verdict = verdict_from_p(claim.difference, p)
+        elif claim.p_value is not None:
+            test = f"{test}; p {_p_text(claim.p_value)}, outside Holm's family (the claim is already {INCONCLUSIVE})"
         if verdict is None:
             raise ValueError(f"claim {claim.finding!r} has neither a verdict nor a p-value")
         rows.append([claim.finding, claim.measured, verdict, test])
@@ -91,7 +95,8 @@ def tests_explained(claims: pd.DataFrame) -> str:
             f"seed {BOOTSTRAP_SEED}) that draws the seeds with replacement (the same seeds on both sides when they share "
             "them) and the test items with replacement together, with a two-sided p-value from the bootstrap's standard "
             f"error (sign tests over matched cells where the claim is about cells). Holm's correction runs over this "
-            f"report's {family} tested claims, and a verdict follows the adjusted p at {ALPHA:g}. Verdicts: "
+            f"report's {family} tested claims (a claim already inconclusive keeps its raw p, outside the family), and a "
+            f"verdict follows the adjusted p at {ALPHA:g}. Verdicts: "
             f"**{HOLDS}**; **{REVERSED}** (significant the other way); **{NOT_SIGNIFICANT}**; **{INCONCLUSIVE}** (why: "
             f"fewer than {MIN_SEEDS} seeds, a diverged or unconverged cell it rests on, no measurable target); "
             f"**{NOT_TESTABLE}** (why). 'Direction only' marks a verdict the numbers show without a test.")
