@@ -250,7 +250,7 @@ def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: fl
             except FederationError:
                 return False
 
-        wait_until(superlink_answers, 60, f"the SuperLink on {superlink}")
+        wait_until(superlink_answers, 120, f"the SuperLink on {superlink}")
         # 3. each silo: its key, registered; its launcher; its SuperNode
         state_dirs = {client: work / "nodes" / client for client in clients}
         sockets = {client: hosts.sockets / f"{index}" for index, client in enumerate(clients)}

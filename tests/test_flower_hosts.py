@@ -190,7 +190,7 @@ def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_lea
                                                    capture_output=True, text=True).stdout.splitlines()
         return True
 
-    wait_for(look_at_the_hosts, 120, "the hosts")
+    wait_for(look_at_the_hosts, 300, "the hosts")
     finish(script)
     engine = build_runtime(recipe(CASE), "engine", tmp_path / "engine", progress=False)
     engine.run()
@@ -243,7 +243,7 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
 
     def link_down_and_up() -> None:
         try:
-            wait_for(lambda: (run / "hosts.json").exists(), 120, "the hosts")
+            wait_for(lambda: (run / "hosts.json").exists(), 300, "the hosts")
             silo = json.loads((run / "hosts.json").read_text())["silos"][victim]
             link, state_dir = ["ip", "-n", silo["link"]["namespace"], "link", "set", silo["link"]["device"]], \
                 Path(silo["state_dir"])
@@ -285,7 +285,7 @@ def test_sigterm_stops_the_script_and_leaves_no_namespace_veth_or_process(namesp
     prefix = f"frt{os.getpid()}"
     script = start_script(started, tmp_path, CASE, 2, prefix)
     wait_for(lambda: (tmp_path / "run" / "logs" / "client_02-supernode.log").exists() or script.poll() is not None,
-             120, "the last silo's SuperNode")
+             300, "the last silo's SuperNode")
     assert script.poll() is None, script.communicate()[1][-4000:]
     assert left_behind(tmp_path, prefix)["processes"], "the federation's processes run"
     script.send_signal(signal.SIGTERM)
