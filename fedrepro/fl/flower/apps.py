@@ -3,8 +3,9 @@
 A deployment starts them in processes of their own (the SuperLink's ServerApp process, each SuperNode's
 ClientApp process), so they rebuild the cell from its recipe spec: a JSON file named by the run config key
 ``recipe``, holding ``{"factory": "module:function", "kwargs": {...}}``; the factory returns the
-``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir`` and waits at most
-``reply-timeout`` seconds for a round's replies (0: until every node answers); each node keeps
+``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir``, waits at most
+``reply-timeout`` seconds for a round's replies (0: until every node answers) and at most ``nodes-timeout`` seconds
+for one node per client before its first round (``server.NODES_TIMEOUT`` if not given); each node keeps
 its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``.
 A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FILE`` for the stage to raise.
 """
@@ -19,10 +20,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.flower.client import NodeHandlers
-from fedrepro.fl.flower.server import FlowerServer
+from fedrepro.fl.flower.server import NODES_TIMEOUT, FlowerServer
 from fedrepro.fl.recipe import load_recipe
 
 RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "reply-timeout"
+NODES_TIMEOUT_KEY = "nodes-timeout"
 DIVERGED_FILE = "diverged.txt"
 """In the checkpoint folder: the ``TrainingDiverged`` text that stopped the ServerApp (which runs in a process of
 its own: Flower only reports that the run failed)."""
@@ -36,9 +38,11 @@ def serve(grid: Grid, context: Context) -> None:
     recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
     task, algorithm = recipe.build()
     timeout = float(context.run_config.get(REPLY_TIMEOUT_KEY, 0)) or None
+    nodes_timeout = float(context.run_config.get(NODES_TIMEOUT_KEY, NODES_TIMEOUT))
     checkpoint_dir = Path(str(context.run_config[CHECKPOINT_KEY]))
     try:
-        FlowerServer(recipe, task, algorithm, checkpoint_dir, progress=False, reply_timeout=timeout).serve(grid)
+        FlowerServer(recipe, task, algorithm, checkpoint_dir, progress=False, reply_timeout=timeout,
+                     nodes_timeout=nodes_timeout).serve(grid)
     except TrainingDiverged as error:
         (checkpoint_dir / DIVERGED_FILE).write_text(str(error))
         raise

@@ -24,6 +24,7 @@ from fedrepro.fl.flower.apps import DIVERGED_FILE
 from fedrepro.fl.flower.certificates import make_node_key
 from fedrepro.fl.flower.federation import LocalFederation, stopped_cleanly_on_sigterm
 from fedrepro.fl.flower.node_state import collect_node_states
+from fedrepro.fl.flower.server import NODES_TIMEOUT
 from fedrepro.fl.flower.simulation import quiet_environment
 from fedrepro.fl.recipe import CellRecipe, write_recipe_spec
 from fedrepro.io import read_json
@@ -49,6 +50,9 @@ class FlowerDeployment(Engine):
         self.reply_timeout = reply_timeout
         """Seconds the server waits for a round's replies (``train.reply_timeout``); a node silent that long misses
         the round (None: wait for every node, which a crashed silo stalls forever)."""
+        self.nodes_timeout = NODES_TIMEOUT
+        """Seconds the server waits for one node per client before its first round; it then starts with the nodes
+        connected, and a node that connects later joins at the next round."""
         self.launcher_slots: int | None = None
         """ClientApps the launcher runs at once (None: the machine's cores over the cell's threads)."""
         self.on_federation_up: Callable[[LocalFederation], None] | None = None
@@ -111,7 +115,7 @@ class FlowerDeployment(Engine):
 
                     try:
                         self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
-                                                       last_round_checkpointed)["network-traffic"]
+                                                       last_round_checkpointed, self.nodes_timeout)["network-traffic"]
                     except FederationError:
                         if diverged.exists():  # the error the engine would raise, not "the Flower run failed"
                             raise TrainingDiverged(diverged.read_text()) from None

@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import launcher
-from fedrepro.fl.flower.apps import CHECKPOINT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
+from fedrepro.fl.flower.apps import CHECKPOINT_KEY, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
+from fedrepro.fl.flower.server import NODES_TIMEOUT
 from fedrepro.fl.flower.certificates import LOOPBACK, make_certificates
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ clientapp = "fedrepro.fl.flower.apps:client_app"
 {recipe_key} = "{recipe}"
 {checkpoint_key} = "{checkpoint}"
 {timeout_key} = {timeout}
+{nodes_timeout_key} = {nodes_timeout}
 """
 
 
@@ -122,13 +124,16 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
-def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None) -> Path:
+def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None,
+              nodes_timeout: float = NODES_TIMEOUT) -> Path:
     """The Flower App ``flwr run`` sends: only a pyproject.toml naming ``fedrepro.fl.flower.apps`` and the run config
-    (the recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout)."""
+    (the recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout, how long the
+    server waits for one node per client before its first round)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(APP_TOML.format(
         recipe_key=RECIPE_KEY, recipe=recipe_spec, checkpoint_key=CHECKPOINT_KEY, checkpoint=checkpoint_dir,
-        timeout_key=REPLY_TIMEOUT_KEY, timeout=float(reply_timeout or 0)))
+        timeout_key=REPLY_TIMEOUT_KEY, timeout=float(reply_timeout or 0), nodes_timeout_key=NODES_TIMEOUT_KEY,
+        nodes_timeout=float(nodes_timeout)))
     return folder
 
 
@@ -295,10 +300,11 @@ class LocalFederation:
         self.stop_all()
 
     def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None,
-                looks_done: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+                looks_done: Callable[[], bool] = lambda: False, nodes_timeout: float = NODES_TIMEOUT
+                ) -> dict[str, Any]:
         """``flwr run`` the cell's app; wait until the run is over; return its entry of ``flwr ls``. Flower is asked
         for the run's status when ``looks_done()`` (say, the last checkpoint is there), else every few seconds."""
-        app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout)
+        app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout, nodes_timeout)
         started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
         run_id = str(started["run-id"])
         asked = time.monotonic()

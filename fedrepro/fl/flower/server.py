@@ -7,12 +7,15 @@ it. Every tensor of every message passes the channel (names and bytes) exactly a
 scalars beside them (a node's client id, sample counts, losses, metrics) pass its scalar log.
 
 Nodes are told apart by the client id they answer to a first query, so sampling picks the same clients
-as the engine's. A node that does not answer, fails (its ClientApp raised or crashed), or uploads tensors the
-server must not aggregate (unknown or missing names, wrong shapes, NaN or Inf: the check the engine makes too)
-is left out of that round, and so is one whose reply lacks its metrics or claims another sample count than its
-client's declared training size (docs/flower.md, "Trust model"); the round's record says which client missed and
-why, and the global model is built from the others only. A node whose client's own training diverged stops the run
-with ``TrainingDiverged``, as in the engine: a cell that goes on without a diverging client would hide it.
+as the engine's. The run starts once every client's node is connected, or after ``nodes_timeout`` with those that
+are; a node that connects later is asked at the start of the next round and trains from then on (a client with no
+node is its round's miss, ``NO_NODE``, and is sent nothing). A node that does not answer, fails (its ClientApp
+raised or crashed), or uploads tensors the server must not aggregate (unknown or missing names, wrong shapes, NaN
+or Inf: the check the engine makes too) is left out of that round, and so is one whose reply lacks its metrics or
+claims another sample count than its client's declared training size (docs/flower.md, "Trust model"); the round's
+record says which client missed and why, and the global model is built from the others only. A node whose client's
+own training diverged stops the run with ``TrainingDiverged``, as in the engine: a cell that goes on without a
+diverging client would hide it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from fedrepro.fl.recipe import CellRecipe
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.02
 """How often the server asks the Grid for replies it is still waiting for."""
+NODES_TIMEOUT = 120.0
+"""Seconds the run waits, before its first round, for one node per client to connect."""
+NO_NODE = "no node serves it"
+"""A sampled client's miss while no connected node has said it serves it (a silo that has not joined yet)."""
 
 
 class FlowerServer(Engine):
@@ -43,7 +50,7 @@ class FlowerServer(Engine):
 
     def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
                  progress: bool = True, on_round_end: Callable[[dict[str, Any]], None] | None = None,
-                 reply_timeout: float | None = None, nodes_timeout: float = 120.0) -> None:
+                 reply_timeout: float | None = None, nodes_timeout: float = NODES_TIMEOUT) -> None:
         super().__init__(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress, on_round_end)
         self.recipe = recipe
         self.reply_timeout, self.nodes_timeout = reply_timeout, nodes_timeout
@@ -59,7 +66,11 @@ class FlowerServer(Engine):
     def serve(self, grid: Grid) -> None:
         """Learn which node holds which client, then run the engine's rounds from where the checkpoint left off."""
         self.grid = grid
-        self.node_of = self._identify_nodes()
+        self._wait_for_nodes()
+        self._identify_new_nodes()
+        if not self.node_of:
+            raise FederationError(f"no Flower node said it serves a client of this run (nodes wait "
+                                  f"{self.nodes_timeout:g} s; the ServerApp's log names nodes that failed to answer)")
         Engine.run(self)
 
     def server_app(self) -> ServerApp:
@@ -90,7 +101,7 @@ class FlowerServer(Engine):
 
         Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
         made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
-        pending = set(self.grid.push_messages(outgoing))
+        pending = set(self.grid.push_messages(outgoing)) if outgoing else set()
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while pending:
@@ -110,43 +121,53 @@ class FlowerServer(Engine):
         after that round (``node_state``), whatever it did in a round whose reply came late or was refused."""
         return self._round if client_id in self._delivered else counted_round(self.state.history, client_id)
 
-    def _identify_nodes(self) -> dict[str, int]:
-        """Ask every node which client it serves; each training client must be served by exactly one node."""
+    def _wait_for_nodes(self) -> None:
+        """Until one node per training client is connected, or ``nodes_timeout`` s have passed."""
         deadline = time.monotonic() + self.nodes_timeout
-        node_ids = sorted(self.grid.get_node_ids())
-        while len(node_ids) < len(self.train_ids) and time.monotonic() < deadline:
+        while len(list(self.grid.get_node_ids())) < len(self.train_ids) and time.monotonic() < deadline:
             time.sleep(0.5)
-            node_ids = sorted(self.grid.get_node_ids())
-        if len(node_ids) < len(self.train_ids):
-            raise FederationError(f"{len(node_ids)} Flower nodes connected within {self.nodes_timeout:g} s; "
-                                  f"the run needs one per client ({len(self.train_ids)})")
+
+    def _identify_new_nodes(self) -> None:
+        """Ask every connected node not yet known which client it serves, waiting for the answers as long as for a
+        round's replies. A node restarted with its key keeps its node id, so only a node that never answered is
+        asked; one that does not answer in time, or fails to, is asked again before the next round (a node that
+        fails must not stop a running federation). Each training client must be served by exactly one node."""
+        known = set(self.node_of.values())
+        new = sorted(set(self.grid.get_node_ids()) - known)
         outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
-                            message_type=MessageType.QUERY, group_id="identify") for node_id in node_ids]
-        node_of: dict[str, int] = {}
-        for reply in self._send_and_receive(outgoing, self.nodes_timeout):
+                            message_type=MessageType.QUERY, group_id="identify") for node_id in new]
+        node_of = dict(self.node_of)
+        for reply in self._send_and_receive(outgoing, self.reply_timeout or self.nodes_timeout):
             if reply.has_error():
-                raise FederationError(f"node {reply.metadata.src_node_id} failed to say which client it serves: "
-                                      f"{reply.error.reason}")
+                log.warning("a node failed to say which client it serves: %s", reply.error.reason)
+                continue
             client_id = str(reply.content[m.CONFIG][m.CLIENT_ID])
             self.channel.send_scalars(-1, client_id, SERVER, {m.CLIENT_ID: client_id})
             if client_id in node_of:
                 raise FederationError(f"nodes {node_of[client_id]} and {reply.metadata.src_node_id} both serve client {client_id}")
             node_of[client_id] = reply.metadata.src_node_id
-        unserved = sorted(set(self.train_ids) - set(node_of))
+        self.node_of = {client_id: node_of[client_id] for client_id in self.train_ids if client_id in node_of}
+        unserved = [client_id for client_id in self.train_ids if client_id not in self.node_of]
         if unserved:
-            raise FederationError(f"no Flower node serves client(s) {unserved}; nodes serve {sorted(node_of)}")
-        return {client_id: node_of[client_id] for client_id in self.train_ids}
+            log.warning("no Flower node serves client(s) %s yet: each misses the rounds that sample it until its "
+                        "node joins", unserved)
 
     # ----- one round -------------------------------------------------------------------------------------
     def _run_round(self, round_index: int) -> dict[str, Any]:
         self._round, self._delivered = round_index, []
+        if len(self.node_of) < len(self.train_ids):
+            self._identify_new_nodes()
         sampled, outgoing = self.open_round(round_index)
-        received = m.to_record(self.channel.broadcast(round_index, SERVER, sampled, outgoing))
+        reachable = [client_id for client_id in sampled if client_id in self.node_of]
+        received = m.to_record(self.channel.broadcast(round_index, SERVER, reachable, outgoing))
         contents = {client_id: RecordDict({m.TENSORS: received, m.CONFIG: self._config(
-            round_index, **{m.COUNTED: self._counted_round(client_id)})}) for client_id in sampled}
+            round_index, **{m.COUNTED: self._counted_round(client_id)})}) for client_id in reachable}
         replies = self._exchange(MessageType.TRAIN, contents, round_index)
         updates, losses, missed = [], [], {}
         for client_id in sampled:
+            if client_id not in self.node_of:
+                missed[client_id] = NO_NODE
+                continue
             reply = replies[client_id]
             diverged = m.divergence(reply)
             if diverged is not None:
@@ -187,7 +208,7 @@ class FlowerServer(Engine):
         on its own split; a task scored on one global set is scored by the server, as in the engine."""
         if self.evaluates_global_model():
             return super().evaluate(split)
-        clients = list(self.task.client_ids)
+        clients = [client_id for client_id in self.task.client_ids if client_id in self.node_of]
         shared = {name: self.state.global_weights[name] for name in self.shared_names}
         sent = m.to_record(self.channel.broadcast(self._round, SERVER, clients, shared))
         contents = {client_id: RecordDict({m.TENSORS: sent, m.CONFIG: self._config(
