@@ -1,5 +1,5 @@
-"""Drills of a long-running Flower deployment, for test_flower_long_running.py: a node that leaves for good and a
-server restarted from its checkpoint while its nodes keep running.
+"""Drills of a long-running Flower deployment, for test_flower_long_running.py: a node that joins late, a node that
+leaves for good and a server restarted from its checkpoint while its nodes keep running.
 
 Each drill trains the tiny SCAFFOLD relation cell of ``flower_cells`` (server and client state both) on a local
 deployment and, beside it, the engine's reference for the same cell: the plain engine, or the engine with the
@@ -27,13 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fedrepro.fl.channel import SERVER  # noqa: E402
 from fedrepro.fl.engine import Engine  # noqa: E402
 from fedrepro.fl.flower import launcher  # noqa: E402
-from fedrepro.fl.flower.federation import CONNECTION, write_app  # noqa: E402
+from fedrepro.fl.flower.federation import CONNECTION, wait_until, write_app  # noqa: E402
+from fedrepro.fl.flower.server import NO_NODE  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from flower_cells import outcome, recipe  # noqa: E402
 from scaffold_invariant import control_variate_gap  # noqa: E402
 
-LEAVE, RESTART = "leave-relation/scaffold", "restart-relation/scaffold"
-LEAVE_ROUNDS, RESTART_ROUNDS = 4, 3
+LATE, LEAVE, RESTART = "late-relation/scaffold", "leave-relation/scaffold", "restart-relation/scaffold"
+LATE_ROUNDS, LEAVE_ROUNDS, RESTART_ROUNDS = 5, 4, 3
+LATECOMER = "client_00"
+"""Not sampled in round 1 of the cell, sampled in rounds 2 to 5: its SuperNode starts once round 1 is over, after
+round 2 has opened without it (the server looks for new nodes as a round opens), so it surely misses round 2."""
+LATE_NODES_TIMEOUT = 10.0
+"""How long the server waits for the latecomer before round 1 (the other nodes are online before the run starts)."""
 LEAVER = "client_02"
 """Sampled in rounds 1 and 3 (not 2) of the cell: it trains round 1, is killed while round 2 runs without it, and
 round 3 is the first that waits for it in vain."""
@@ -49,7 +55,7 @@ heartbeat) and answers for it at once."""
 
 class ReplayedMisses(Engine):
     """The engine with a deployment's misses replayed: in round r the clients of ``missed[r]`` do not train, but
-    were sent the round's weights, as on Flower (the server pushed their messages)."""
+    were sent the round's weights, as on Flower (the server pushed their messages), unless no node served them."""
 
     def __init__(self, *args, missed: dict[int, dict[str, str]], **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -58,7 +64,7 @@ class ReplayedMisses(Engine):
     def train_clients(self, round_index, sampled, outgoing):
         missed = self.missed.get(round_index, {})
         updates, losses, refused = super().train_clients(round_index, [c for c in sampled if c not in missed], outgoing)
-        self.channel.broadcast(round_index, SERVER, list(missed), outgoing)
+        self.channel.broadcast(round_index, SERVER, [c for c, why in missed.items() if why != NO_NODE], outgoing)
         return updates, losses, {**refused, **missed}
 
 
@@ -178,7 +184,48 @@ def run_restart(work: Path) -> dict:
             "engine": reference(RESTART, RESTART_ROUNDS, folder / "engine", [])}
 
 
-DRILLS = {"leave": run_leave, "restart": run_restart}
+def run_late(work: Path) -> dict:
+    """The SuperNode of ``LATECOMER`` (its key registered with the others') is started only once round 1 is
+    checkpointed. The run is started once the other nodes are online; its server waits ``LATE_NODES_TIMEOUT`` for
+    the missing one, then starts without it."""
+    folder = work / LATE
+    deployment = build_runtime(recipe(LATE, LATE_ROUNDS), "flower-deployment", folder / "deployment",
+                               progress=False, reply_timeout=REPLY_TIMEOUT)
+    deployment.nodes_timeout = LATE_NODES_TIMEOUT
+    drill: dict = {"sampled": [deployment.sample_clients(r) for r in range(LATE_ROUNDS)]}
+    start_node = deployment.start_node
+
+    def start_all_but_the_latecomer(federation, client_id: str):
+        return None if client_id == LATECOMER else start_node(federation, client_id)
+
+    def online(federation) -> int:
+        listing = json.loads(federation.flwr("supernode", "ls", CONNECTION, "--format", "json").stdout)
+        return sum(node["status"] == "online" for node in listing["nodes"])
+
+    def join(federation) -> None:
+        wait_for(lambda: checkpointed(deployment) >= 1, 600, "round 1")
+        start_node(federation, LATECOMER)
+        drill["started_after_round"] = checkpointed(deployment)
+
+    deployment.start_node = start_all_but_the_latecomer
+    in_background(deployment, join, drill)
+    join_later = deployment.on_federation_up
+
+    def start(federation) -> None:
+        wait_until(lambda: online(federation) == len(deployment.train_ids) - 1, 300, "the other SuperNodes")
+        join_later(federation)
+
+    deployment.on_federation_up = start
+    started = time.monotonic()
+    deployment.run()
+    drill["seconds"] = time.monotonic() - started
+    drill.pop("thread").join(timeout=5)
+    result = outcome(deployment)
+    return {"drill": drill, "flower-deployment": result,
+            "engine": reference(LATE, LATE_ROUNDS, folder / "engine", result["history"])}
+
+
+DRILLS = {"late": run_late, "leave": run_leave, "restart": run_restart}
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
-"""A long-running Flower deployment: a node that leaves for good and a server restarted from its checkpoint while
-its nodes keep running. Each drill (``flower_long_running.py``) runs in a loopback-only network namespace and is
-compared bit for bit with the engine's run of the same cell, with the deployment's misses replayed.
+"""A long-running Flower deployment: a node that joins late, a node that leaves for good and a server restarted from
+its checkpoint while its nodes keep running. Each drill (``flower_long_running.py``) runs in a loopback-only network
+namespace and is compared bit for bit with the engine's run of the same cell, with the deployment's misses replayed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from flower_long_running import LEAVE_ROUNDS, LEAVER, RESTART_ROUNDS  # noqa: E402
+from flower_long_running import LATE_ROUNDS, LATECOMER, LEAVE_ROUNDS, LEAVER, RESTART_ROUNDS  # noqa: E402
+from fedrepro.fl.flower.server import NO_NODE  # noqa: E402
 from loopback import run_on_loopback  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -38,13 +39,40 @@ def same_run(deployment: dict, engine: dict) -> None:
     assert sorted(map(json.dumps, deployment["messages"])) == sorted(map(json.dumps, engine["messages"]))
 
 
+def test_a_node_that_joins_late_misses_the_rounds_before_and_trains_from_the_first_round_after(drills):
+    """The SuperNode of one client (its key registered) is started only after round 1. The server waits
+    ``nodes_timeout`` for one node per client, then starts with the two connected; every round that samples the
+    missing client records it as missed ('no node serves it') and sends it nothing; the first round that opens after
+    it connected asks it which client it serves, and from then on it trains whenever sampled, from a fresh state. The
+    run equals bit for bit the engine's run in which that client misses the same rounds."""
+    late = drills["late"]
+    drill, deployment = late["drill"], late["flower-deployment"]
+    history = deployment["history"]
+    assert "drill_error" not in drill, drill.get("drill_error")
+    assert drill["started_after_round"] >= 1
+    assert LATECOMER not in drill["sampled"][0] and all(LATECOMER in sampled for sampled in drill["sampled"][1:])
+    assert [record["round"] for record in history] == list(range(1, LATE_ROUNDS + 1)), "the run finished"
+    joined = next((index for index, record in enumerate(history) if LATECOMER in record["clients"]), None)
+    assert joined is not None, ("it never trained", history)
+    assert joined >= 2, "round 2 opened before its node was started: it cannot have trained in it"
+    for record in history[1:joined]:
+        assert record["missed"] == {LATECOMER: NO_NODE} and record["clients"], record
+    for index, record in enumerate(history[joined:], start=joined):
+        assert "missed" not in record and record["clients"] == drill["sampled"][index], record
+    assert "missed" not in history[0]
+    identified = sorted(scalar[1] for scalar in deployment["scalars"] if scalar[0] == -1)
+    assert identified == sorted(deployment["clients"]), "each node said once which client it serves"
+    same_run(deployment, late["engine"])
+
+
 def test_a_node_that_leaves_for_good_is_each_later_rounds_miss_and_the_others_lose_nothing(drills):
     """SIGKILL of one SuperNode after round 1, never restarted: round 2 (which does not sample it) runs as usual;
     every later round that samples it goes on without it, recording it in ``missed``: 'no reply' once the reply
     timeout has passed, or, as soon as the SuperLink has marked the node offline (two missed 30 s heartbeats),
-    Flower's own 'Node Unavailable' error at once. The other sampled client is counted, and the run finishes. Nothing is lost for the others: the run equals bit for bit the
-    engine's run in which that client stops answering after round 1, and SCAFFOLD's server variate is still the mean
-    of every client's, the departed client's last counted variate (read from its directory) included."""
+    Flower's own 'Node Unavailable' error at once. The other sampled client is counted, and the run finishes.
+    Nothing is lost for the others: the run equals bit for bit the engine's run in which that client stops answering
+    after round 1, and SCAFFOLD's server variate is still the mean of every client's, the departed client's last
+    counted variate (read from its directory) included."""
     leave = drills["leave"]
     drill, history = leave["drill"], leave["flower-deployment"]["history"]
     assert "drill_error" not in drill, drill.get("drill_error")
