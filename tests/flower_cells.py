@@ -27,11 +27,12 @@ from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
-from fedrepro.fl.recipe import CellRecipe  # noqa: E402
+from fedrepro.fl.recipe import CellRecipe, SiloRecipe  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
 from scaffold_invariant import control_variate_gap, largest_control  # noqa: E402
-from toy import FaultyNodesTask, ToyQATask, relation_task  # noqa: E402
+from toy import (FaultyNodesTask, ToyQATask, relation_server_view, relation_silo_task, relation_task,  # noqa: E402
+                 write_relation_silos)
 
 QA_SIZES = {"a": 8, "b": 6, "c": 4}
 QA_ALGORITHMS = ("fedavg", "fedper", "fedmatch")
@@ -44,6 +45,10 @@ KILL_CASE = "kill-relation/scaffold"
 KILL_ROUNDS, REPLY_TIMEOUT = 10, 45.0
 """On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
 (SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
+SILO_CASES = ("silo-relation/scaffold", "silo-relation/fedrs", "deploy-silo-relation/fedavg")
+"""On silo-local data (``fedrepro.fl.silo``): each node reads only its own client's directory, the server only the
+manifest, and the global model is scored from the clients' per-class counts. The deployment's node directories hold
+their own client's files alone (the others removed) and the server's silos folder the manifest alone."""
 FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
 SUPERLINK_KILL_CASE = "superlink-kill-relation/fedavg"
 CRASHES, DIVERGES = "c", "a"
@@ -65,8 +70,9 @@ def all_cases() -> list[str]:
             + [RESUME_CASE, *DEPLOY_CASES, KILL_CASE])
 
 
-def recipe(case: str, rounds: int = 2) -> CellRecipe:
-    """The algorithm with its ``KNOBS``; 2 of 3 clients per round."""
+def recipe(case: str, rounds: int = 2, silos: str | None = None) -> CellRecipe:
+    """The algorithm with its ``KNOBS``; 2 of 3 clients per round. ``silos``: the relation cell on silo-local data
+    laid out there (``toy.write_relation_silos``)."""
     family, algorithm = case.split("/")
     family = family.rpartition("-")[2]  # deploy-relation, kill-relation, ...: the relation cell
     relation = family in ("relation", "resume")
@@ -77,10 +83,13 @@ def recipe(case: str, rounds: int = 2) -> CellRecipe:
     if family == "faults":
         build = functools.partial(FaultyNodesTask, QA_SIZES, CRASHES, DIVERGES)
     knobs = REGISTRY[algorithm].Settings(**KNOBS.get(algorithm, {}))
+    silo = None if silos is None else SiloRecipe(Path(silos), relation_silo_task,
+                                                 functools.partial(relation_server_view, Path(silos)))
     return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs,
                       common=CommonSettings(weighting="size", seed=0), settings=settings,
-                      fingerprint=f"{case}-{rounds}", threads=1,
-                      spec={"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}})
+                      fingerprint=f"{case}-{rounds}", threads=1, silo=silo,
+                      spec={"factory": "flower_cells:recipe",
+                            "kwargs": {"case": case, "rounds": rounds, **({"silos": silos} if silos else {})}})
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -122,6 +131,8 @@ def run_case(case: str, work: Path) -> dict:
         return run_faults(case, work)
     if case == SUPERLINK_KILL_CASE:
         return run_superlink_kill(work)
+    if case in SILO_CASES:
+        return run_silo_local(case, work)
     result = {}
     for runtime in ("engine", "flower-simulation"):
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
@@ -304,6 +315,40 @@ def run_superlink_kill(work: Path) -> dict:
         except OSError:
             continue
     result["rounds_checkpointed"] = load_checkpoint(deployment.checkpoint_dir, deployment.fingerprint).next_round
+    return result
+
+
+def run_silo_local(case: str, work: Path) -> dict:
+    """The relation cell in the engine (the whole task in one process) and on Flower on silo-local data. On the
+    deployment every SuperNode's data directory holds its own client's silo alone (copied out of the layout, every
+    other client's files left behind) and the server's silos folder keeps the manifest alone."""
+    import shutil
+
+    from fedrepro.fl.silo import MANIFEST
+
+    silos = work / case / "silos"
+    manifest = write_relation_silos(silos)
+    engine = build_runtime(recipe(case), "engine", work / case / "engine", progress=False)
+    engine.run()
+    result = {"engine": outcome(engine), "silo_files": {}}
+    if not case.startswith("deploy-"):
+        cell = build_runtime(recipe(case, silos=str(silos)), "flower-simulation", work / case / "flower",
+                             progress=False)
+        cell.run()
+        result["flower"] = outcome(cell)
+        return result
+    node_dirs = {}
+    for client_id in manifest.client_ids:
+        node_dirs[client_id] = work / case / "node-data" / client_id
+        shutil.copytree(silos / client_id, node_dirs[client_id])
+        shutil.rmtree(silos / client_id)
+        result["silo_files"][client_id] = sorted(p.name for p in node_dirs[client_id].iterdir())
+    result["server_silo_files"] = sorted(p.name for p in silos.iterdir())
+    assert result["server_silo_files"] == [MANIFEST]
+    cell = build_runtime(recipe(case, silos=str(silos)), "flower-deployment", work / case / "flower", progress=False)
+    cell.data_dirs = node_dirs
+    cell.run()
+    result["flower"] = outcome(cell)
     return result
 
 

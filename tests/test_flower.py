@@ -21,7 +21,7 @@ from fedrepro.fl.engine import FIT, Engine
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
-                          SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
+                          SILO_CASES, SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -391,3 +391,56 @@ def test_a_client_claiming_more_samples_than_its_partition_holds_is_rejected_nam
     assert list(record["missed"]) == [client] and client not in record["clients"] and record["clients"]
     assert record["missed"][client] == (f"rejected: client {client}: num_samples 1000000000 is not its declared "
                                         f"training size {QA_SIZES[client]}")
+
+
+# ----- silo-local data: each node holds its own client's rows, the server none ----------------------------------
+@pytest.fixture(scope="module")
+def silo_runs(tmp_path_factory):
+    """The silo-local cases alone: the engine on the whole task, Flower on the clients' own directories."""
+    return flower_cells(tmp_path_factory.mktemp("silos"), list(SILO_CASES), timeout=1200)
+
+
+def without_fit(history: list[dict]) -> list[dict]:
+    """A history without the global model's FIT scores: on silo-local data they are the clients' losses on their own
+    data, weighted by size, not the engine's loss over batches that mix every client's sentences."""
+    return [{key: value for key, value in record.items() if key not in (FIT, "fit_loss")} for record in history]
+
+
+@pytest.mark.parametrize("case", SILO_CASES)
+def test_silo_local_runs_are_the_engines_bit_for_bit(silo_runs, case):
+    """Nodes built from their own client's directory alone (on the deployment: the other clients' files removed,
+    the server's silos folder holding only the manifest) train exactly the engine's run on the whole task: the same
+    global weights, private states and rounds, and the valid and test scores, from the clients' summed counts,
+    equal to the engine's on the whole global sets."""
+    engine, flower = silo_runs[case]["engine"], silo_runs[case]["flower"]
+    assert flower["global"] == engine["global"]
+    assert flower["clients"] == engine["clients"], "every client's private state, read back from its node"
+    assert without_fit(flower["history"]) == without_fit(engine["history"])
+    assert {"valid", "test"} <= set(engine["history"][0]), "the scores compared above are there"
+    fits, engine_fits = ([record[FIT]["global"] for record in run["history"]] for run in (flower, engine))
+    assert [fit["samples"] for fit in fits] == [fit["samples"] for fit in engine_fits]
+    # the same model's loss on the same sentences, averaged per client instead of over mixed batches
+    assert [fit["loss"] for fit in fits] == pytest.approx([fit["loss"] for fit in engine_fits], rel=0.25)
+    if case.startswith("deploy-"):
+        files = silo_runs[case]["silo_files"]
+        assert files and all(names == ["sentences.parquet", "silo.json"] for names in files.values()), files
+        assert silo_runs[case]["server_silo_files"] == ["manifest.json"]
+
+
+@pytest.mark.parametrize("case", SILO_CASES)
+def test_on_silo_local_data_only_counts_and_losses_of_the_evaluation_cross(silo_runs, case):
+    """The channel log names what each client sent of its evaluation: per-class true positive, false positive and
+    false negative counts (valid and test) and its loss and size on its own training data (FIT), never a row; the
+    only tensors besides the engine's are the global weights sent to every client to score, once per split."""
+    engine, flower = silo_runs[case]["engine"], silo_runs[case]["flower"]
+    counts = {f"{kind}/rel{c}" for kind in ("tp", "fp", "fn") for c in range(3)}
+    clients = sorted({m[1] for m in flower["scalars"] if m[0] == -1})
+    evaluations = [set(m[3]) for m in flower["scalars"] if m[0] >= 0 and "num_samples" not in m[3]]
+    rounds = len(engine["history"])
+    assert sorted(map(sorted, evaluations)) == sorted([sorted(counts)] * (2 * rounds * len(clients))
+                                                      + [["loss", "samples"]] * (rounds * len(clients)))
+    extra = list(flower["messages"])
+    for message in engine["messages"]:
+        extra.remove(message)
+    assert len(extra) == 3 * rounds * len(clients) and all(m[1] == "server" for m in extra)
+    assert not {name for m in flower["messages"] for name in m[3]} & set(flower["private"])

@@ -111,26 +111,75 @@ class ToyQATask(FederatedTask):
         return {"accuracy": float((scores[: len(q)] > scores[len(q):]).float().mean())}
 
 
-def relation_task(clients: int = 3, sentences: int = 120, batch_size: int = 8):
-    """A tiny relation-extraction cell (synthetic corpus, Dirichlet label skew, 1-layer BERT): labels, features and
-    a classifier, so every hook of every registered algorithm has what it needs. Module-level and seeded, so a
-    Flower node rebuilds exactly the same task."""
+def relation_parts(clients: int = 3, sentences: int = 120):
+    """The tiny relation cell's synthetic corpus, its partition and the tokenizer with the entity markers."""
     from fedrepro.data.label_skew import partition_corpus
     from fedrepro.data.relation import synthetic_relations
-    from fedrepro.models.backbone import build_encoder, train_wordpiece
-    from fedrepro.models.relation import RelationClassifier, add_entity_markers
-    from fedrepro.tasks.relation import RelationTask
+    from fedrepro.models.backbone import train_wordpiece
+    from fedrepro.models.relation import add_entity_markers
 
     corpus = synthetic_relations(n_sentences=sentences, n_classes=3, seed=3, vocab_size=60)
     tokenizer = train_wordpiece(corpus.table["text"].str.replace(r"</?e[12]>", " ", regex=True), 300)
     add_entity_markers(tokenizer)
     assignment, _ = partition_corpus(corpus.table, clients, "dirichlet", 0.5, seed=0, min_size=2)
+    return corpus, assignment, tokenizer
+
+
+def relation_model(tokenizer, classes: list[str]):
+    from fedrepro.models.backbone import build_encoder
+    from fedrepro.models.relation import RelationClassifier
+
     tiny = {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}
+    return lambda: RelationClassifier(build_encoder("tiny", len(tokenizer), tiny, 64), len(classes))
 
-    def build():
-        return RelationClassifier(build_encoder("tiny", len(tokenizer), tiny, 64), len(corpus.classes))
 
-    return RelationTask(corpus.table, assignment, corpus.classes, (), tokenizer, build, 64, batch_size)
+def relation_task(clients: int = 3, sentences: int = 120, batch_size: int = 8):
+    """A tiny relation-extraction cell (synthetic corpus, Dirichlet label skew, 1-layer BERT): labels, features and
+    a classifier, so every hook of every registered algorithm has what it needs. Module-level and seeded, so a
+    Flower node rebuilds exactly the same task."""
+    from fedrepro.tasks.relation import RelationTask
+
+    corpus, assignment, tokenizer = relation_parts(clients, sentences)
+    return RelationTask(corpus.table, assignment, corpus.classes, (), tokenizer,
+                        relation_model(tokenizer, corpus.classes), 64, batch_size)
+
+
+def write_relation_silos(root, clients: int = 3, sentences: int = 120):
+    """The tiny relation cell laid out as its silos would receive it (``fedrepro.fl.silo``)."""
+    from fedrepro.fl.silo import write_silos
+    from fedrepro.tasks.relation import silo_tables
+
+    corpus, assignment, _ = relation_parts(clients, sentences)
+    train = assignment[assignment["split"] == "train"]
+    tables = silo_tables(corpus.table, assignment)
+    return write_silos(root, tables, {c: int((train["client"] == c).sum()) for c in tables},
+                       told={"classes": corpus.classes})
+
+
+def relation_silo_task(data_dir, batch_size: int = 8):
+    """One client's tiny relation task from its silo directory (the tokenizer, shared by the federation, rebuilt)."""
+    from fedrepro.fl.silo import read_silo
+    from fedrepro.tasks.relation import SENTENCES, RelationTask
+
+    silo = read_silo(data_dir)
+    rows, classes = silo.tables[SENTENCES], silo.told["classes"]
+    _, _, tokenizer = relation_parts()
+    return RelationTask(rows[["sentence_id", "text"]], rows.drop(columns="text"), classes, (), tokenizer,
+                        relation_model(tokenizer, classes), 64, batch_size)
+
+
+def relation_server_view(silos_dir):
+    """The server's view of the tiny silo-local relation cell: the manifest, the model, the counts scored."""
+    import functools
+
+    from fedrepro.fl.silo import ServerTaskView, read_manifest
+    from fedrepro.tasks.relation import scores_from_counts, similarity_diagnostics
+
+    corpus, _, tokenizer = relation_parts()
+    return ServerTaskView(read_manifest(silos_dir), relation_model(tokenizer, corpus.classes),
+                          diagnose=similarity_diagnostics,
+                          score_counts=functools.partial(scores_from_counts, classes=corpus.classes,
+                                                         positive=list(corpus.classes)))
 
 
 class FaultyNodesTask(ToyTask):

@@ -6,6 +6,7 @@ Shared by the train stage, the tests and the benchmarks, so they all build the v
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 from fedrepro.config import Params
@@ -14,14 +15,16 @@ from fedrepro.fedcmc.cells import Cell
 from fedrepro.fl import algorithms
 from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.fl.recipe import CellRecipe, recipe_spec
+from fedrepro.fl.recipe import CellRecipe, SiloRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
+from fedrepro.fl.silo import Manifest, ServerTaskView, read_manifest, read_silo, write_silos
 from fedrepro.grid import fingerprint
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import read_json, read_table, write_json
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.relation import RelationClassifier, add_entity_markers
-from fedrepro.tasks.relation import RelationTask
+from fedrepro.tasks.relation import (SENTENCES, RelationTask, positive_classes, scores_from_counts,
+                                      silo_tables, similarity_diagnostics)
 
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
@@ -66,19 +69,62 @@ def build_relation_task(params: Params, cell: Cell, prepared_dir: Path, partitio
     corpus = read_table(Path(prepared_dir) / cell.dataset / "table.parquet")
     classes = read_json(folder / "partition.json")["classes"]
     tokenizer = relation_tokenizer(params, tokenizer_dir)
+    return RelationTask(corpus, read_table(folder / "assignment.parquet"), classes, settings.negative_labels, tokenizer,
+                        relation_model_factory(params, tokenizer, classes), settings.max_length, settings.batch_size)
+
+
+def relation_model_factory(params: Params, tokenizer, classes: list[str]):
+    """A zero-argument builder of the cell's relation classifier (the same on the server, every node and the engine)."""
+    settings = params.fedcmc.settings
 
     def build_model() -> RelationClassifier:
         encoder = build_encoder(settings.backbone, len(tokenizer), params.model.tiny.model_dump(), settings.max_length,
                                 settings.keep_layers, "fedcmc.settings.backbone")
         return RelationClassifier(encoder, len(classes))
 
-    return RelationTask(corpus, read_table(folder / "assignment.parquet"), classes, settings.negative_labels, tokenizer,
-                        build_model, settings.max_length, settings.batch_size)
+    return build_model
+
+
+def write_cell_silos(cell: Cell, prepared_dir: Path, partitions_dir: Path, root: Path) -> Manifest:
+    """The cell's partition laid out as its silos would receive it (``fedrepro.fl.silo``): each client's sentences of
+    every split, with their text, told the label space; the server's manifest of the clients' training sizes."""
+    folder = Path(partitions_dir) / cell.partition
+    if not (folder / "assignment.parquet").exists():
+        raise DataError(f"{folder}/assignment.parquet is missing: run the fedcmc_partition stage")
+    assignment = read_table(folder / "assignment.parquet")
+    tables = silo_tables(read_table(Path(prepared_dir) / cell.dataset / "table.parquet"), assignment)
+    sizes = {c: int(((assignment["client"] == c) & (assignment["split"] == "train")).sum()) for c in tables}
+    return write_silos(root, tables, sizes, told={"classes": read_json(folder / "partition.json")["classes"]})
+
+
+def build_silo_relation_task(params: Params, tokenizer_dir: Path, data_dir: Path) -> RelationTask:
+    """One client's task from its silo directory alone (a node of a silo-local run)."""
+    settings, silo = params.fedcmc.settings, read_silo(data_dir)
+    rows, classes = silo.tables[SENTENCES], silo.told["classes"]
+    tokenizer = relation_tokenizer(params, tokenizer_dir)
+    return RelationTask(rows[["sentence_id", "text"]], rows.drop(columns="text"), classes, settings.negative_labels,
+                        tokenizer, relation_model_factory(params, tokenizer, classes), settings.max_length,
+                        settings.batch_size)
+
+
+def relation_server_view(params: Params, cell: Cell, partitions_dir: Path, tokenizer_dir: Path, silos_dir: Path
+                         ) -> ServerTaskView:
+    """The server's task of a silo-local run: the manifest's clients and sizes, the model, the Fig 1 diagnostics read
+    off the uploads and micro-F1 from the clients' summed counts; the label space from the partition's summary."""
+    classes = read_json(Path(partitions_dir) / cell.partition / "partition.json")["classes"]
+    tokenizer = relation_tokenizer(params, tokenizer_dir)
+    positive = [classes[i] for i in positive_classes(classes, params.fedcmc.settings.negative_labels)]
+    return ServerTaskView(read_manifest(silos_dir), relation_model_factory(params, tokenizer, classes),
+                          diagnose=similarity_diagnostics,
+                          score_counts=functools.partial(scores_from_counts, classes=classes, positive=positive))
 
 
 def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path,
-                inputs_digest: str) -> CellRecipe:
-    """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
+                inputs_digest: str, silos_dir: Path | None = None) -> CellRecipe:
+    """Everything that shapes one cell's run, rebuildable in another process (a Flower node). With ``silos_dir``
+    (laid out by ``write_cell_silos``) it runs on Flower silo-local: each node reads its own client's directory only,
+    the server none, and the global model is scored from the clients' counts (its FIT loss is their weighted mean,
+    so the run's fingerprint differs)."""
     settings, train = params.fedcmc.settings, params.train
     engine_settings = EngineSettings(
         rounds=settings.rounds, local_epochs=cell.local_epochs, steps_per_epoch=settings.steps_per_epoch,
@@ -88,17 +134,25 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
     )
     folders = (Path(prepared_dir).resolve(), Path(partitions_dir).resolve(), Path(tokenizer_dir).resolve())
     spec = recipe_spec("fedrepro.fedcmc.runs:spec_recipe", params, cell, list(folders), inputs_digest)
+    run, silo = run_fingerprint(params, cell, inputs_digest), None
+    if silos_dir is not None:
+        silos_dir = Path(silos_dir).resolve()
+        spec["kwargs"]["silos_dir"] = str(silos_dir)
+        run = hashlib.sha256(f"{run} silo-local".encode()).hexdigest()
+        silo = SiloRecipe(silos_dir, functools.partial(build_silo_relation_task, params, folders[2]),
+                          functools.partial(relation_server_view, params, cell, *folders[1:], silos_dir))
     return CellRecipe(
         build_task=functools.partial(build_relation_task, params, cell, *folders), algorithm=cell.method,
         algorithm_settings=algorithm_settings(params, cell), common=CommonSettings(weighting="size", seed=cell.seed),
-        settings=engine_settings,
-        fingerprint=run_fingerprint(params, cell, inputs_digest), threads=train.threads, spec=spec,
+        settings=engine_settings, fingerprint=run, threads=train.threads, spec=spec, silo=silo,
     )
 
 
-def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str) -> CellRecipe:
+def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str, silos_dir: str | None = None
+                ) -> CellRecipe:
     """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
-    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest)
+    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest,
+                       None if silos_dir is None else Path(silos_dir))
 
 
 def build_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path,

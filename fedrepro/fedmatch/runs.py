@@ -16,8 +16,9 @@ from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl import algorithms
 from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
-from fedrepro.fl.recipe import CellRecipe, recipe_spec
+from fedrepro.fl.recipe import CellRecipe, SiloRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
+from fedrepro.fl.silo import Manifest, ServerTaskView, read_manifest, read_silo, write_silos
 from fedrepro.grid import fingerprint
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import write_json
@@ -26,7 +27,7 @@ from fedrepro.metrics.summary import overall
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.models.patches import patch_effect, patch_norms
-from fedrepro.tasks.qa import QAMatchingTask, load_client_data, qrels_and_run
+from fedrepro.tasks.qa import ClientQAData, QAMatchingTask, load_client_data, qrels_and_run
 
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
@@ -59,8 +60,12 @@ def build_model_factory(params: Params, tokenizer, model: str):
 
 def build_qa_task(params: Params, mined_dir: Path, tokenizer_dir: Path, model: str = "bert") -> QAMatchingTask:
     """The clients' mined data, tokenised once."""
-    tokenizer = load_tokenizer(params.model.backbone, tokenizer_dir)
     clients = load_client_data(mined_dir, sorted(p.name for p in Path(mined_dir).iterdir() if p.is_dir()))
+    return qa_task(params, clients, tokenizer_dir, model)
+
+
+def qa_task(params: Params, clients: dict[str, ClientQAData], tokenizer_dir: Path, model: str) -> QAMatchingTask:
+    tokenizer = load_tokenizer(params.model.backbone, tokenizer_dir)
     loss = "cross_entropy" if params.fedmatch.settings.fidelity == "released_code" else "hinge"
     return QAMatchingTask(clients, tokenizer, build_model_factory(params, tokenizer, model), params.model.max_length,
                           params.train.batch_size, loss=loss)
@@ -81,18 +86,56 @@ def algorithm_settings(params: Params, method: str) -> Algorithm.Settings:
 
 def cell_task(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> QAMatchingTask:
     """The cell's task; module-level, so a Flower node can build it again from the cell's recipe."""
-    task = build_qa_task(params, mined_dir, tokenizer_dir, METHODS[cell.method].model)
+    return with_cell_sweep(params, cell, build_qa_task(params, mined_dir, tokenizer_dir, METHODS[cell.method].model))
+
+
+def with_cell_sweep(params: Params, cell: Cell, task: QAMatchingTask) -> QAMatchingTask:
+    """Fig 8's data ratio, which each client applies to its own questions (seeded by its id)."""
     if cell.sweep == "data_ratio":
         task = task.with_train_fraction(float(cell.value), params.data.seed)
     return task
 
 
-def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str) -> CellRecipe:
-    """Everything that shapes one cell's run, rebuildable in another process (a Flower node)."""
+def write_cell_silos(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, root: Path) -> Manifest:
+    """The mined data laid out as the silos would receive it (``fedrepro.fl.silo``): each client's own training
+    triples (its mined negatives included) and evaluation candidates; the server's manifest of the training sizes
+    the cell's clients train on (after its data ratio)."""
+    params = cell_params(params, cell)
+    clients = load_client_data(mined_dir, sorted(p.name for p in Path(mined_dir).iterdir() if p.is_dir()))
+    task = with_cell_sweep(params, cell, qa_task(params, clients, tokenizer_dir, METHODS[cell.method].model))
+    tables = {c: {"triples": data.triples, "candidates": data.candidates} for c, data in clients.items()}
+    return write_silos(root, tables, {c: task.num_train_samples([c]) for c in task.client_ids})
+
+
+def silo_cell_task(params: Params, cell: Cell, tokenizer_dir: Path, data_dir: Path) -> QAMatchingTask:
+    """One client's task from its silo directory alone (a node of a silo-local run)."""
+    silo = read_silo(data_dir)
+    clients = {silo.client_id: ClientQAData(silo.tables["triples"], silo.tables["candidates"])}
+    return with_cell_sweep(params, cell, qa_task(params, clients, tokenizer_dir, METHODS[cell.method].model))
+
+
+def server_cell_task(params: Params, cell: Cell, tokenizer_dir: Path, silos_dir: Path) -> ServerTaskView:
+    """The server's task of a silo-local run: the manifest's clients and sizes and the model (each client scores
+    its own model on its node, so the server scores nothing)."""
+    tokenizer = load_tokenizer(params.model.backbone, tokenizer_dir)
+    return ServerTaskView(read_manifest(silos_dir), build_model_factory(params, tokenizer, METHODS[cell.method].model))
+
+
+def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
+                silos_dir: Path | None = None) -> CellRecipe:
+    """Everything that shapes one cell's run, rebuildable in another process (a Flower node). With ``silos_dir``
+    (laid out by ``write_cell_silos``) it runs on Flower silo-local: each node reads its own client's directory only,
+    the server the manifest only; every number of the run is the same, and so is its fingerprint."""
     mined_dir, tokenizer_dir = Path(mined_dir).resolve(), Path(tokenizer_dir).resolve()
     spec = recipe_spec("fedrepro.fedmatch.runs:spec_recipe", params, cell, [mined_dir, tokenizer_dir], inputs_digest)
     run = run_fingerprint(params, cell, inputs_digest)
     params = cell_params(params, cell)
+    silo = None
+    if silos_dir is not None:
+        silos_dir = Path(silos_dir).resolve()
+        spec["kwargs"]["silos_dir"] = str(silos_dir)
+        silo = SiloRecipe(silos_dir, functools.partial(silo_cell_task, params, cell, tokenizer_dir),
+                          functools.partial(server_cell_task, params, cell, tokenizer_dir, silos_dir))
     recipe, train = METHODS[cell.method], params.train
     settings = EngineSettings(
         rounds=train.rounds, local_epochs=train.local_epochs,
@@ -105,13 +148,15 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
         build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
         algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method),
         common=CommonSettings(weighting=train.weighting), settings=settings,
-        fingerprint=run, threads=train.threads, spec=spec,
+        fingerprint=run, threads=train.threads, spec=spec, silo=silo,
     )
 
 
-def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str) -> CellRecipe:
+def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str, silos_dir: str | None = None
+                ) -> CellRecipe:
     """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
-    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest)
+    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest,
+                       None if silos_dir is None else Path(silos_dir))
 
 
 def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,

@@ -89,6 +89,15 @@ class FederatedTask(Protocol):
         """What the round's record should show about this round's uploads (before aggregation); None: nothing."""
         return None
 
+    def evaluation_counts(self, model: nn.Module, client_id: str, split: str) -> dict[str, int]:
+        """A task scored on one global set, on silo-local data: the counts its scores are computed from, of the model
+        on this client's share of ``split`` (summed over the clients by ``scores_from_counts``)."""
+        raise NotImplementedError(f"{type(self).__name__} is not scored from counts summed over its clients")
+
+    def scores_from_counts(self, counts: dict[str, int]) -> dict[str, float]:
+        """The scores of ``evaluate`` on the union of the shares whose ``evaluation_counts`` were summed."""
+        raise NotImplementedError(f"{type(self).__name__} is not scored from counts summed over its clients")
+
 
 @dataclass(frozen=True)
 class CommonSettings:

@@ -6,10 +6,15 @@ shipped to them), so an algorithm that runs in the engine runs on Flower unchang
 nothing with the one that made the recipe (a deployment's ServerApp and ClientApps) rebuilds it from its JSON
 spec (``recipe_spec``, ``write_recipe_spec``, ``load_recipe``). Its own module, so the runtimes and the Flower
 apps that all take a recipe do not import each other through it.
+
+A recipe with a ``SiloRecipe`` runs on silo-local data on Flower (``fedrepro.fl.silo``): each node builds its
+client's task from its own directory (``build_node``), the server a view that holds no client data
+(``build_server``). The engine (and so the reference run) still builds the whole task.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from dataclasses import asdict, dataclass
@@ -21,6 +26,21 @@ from fedrepro.fl.algorithm import Algorithm, CommonSettings, FederatedTask
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.engine import EngineSettings
 from fedrepro.seeding import seed_everything
+
+
+@dataclass(frozen=True)
+class SiloRecipe:
+    """How a silo-local run builds its tasks (both picklable, as ``CellRecipe.build_task``)."""
+
+    root: Path
+    """The silos' folder on this machine (``fedrepro.fl.silo.write_silos``): a simulated or local node finds its
+    client's directory at ``<root>/<client id>``, the server the manifest in it. A node elsewhere is given its own
+    directory in its node config."""
+
+    build_client_task: Callable[[Path], FederatedTask]
+    """A node's task from its client's silo directory alone: that client's training and evaluation rows."""
+    build_server_task: Callable[[], FederatedTask]
+    """The server's ``fedrepro.fl.silo.ServerTaskView``: the manifest's clients and sizes, and the model."""
 
 
 @dataclass(frozen=True)
@@ -44,11 +64,29 @@ class CellRecipe:
     spec: dict | None = None
     """How a process that shares nothing with this one rebuilds the recipe: ``{"factory": "module:function",
     "kwargs": {...}}`` in JSON, ``factory(**kwargs)`` returning an equal recipe (a deployment's apps need it)."""
+    silo: SiloRecipe | None = None
+    """Set: on Flower every node loads only its own client's data and the server none (module docstring)."""
 
     def build(self) -> tuple[FederatedTask, Algorithm]:
         """Seed this process as the engine's cells always have, then build the task and the algorithm."""
+        return self._build(self.build_task)
+
+    def build_server(self) -> tuple[FederatedTask, Algorithm]:
+        """What a Flower server builds: the whole task, or on silo-local data a view holding no client's rows."""
+        return self._build(self.build_task if self.silo is None else self.silo.build_server_task)
+
+    def build_node(self, data_dir: Path | None) -> tuple[FederatedTask, Algorithm]:
+        """What a Flower node builds: the whole task, or on silo-local data its client's from ``data_dir``."""
+        if self.silo is None:
+            return self.build()
+        if data_dir is None:
+            raise ConfigError(f"run {self.fingerprint[:12]} is silo-local: each node needs the directory of its "
+                              "client's data (node config 'data-dir')")
+        return self._build(functools.partial(self.silo.build_client_task, Path(data_dir)))
+
+    def _build(self, build_task: Callable[[], FederatedTask]) -> tuple[FederatedTask, Algorithm]:
         seed_everything(self.settings.seed, self.threads)
-        return self.build_task(), build_algorithm(self.algorithm, self.algorithm_settings, self.common)
+        return build_task(), build_algorithm(self.algorithm, self.algorithm_settings, self.common)
 
 
 def recipe_spec(factory: str, params: Any, cell: Any, folders: list[Path], inputs_digest: str) -> dict:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from fedrepro.config import RUNTIMES
 from fedrepro.errors import ConfigError
+from fedrepro.fl.algorithms import REGISTRY
 from fedrepro.fl.engine import Engine
 from fedrepro.fl.recipe import CellRecipe
 
@@ -25,9 +26,11 @@ def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, 
     """
     if runtime not in RUNTIMES:
         raise ConfigError(f"train.runtime = {runtime!r}: allowed {list(RUNTIMES)}")
-    task, algorithm = recipe.build()
-    if runtime == "engine" or not algorithm.federated:
+    federated = recipe.algorithm not in REGISTRY or REGISTRY[recipe.algorithm].federated  # unknown: build() says so
+    if runtime == "engine" or not federated:
+        task, algorithm = recipe.build()
         return Engine(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress, on_round_end)
+    task, algorithm = recipe.build_server()  # on silo-local data, a view holding no client's rows
     if runtime == "flower-simulation":
         from fedrepro.fl.flower.simulation import FlowerSimulation
 

@@ -4,6 +4,11 @@ The headline metric is micro-F1 over the *positive* relation classes (the no-rel
 ChemProt is usually scored; macro-F1 over the same classes and accuracy over all classes sit beside it.
 When a corpus has no no-relation class (PGR's ``false`` is one; the synthetic corpus has none) every class
 counts as positive and micro-F1 equals accuracy.
+
+On silo-local data (``fedrepro.fl.silo``) each client holds its own share of the global valid and test sets (the
+partition assigns every sentence of every split to one client, so the shares are disjoint and their union is the
+set) and scores the global model on it; only per-class counts cross (``class_counts``), and the server's scores from
+their sums (``scores_from_counts``) are exactly those of ``scores`` on the union, bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import ClientUpdate, FederatedTask, TaskOutput
 from fedrepro.fl.engine import GLOBAL
 from fedrepro.models.relation import CLASSIFIER, local_average_similarity
+
+COUNT_KINDS = ("tp", "fp", "fn")
+"""Per class: true positives, false positives, false negatives; a count crosses as ``<kind>/<class>``."""
+SENTENCES = "sentences"
+"""A client's silo table: its rows of the partition (every split) with their text."""
 
 
 @dataclass
@@ -74,7 +84,7 @@ class RelationTask(FederatedTask):
         if unknown:
             raise DataError(f"labels {unknown} are not among the corpus classes {classes}")
         self.classes, self.pad_id = list(classes), tokenizer.pad_token_id
-        self.positive = [i for i, c in enumerate(classes) if c not in set(negative_labels)] or list(range(len(classes)))
+        self.positive = positive_classes(classes, negative_labels)
         self._build_model, self.batch_size, self.eval_batch_size = build_model, batch_size, eval_batch_size
         index = {c: i for i, c in enumerate(classes)}
         train = table[table["split"] == "train"]
@@ -146,17 +156,78 @@ class RelationTask(FederatedTask):
             "accuracy": float((gold == predicted).mean()),
         }
 
+    def class_counts(self, predictions: pd.DataFrame) -> dict[str, int]:
+        """Every class's true positives, false positives and false negatives among ``predictions`` (the sufficient
+        statistics of ``scores``: counts of disjoint shares add up to the counts of their union)."""
+        gold, predicted = predictions["label"].to_numpy(), predictions["predicted"].to_numpy()
+        counts = {}
+        for name in self.classes:
+            counts[f"tp/{name}"] = int(((gold == name) & (predicted == name)).sum())
+            counts[f"fp/{name}"] = int(((gold != name) & (predicted == name)).sum())
+            counts[f"fn/{name}"] = int(((gold == name) & (predicted != name)).sum())
+        return counts
+
+    def scores_from_counts(self, counts: dict[str, int]) -> dict[str, float]:
+        return scores_from_counts(counts, self.classes, [self.classes[i] for i in self.positive])
+
     def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
         """The model on the global ``split`` (``client_id`` GLOBAL), or on that client's share of it."""
-        predictions = self.predict(model, split)
-        if client_id != GLOBAL:
-            predictions = predictions[predictions["client"] == client_id]
-        return self.scores(predictions)
+        return self.scores(self.share(self.predict(model, split), client_id))
+
+    def evaluation_counts(self, model: nn.Module, client_id: str, split: str) -> dict[str, int]:
+        """``class_counts`` of the model on this client's share of the global ``split``."""
+        return self.class_counts(self.share(self.predict(model, split), client_id))
+
+    @staticmethod
+    def share(predictions: pd.DataFrame, client_id: str) -> pd.DataFrame:
+        return predictions if client_id == GLOBAL else predictions[predictions["client"] == client_id]
 
     def diagnose_round(self, updates: list[ClientUpdate]) -> dict[str, list]:
-        """Each uploading client's local average similarity d_{k,c} (FedCMC Fig 1), from its classifier vectors."""
-        return {
-            "clients": [u.client_id for u in updates],
-            "local_similarity": [[round(float(v), 6) for v in local_average_similarity(u.tensors[CLASSIFIER])]
-                                 for u in updates if CLASSIFIER in u.tensors],
-        }
+        return similarity_diagnostics(updates)
+
+
+def similarity_diagnostics(updates: list[ClientUpdate]) -> dict[str, list]:
+    """Each uploading client's local average similarity d_{k,c} (FedCMC Fig 1), from its classifier vectors: read
+    off the uploads alone, so a server holding no client data records it too."""
+    return {
+        "clients": [u.client_id for u in updates],
+        "local_similarity": [[round(float(v), 6) for v in local_average_similarity(u.tensors[CLASSIFIER])]
+                             for u in updates if CLASSIFIER in u.tensors],
+    }
+
+
+def scores_from_counts(counts: dict[str, int], classes: list[str], positive: list[str]) -> dict[str, float]:
+    """``RelationTask.scores`` from ``class_counts`` (summed over shares), doing the float operations sklearn and
+    pandas do (F1 = 2 TP / (true + predicted), 0 where nothing is true or predicted; macro the mean of the classes'
+    F1; accuracy the correct over all), so the numbers are equal bit for bit. A function of the counts and the class
+    names alone: the server of a silo-local run, which holds no sentence, scores with it."""
+    missing = [f"{kind}/{c}" for c in classes for kind in COUNT_KINDS if f"{kind}/{c}" not in counts]
+    if missing:
+        raise DataError(f"relation scores: counts lack {missing[:3]} ({len(missing)} missing)")
+    tp, fp, fn = ({c: int(counts[f"{kind}/{c}"]) for c in classes} for kind in COUNT_KINDS)
+
+    def f1(names: list[str]) -> float:
+        denominator = float(sum(2 * tp[c] + fp[c] + fn[c] for c in names))
+        return 2.0 * sum(tp[c] for c in names) / denominator if denominator else 0.0
+
+    total = sum(tp[c] + fn[c] for c in classes)
+    return {"micro_f1": f1(positive), "macro_f1": float(np.mean([f1([c]) for c in positive])),
+            "accuracy": sum(tp.values()) / total if total else float("nan")}
+
+
+def positive_classes(classes: list[str], negative_labels: Sequence[str]) -> list[int]:
+    """Indices of the classes micro- and macro-F1 count: all but the no-relation ones (all, when every class is one)."""
+    return [i for i, c in enumerate(classes) if c not in set(negative_labels)] or list(range(len(classes)))
+
+
+def silo_tables(corpus: pd.DataFrame, assignment: pd.DataFrame) -> dict[str, dict[str, pd.DataFrame]]:
+    """What each client's silo holds (``fedrepro.fl.silo.write_silos``): its rows of the partition, every split, with
+    their text, in the partition's order (so a task built from them batches exactly as one built from the whole)."""
+    table = assignment.merge(corpus[["sentence_id", "text"]], on="sentence_id", how="left", validate="one_to_one")
+    trained = set(table.loc[table["split"] == "train", "client"])
+    stranded = sorted(set(table["client"]) - trained)
+    if stranded:
+        raise DataError(f"partition: clients {stranded} hold evaluation sentences but no training sentence, so no "
+                        "silo of the federation would score them")
+    return {client_id: {SENTENCES: rows.reset_index(drop=True)}
+            for client_id, rows in table.groupby("client", sort=True)}

@@ -25,8 +25,11 @@ class FedLC(Algorithm):
         tau: float = Field(ge=0, description="scale of the calibration tau * n_c^(-1/4)")
 
     def prepare_task(self, task, channel, seed):
-        self.shifts = {c: calibration(task.label_counts(c), self.settings.tau) for c in task.client_ids}
+        self.task, self.shifts = task, {}  # counted where a client trains: a silo-local server holds no labels
         return task
 
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
-        return nn.functional.cross_entropy(output.logits.float() - self.shifts[context.client_id], output.targets)
+        client_id = context.client_id
+        if client_id not in self.shifts:
+            self.shifts[client_id] = calibration(self.task.label_counts(client_id), self.settings.tau)
+        return nn.functional.cross_entropy(output.logits.float() - self.shifts[client_id], output.targets)

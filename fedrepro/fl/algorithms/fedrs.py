@@ -29,9 +29,12 @@ class FedRS(Algorithm):
         mask: bool = Field(description="the paper's binary present/absent mask instead of the author's count-scaled one")
 
     def prepare_task(self, task, channel, seed):
-        self.scales = {c: restricted_scale(task.label_counts(c), self.settings.alpha, self.settings.mask)
-                       for c in task.client_ids}
+        self.task, self.scales = task, {}  # counted where a client trains: a silo-local server holds no labels
         return task
 
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
-        return nn.functional.cross_entropy(output.logits.float() * self.scales[context.client_id], output.targets)
+        client_id = context.client_id
+        if client_id not in self.scales:
+            self.scales[client_id] = restricted_scale(self.task.label_counts(client_id), self.settings.alpha,
+                                                      self.settings.mask)
+        return nn.functional.cross_entropy(output.logits.float() * self.scales[client_id], output.targets)

@@ -6,7 +6,8 @@ ClientApp process), so they rebuild the cell from its recipe spec: a JSON file n
 ``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir``, waits at most
 ``reply-timeout`` seconds for a round's replies (0: until every node answers) and at most ``nodes-timeout`` seconds
 for one node per client before its first round (``server.NODES_TIMEOUT`` if not given); each node keeps
-its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``.
+its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``; on
+silo-local data (``CellRecipe.silo``) it loads that client's rows from its node config's ``data-dir`` only.
 A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FILE`` for the stage to raise.
 """
 
@@ -36,7 +37,7 @@ server_app = ServerApp()
 @server_app.main()
 def serve(grid: Grid, context: Context) -> None:
     recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
-    task, algorithm = recipe.build()
+    task, algorithm = recipe.build_server()
     timeout = float(context.run_config.get(REPLY_TIMEOUT_KEY, 0)) or None
     nodes_timeout = float(context.run_config.get(NODES_TIMEOUT_KEY, NODES_TIMEOUT))
     checkpoint_dir = Path(str(context.run_config[CHECKPOINT_KEY]))

@@ -10,6 +10,11 @@ A client's private state (``NodeState``) is kept in the node's ``Context.state``
 reply leaves. It is never put in a message. Each message says from which round's state to go on: the last
 round the server counted for this client (``node_state`` says why).
 
+On silo-local data (``CellRecipe.silo``) a node builds its client's task from that client's directory alone
+(``data-dir`` in the node config, or ``<silos root>/<client id>`` in a simulation): a process builds one trainer per
+client it serves. A task scored on one global set is then scored by the clients: each scores the global model on its
+share of the set and answers the counts the scores are computed from (``FederatedTask.evaluation_counts``).
+
 A client whose own training diverges answers with ``messages.diverged_reply``, on which the server stops the run.
 """
 
@@ -24,26 +29,29 @@ from flwr.clientapp import ClientApp
 
 from fedrepro.errors import FedreproError, TrainingDiverged
 from fedrepro.fl.channel import Channel
-from fedrepro.fl.engine import LocalTrainer, score_split
+from fedrepro.fl.engine import FIT, LocalTrainer, score_split
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
 from fedrepro.fl.recipe import CellRecipe
+from fedrepro.fl.silo import read_manifest
 
 STATE_KEY, STATE_BYTES = "fedrepro", "node_state"
-CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY = "client-id", "partition-id", "state-dir"
+CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY, DATA_DIR_KEY = "client-id", "partition-id", "state-dir", "data-dir"
 
-_trainers: dict[str, LocalTrainer] = {}
-"""This process's trainer, by run fingerprint (one run at a time: a new run frees the previous one's model)."""
+_trainers: dict[tuple[str, Path | None], LocalTrainer] = {}
+"""This process's trainer, by run fingerprint and silo directory (one at a time: another frees the previous model)."""
 
 
-def trainer_for(recipe: CellRecipe) -> LocalTrainer:
-    if recipe.fingerprint not in _trainers:
+def trainer_for(recipe: CellRecipe, data_dir: Path | None = None) -> LocalTrainer:
+    """The trainer of the run (on silo-local data: of the client whose directory is ``data_dir``)."""
+    key = (recipe.fingerprint, data_dir)
+    if key not in _trainers:
         _trainers.clear()
-        task, algorithm = recipe.build()
+        task, algorithm = recipe.build_node(data_dir)
         trainer = LocalTrainer(task, algorithm, recipe.settings)
         trainer.task = algorithm.prepare_task(task, Channel(), recipe.settings.seed)  # as the engine, after the model
-        _trainers[recipe.fingerprint] = trainer
-    return _trainers[recipe.fingerprint]
+        _trainers[key] = trainer
+    return _trainers[key]
 
 
 class WrongRun(FedreproError):
@@ -65,10 +73,26 @@ class NodeHandlers:
                            f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the server's recipe")
 
     def client_id(self, context: Context) -> str:
-        """A deployment's node is told its client; a simulated node its number (the task is built to map it)."""
+        """A deployment's node is told its client; a simulated node its number (the task, or on silo-local data the
+        silos' manifest, maps it)."""
         if CLIENT_ID_KEY in context.node_config:
             return str(context.node_config[CLIENT_ID_KEY])
-        return trainer_for(self.recipe).task.client_ids[int(context.node_config[PARTITION_ID_KEY])]
+        partition = int(context.node_config[PARTITION_ID_KEY])
+        if self.recipe.silo is not None:
+            return read_manifest(self.recipe.silo.root).client_ids[partition]
+        return trainer_for(self.recipe).task.client_ids[partition]
+
+    def trainer(self, context: Context, client_id: str) -> LocalTrainer:
+        """The trainer for ``client_id``: on silo-local data built from its directory alone, which must be its own."""
+        if self.recipe.silo is None:
+            return trainer_for(self.recipe)
+        configured = context.node_config.get(DATA_DIR_KEY)
+        data_dir = Path(str(configured)) if configured is not None else self.recipe.silo.root / client_id
+        trainer = trainer_for(self.recipe, data_dir)
+        if list(trainer.task.client_ids) != [client_id]:
+            raise FedreproError(f"node of client {client_id}: its {DATA_DIR_KEY} {data_dir} holds the data of "
+                                f"{list(trainer.task.client_ids)}")
+        return trainer
 
     def store(self, context: Context, client_id: str) -> NodeStateStore:
         if STATE_DIR_KEY in context.node_config:
@@ -96,8 +120,8 @@ class NodeHandlers:
     def train(self, message: Message, context: Context) -> Message:
         config = message.content[m.CONFIG]
         self._check_run(config)
-        trainer, round_index = trainer_for(self.recipe), int(config[m.ROUND])
-        client_id = self.client_id(context)
+        client_id, round_index = self.client_id(context), int(config[m.ROUND])
+        trainer = self.trainer(context, client_id)
         store = self.store(context, client_id)
         state = self.load_state(context, store, config)
         try:
@@ -113,16 +137,24 @@ class NodeHandlers:
 
     def evaluate(self, message: Message, context: Context) -> Message:
         """The client's own model (the global shared weights plus its private state after the last round the server
-        counted) on its split."""
+        counted) on its split; on silo-local data, a task scored on one global set: the global model on the client's
+        training data (FIT) or the counts of its share of the split."""
         config = message.content[m.CONFIG]
         self._check_run(config)
-        trainer = trainer_for(self.recipe)
-        client_id = self.client_id(context)
-        state = self.load_state(context, self.store(context, client_id), config)
-        trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
+        client_id, split = self.client_id(context), str(config[m.SPLIT])
+        trainer = self.trainer(context, client_id)
+        task = trainer.task
+        if task.evaluates_global_model:  # silo-local: the global model (initial private tensors) on this client's share
+            trainer.load(m.to_tensors(message.content[m.TENSORS]), {})
+        else:
+            state = self.load_state(context, self.store(context, client_id), config)
+            trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
         trainer.model.eval()
         with torch.no_grad():
-            scores = score_split(trainer.task, trainer.model, client_id, str(config[m.SPLIT]))
+            if task.evaluates_global_model and split != FIT:
+                scores = task.evaluation_counts(trainer.model, client_id, split)
+            else:
+                scores = score_split(task, trainer.model, client_id, split)
         return Message(RecordDict({m.METRICS: MetricRecord(scores)}), reply_to=message)
 
 

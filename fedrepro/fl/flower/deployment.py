@@ -55,13 +55,19 @@ class FlowerDeployment(Engine):
         connected, and a node that connects later joins at the next round."""
         self.launcher_slots: int | None = None
         """ClientApps the launcher runs at once (None: the machine's cores over the cell's threads)."""
+        self.data_dirs: dict[str, Path] = {} if recipe.silo is None else {
+            client_id: recipe.silo.root / client_id for client_id in self.train_ids}
+        """On silo-local data, each client's data directory, given to its SuperNode as ``data-dir``."""
         self.on_federation_up: Callable[[LocalFederation], None] | None = None
         """Called once the SuperLink and the SuperNodes run, before ``flwr run`` (drills start extra nodes here)."""
 
     def start_node(self, federation: LocalFederation, client_id: str) -> subprocess.Popen:
-        """The SuperNode of one client: its registered key, its client id, its own state directory."""
-        return federation.start_supernode(client_id, federation.folder / "node-keys" / client_id,
-                                          {"client-id": client_id, "state-dir": str(self.nodes_root / client_id)})
+        """The SuperNode of one client: its registered key, its client id, its own state directory (and on
+        silo-local data its own data directory)."""
+        config = {"client-id": client_id, "state-dir": str(self.nodes_root / client_id)}
+        if client_id in self.data_dirs:
+            config["data-dir"] = str(self.data_dirs[client_id])
+        return federation.start_supernode(client_id, federation.folder / "node-keys" / client_id, config)
 
     def restart_node(self, federation: LocalFederation, client_id: str, within: float = 300, settle: float = 15) -> None:
         """Start a crashed client's SuperNode again, as a supervisor would. The SuperLink lets the key in again only

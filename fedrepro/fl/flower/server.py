@@ -31,7 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask
 from fedrepro.fl.channel import SERVER, upload_problem
-from fedrepro.fl.engine import Engine
+from fedrepro.fl.engine import FIT, GLOBAL, Engine, mean_fit_loss
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.node_state import counted_round
 from fedrepro.fl.recipe import CellRecipe
@@ -205,9 +205,30 @@ class FlowerServer(Engine):
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each node scores its client's own model (the global shared weights it is sent plus its private state)
-        on its own split; a task scored on one global set is scored by the server, as in the engine."""
+        on its own split; a task scored on one global set is scored by the server, as in the engine, unless the
+        server holds no client data (silo-local: ``silo_global_scores``)."""
         if self.evaluates_global_model():
-            return super().evaluate(split)
+            return {GLOBAL: self.silo_global_scores(split)} if self.recipe.silo is not None else super().evaluate(split)
+        return self._client_scores(split)
+
+    def silo_global_scores(self, split: str) -> dict[str, float]:
+        """The global model scored by the clients on their shares of the global ``split`` (disjoint, their union the
+        set): the server sums the counts they send and scores those, which equals the engine's score on the whole
+        set bit for bit. FIT, the global model's loss on the training data, is the training-sample-weighted mean of
+        the clients' mean batch losses on their own data: not the engine's number, whose batches mix every client's
+        rows. A client that does not answer, or that no node serves yet (a late silo), leaves its share out of the
+        scores (logged)."""
+        answered = self._client_scores(split)
+        if split == FIT:
+            return {"loss": mean_fit_loss(answered), "samples": sum(s.get("samples", 0) for s in answered.values())}
+        totals: dict[str, int] = {}
+        for counts in answered.values():
+            for name, count in counts.items():
+                totals[name] = totals.get(name, 0) + int(count)
+        return self.task.scores_from_counts(totals)
+
+    def _client_scores(self, split: str) -> dict[str, dict[str, float]]:
+        """What each connected node answers for ``split`` (scores of its client's model, or counts), by client."""
         clients = [client_id for client_id in self.task.client_ids if client_id in self.node_of]
         shared = {name: self.state.global_weights[name] for name in self.shared_names}
         sent = m.to_record(self.channel.broadcast(self._round, SERVER, clients, shared))
