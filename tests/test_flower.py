@@ -101,6 +101,26 @@ def test_a_node_whose_reply_the_server_never_counted_goes_on_as_if_it_had_not_tr
     assert kept.newest_round_until(9) == 1 and kept.latest_until(0) is None, "the uncounted first round's state is gone"
 
 
+def test_a_silo_node_given_another_clients_directory_refuses_naming_both(tmp_path, monkeypatch):
+    """A SuperNode started for one client with another's data-dir would train the wrong client's rows under its name."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from flwr.app import Context, RecordDict
+
+    from fedrepro.errors import FedreproError
+    from fedrepro.fl.flower import client as node
+    from toy import write_relation_silos
+
+    write_relation_silos(tmp_path)
+    cell = recipe("silo-relation/fedavg", silos=str(tmp_path))
+    monkeypatch.setattr(node, "_trainers", {})
+    config = {"client-id": "client_00", "data-dir": str(tmp_path / "client_01")}
+    context = Context(run_id=1, node_id=1, node_config=config, state=RecordDict(), run_config={})
+    with pytest.raises(FedreproError, match=rf"node of client client_00: its data-dir {tmp_path / 'client_01'} holds "
+                                            r"the data of \['client_01'\]"):
+        node.NodeHandlers(cell).trainer(context, "client_00")
+    assert node.NodeHandlers(cell).trainer(context, "client_01").task.client_ids == ["client_01"]
+
+
 def test_methods_that_share_nothing_train_in_process_on_every_runtime(tmp_path):
     individual = recipe("qa/individual")
     assert type(build_runtime(individual, "flower-simulation", tmp_path, progress=False)) is Engine
