@@ -51,6 +51,11 @@ def party_name(index: int) -> str:
     return f"party_{index}"
 
 
+def noise_generator(seed: int, key: tuple, *parts: object) -> torch.Generator:
+    """The generator of one DP draw: every process that applies a mechanism (a party's node too) draws the same noise."""
+    return torch.Generator().manual_seed(derive_seed(seed, "dp", *key, *parts))
+
+
 def _arch_of(module: nn.Module | None) -> list[nn.Parameter]:
     if module is None:
         return []
@@ -188,7 +193,7 @@ class VerticalProtocol:
         return min(1.0, len(batch) / size) if size else 1.0
 
     def _generator(self, key: tuple, *parts: object) -> torch.Generator:
-        return torch.Generator().manual_seed(derive_seed(self.seed, "dp", *key, *parts))
+        return noise_generator(self.seed, key, *parts)
 
     # ---- one pass --------------------------------------------------------------------------------------------
     def forward(self, batches: Mapping[str, torch.Tensor], *, grad: bool = True, channel: Channel | None = None,

@@ -47,7 +47,7 @@ from torch import nn
 from fedrepro.fl.channel import Message
 from fedrepro.io import atomic_dir, read_json, write_json
 from fedrepro.seeding import derive_seed
-from fedrepro.vfl.protocol import PartyGrads, VerticalProtocol, set_grads
+from fedrepro.vfl.protocol import Party, PartyGrads, VerticalProtocol, set_grads
 
 
 @runtime_checkable
@@ -65,11 +65,17 @@ def make_optimizers(protocol: VerticalProtocol, lr: float = 0.025, momentum: flo
                     arch_lr: float = 3e-4, arch_weight_decay: float = 1e-3, arch_betas: tuple[float, float] = (0.5, 0.999),
                     ) -> tuple[list[torch.optim.Optimizer], list[torch.optim.Optimizer | None]]:
     """One SGD (weights) and one Adam (alphas; None for a party without alphas) per party, released-code defaults."""
-    weights = [torch.optim.SGD(p.weight_parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-               for p in protocol.parties]
-    arch = [torch.optim.Adam(p.arch_parameters(), lr=arch_lr, betas=arch_betas, weight_decay=arch_weight_decay)
-            if p.arch_parameters() else None for p in protocol.parties]
-    return weights, arch
+    pairs = [party_optimizers(p, lr, momentum, weight_decay, arch_lr, arch_weight_decay, arch_betas) for p in protocol.parties]
+    return [weights for weights, _ in pairs], [arch for _, arch in pairs]
+
+
+def party_optimizers(party: Party, lr: float = 0.025, momentum: float = 0.9, weight_decay: float = 3e-4,
+                     arch_lr: float = 3e-4, arch_weight_decay: float = 1e-3, arch_betas: tuple[float, float] = (0.5, 0.999),
+                     ) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer | None]:
+    """One party's optimizers (``make_optimizers``): what a party running on its own node builds for itself."""
+    weights = torch.optim.SGD(party.weight_parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    arch = party.arch_parameters()
+    return weights, torch.optim.Adam(arch, lr=arch_lr, betas=arch_betas, weight_decay=arch_weight_decay) if arch else None
 
 
 def batch_at(indices: torch.Tensor, batch_size: int, step: int, seed: int, split: str) -> torch.Tensor:

@@ -1,0 +1,374 @@
+"""SS-VFNAS's split learning with every party on its own side of a transport (on Flower: each party a node).
+
+Who holds what:
+
+* the label party (``VerticalHub``; on Flower the ServerApp's process): its own feature columns, the labels, its
+  bottom network, the top network, their optimizers, the channel logs and the privacy ledger. It drives the rule;
+* every other party j (``PartyWorker``; on Flower one node each): its own feature columns, its bottom network, its
+  optimizers and, between a forward and its backward, the graph of its own activations. It never sees the labels,
+  another party's columns or any network but its own.
+
+What crosses is what ``VerticalProtocol`` sends, in the same order on the same ``Channel``: party j's activations
+(after the forward mechanism, which party j applies itself) to the label party, dL/dN_j (after the backward mechanism)
+back, so the channel log equals the in-process one. Beside the tensors the label party sends each party a command: the
+sample ids of each batch, which DP draw to use, and which update to apply after its backward (logged on the channel's
+scalar log). A party's update rides on the backward message that completes its gradients, so a step takes exactly the
+in-process protocol's exchanges.
+
+Rules (``VerticalRecipe.rule``): plain split training ("train"), DARTS first order ("darts") and MiLeNAS
+("milenas", bundled or not), with the arithmetic of ``fedrepro.vfl.search``. DARTS second order moves every party's
+weights between passes and sums a global norm: not available here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.nn import functional as F
+
+from fedrepro.errors import FederationError
+from fedrepro.fl.channel import Channel
+from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
+from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, Party, PartyGrads, Pass, _accuracy, _grad, _split_grads,
+                                   concat_dim1, noise_generator, party_name, set_grads)
+from fedrepro.vfl.search import batch_at, party_optimizers
+
+FORWARD, BACKWARD, SAVE = "forward", "backward", "save"
+RULES = ("train", "darts", "milenas")
+
+
+@dataclass(frozen=True)
+class VerticalRecipe:
+    """What every party's process needs to rebuild its side of one run.
+
+    ``build_party(index)`` returns that party alone: its own columns (and, for the label party, the labels and the top
+    network), seeded so that every process builds the same one. It must be picklable (a module-level function or a
+    ``functools.partial`` of one): Flower's simulation ships the recipe to its workers."""
+
+    build_party: Callable[[int], Party]
+    parties: int
+    label: int
+    rule: str
+    seed: int
+    """The protocol's seed: batches (``batch_at``) and DP draws (``noise_generator``)."""
+    fingerprint: str
+    threads: int = 1
+    optimizers: Mapping[str, Any] = field(default_factory=dict)
+    """``party_optimizers``' keyword arguments, the same for every party."""
+    grad_clip: float | None = 5.0
+    lam: float = 1.0
+    bundle: bool = True
+    """MiLeNAS: the train and validation batch in one pass (the paper) or one after the other (the released code)."""
+    forward_mechanism: GaussianMechanism | None = None
+    backward_mechanism: GaussianMechanism | None = None
+    split_sizes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"VerticalRecipe.rule = {self.rule!r}: allowed {list(RULES)}")
+        if not 0 <= self.label < self.parties:
+            raise ValueError(f"VerticalRecipe.label = {self.label}: not one of the {self.parties} parties")
+
+    @property
+    def others(self) -> list[int]:
+        return [j for j in range(self.parties) if j != self.label]
+
+
+def apply_update(party: Party, weight_optimizer: torch.optim.Optimizer, arch_optimizer: torch.optim.Optimizer | None,
+                 grads: Mapping[str, PartyGrads], update: Mapping[str, Any], grad_clip: float | None) -> None:
+    """One party's optimizer step from its own gradients, as ``Search._update_weights`` / ``_update_arch`` do it:
+    ``{"kind": "weights" | "arch", "split": s}`` steps on the gradients of split s, with ``"plus": v, "coef": c`` on
+    grads[s] + c * grads[v] (MiLeNAS's mix); ``"lr"`` sets the weights' learning rate first."""
+
+    def mixed(part: str) -> list[torch.Tensor]:
+        base = getattr(grads[update["split"]], part)
+        if update.get("plus") is None:
+            return base
+        return [t + update["coef"] * v for t, v in zip(base, getattr(grads[update["plus"]], part))]
+
+    if update["kind"] == "arch":
+        if arch_optimizer is not None:
+            set_grads(party.arch_parameters(), mixed("arch"))
+            arch_optimizer.step()
+        return
+    if update.get("lr") is not None:
+        for group in weight_optimizer.param_groups:
+            group["lr"] = update["lr"]
+    params = party.weight_parameters()
+    set_grads(params, mixed("weights"))
+    if grad_clip is not None:
+        nn.utils.clip_grad_norm_(params, grad_clip)
+    weight_optimizer.step()
+
+
+def party_state(party: Party) -> dict[str, torch.Tensor]:
+    """A party's networks as ``save_state`` names them (``bottom.<key>``, ``top.<key>``)."""
+    return {f"{name}.{k}": v.detach().clone() for name, module in party.modules().items()
+            for k, v in module.state_dict().items()}
+
+
+class PartyWorker:
+    """A party other than the label party, on its own side: it answers the label party's commands (``handle``)."""
+
+    def __init__(self, recipe: VerticalRecipe, party: Party, directory: Path | None = None) -> None:
+        if party.index == recipe.label or party.labels is not None or party.top is not None:
+            raise ValueError(f"{party.name}: a party worker holds no labels and no top network (the label party is "
+                             f"party_{recipe.label})")
+        self.recipe, self.party, self.directory = recipe, party, directory
+        self.weight_optimizer, self.arch_optimizer = party_optimizers(party, **recipe.optimizers)
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.grads: dict[str, PartyGrads] = {}
+
+    def handle(self, op: str, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
+               ) -> dict[str, torch.Tensor]:
+        if op == FORWARD:
+            return self.forward(command)
+        if op == BACKWARD:
+            self.backward(command, tensors)
+        elif op == SAVE:
+            self.save()
+        else:
+            raise ValueError(f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {SAVE})")
+        return {}
+
+    def forward(self, command: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Its bottom network on its own rows of each batch; the activations to send, after the forward mechanism."""
+        batches = {split: torch.tensor(ids, dtype=torch.long) for split, ids in command["batches"].items()}
+        modules = list(self.party.modules().values())
+        modes = [m.training for m in modules]
+        for m in modules:
+            m.train(bool(command["training"]) and m.training)
+        try:
+            with torch.set_grad_enabled(bool(command["grad"])):
+                outputs = {split: self.party.bottom(self.party.features[batch]) for split, batch in batches.items()}
+        finally:
+            for m, mode in zip(modules, modes):
+                m.train(mode)
+        self.outputs = outputs if command["grad"] else {}
+        mechanism, key, payload = self.recipe.forward_mechanism, tuple(command["noise_key"]), {}
+        for split, out in outputs.items():
+            out = out.detach()
+            if mechanism is not None:
+                out = mechanism.apply(out, noise_generator(self.recipe.seed, key, "forward", self.party.index, split))
+            payload[f"{ACTIVATION}{self.party.name}/{split}"] = out
+        return payload
+
+    def backward(self, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Backprop each received dL/dN_j through its own graph, then the updates the command names."""
+        for split in command["splits"]:
+            if split not in self.outputs:
+                raise FederationError(f"{self.party.name}: a gradient for split {split!r} without its forward pass "
+                                      "(this node lost its state since the forward)")
+            gradient = tensors[f"{GRADIENT}{self.party.name}/{split}"]
+            own = _grad(self.outputs.pop(split), self.party.parameters(), gradient)
+            self.grads[split] = _split_grads(self.party, own)
+        for update in command["updates"]:
+            apply_update(self.party, self.weight_optimizer, self.arch_optimizer, self.grads, update,
+                         self.recipe.grad_clip)
+
+    def save(self) -> None:
+        """Its networks into its own directory (``<party>.safetensors``), where only this party reads them."""
+        if self.directory is None:
+            raise FederationError(f"{self.party.name}: told to save its networks, but it has no directory of its own")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in party_state(self.party).items()},
+                  str(self.directory / f"{self.party.name}.safetensors"))
+
+
+class Transport(Protocol):
+    def exchange(self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
+                 ) -> dict[int, dict[str, torch.Tensor]]:
+        """Send each party its command and tensors at once; every party's reply tensors."""
+
+
+@dataclass
+class LocalTransport:
+    """Party workers called in this process (the node protocol without a network, for tests)."""
+
+    workers: Mapping[int, PartyWorker]
+
+    def exchange(self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
+                 ) -> dict[int, dict[str, torch.Tensor]]:
+        return {j: self.workers[j].handle(op, command, tensors) for j, (command, tensors) in commands.items()}
+
+
+class VerticalHub:
+    """The label party driving a search or a split training over a ``Transport`` to the other parties."""
+
+    def __init__(self, recipe: VerticalRecipe, party: Party, transport: Transport) -> None:
+        if party.index != recipe.label or party.labels is None or party.top is None:
+            raise ValueError(f"{party.name}: the hub is the label party party_{recipe.label}, with the labels and "
+                             "the top network")
+        self.recipe, self.party, self.transport = recipe, party, transport
+        self.weight_optimizer, self.arch_optimizer = party_optimizers(party, **recipe.optimizers)
+        self.others, self.hub = recipe.others, party_name(recipe.label)
+        self.split_sizes = dict(recipe.split_sizes)
+        self.channel, self.eval_channel = Channel(), Channel()
+        self.ledger = PrivacyLedger()
+        self.grads: dict[str, PartyGrads] = {}
+        self.history: list[dict[str, Any]] = []
+        self.step = self.evaluations = self._exchange = 0
+
+    def _rate(self, split: str, batch: torch.Tensor) -> float:
+        size = self.split_sizes.get(split)
+        return min(1.0, len(batch) / size) if size else 1.0
+
+    def _command(self, channel: Channel, op: str, command: dict[str, Any]) -> None:
+        for j in self.others:
+            channel.send_scalars(self.step, self.hub, party_name(j),
+                                 {f"{op}/{key}": value for key, value in command.items()})
+
+    # ---- one pass: VerticalProtocol.forward / backward with the other parties' share done by them -----------------
+    def forward(self, batches: Mapping[str, torch.Tensor], grad: bool = True, channel: Channel | None = None,
+                account: bool = True, noise_key: tuple | None = None) -> Pass:
+        channel = self.channel if channel is None else channel
+        batches = {s: torch.as_tensor(b, dtype=torch.long) for s, b in batches.items()}
+        if noise_key is None:
+            self._exchange += 1
+            noise_key = ("step", self.step, self._exchange)
+        command = {"batches": {s: b.tolist() for s, b in batches.items()}, "grad": grad,
+                   "training": self.party.bottom.training, "noise_key": list(noise_key)}
+        self._command(channel, FORWARD, command)
+        replies = self.transport.exchange(FORWARD, {j: (command, {}) for j in self.others})
+        received: dict[str, dict[int, torch.Tensor]] = {s: {} for s in batches}
+        with torch.set_grad_enabled(grad):
+            own = {split: self.party.bottom(self.party.features[batch]) for split, batch in batches.items()}
+            for j in self.others:
+                reply = self._checked(j, replies.get(j), batches)
+                for split, batch in batches.items():
+                    if account:
+                        self.ledger.release(party_name(j), split, batch, self.recipe.forward_mechanism,
+                                            self._rate(split, batch))
+                delivered = channel.send(self.step, party_name(j), self.hub, reply)
+                for split in batches:
+                    received[split][j] = delivered[f"{ACTIVATION}{party_name(j)}/{split}"].requires_grad_(grad)
+            logits, losses = {}, {}
+            for split, batch in batches.items():
+                received[split][self.recipe.label] = own[split]
+                logits[split] = self.party.top(concat_dim1([received[split][k] for k in range(self.recipe.parties)]))
+                losses[split] = F.cross_entropy(logits[split], self.party.labels[batch])
+        return Pass(batches, {s: {self.recipe.label: own[s]} for s in batches}, received, logits, losses)
+
+    def _checked(self, j: int, reply: dict[str, torch.Tensor] | None, batches: Mapping[str, torch.Tensor]
+                 ) -> dict[str, torch.Tensor]:
+        """Party j's activations, or a ``FederationError`` naming the party and the field."""
+        expected = {f"{ACTIVATION}{party_name(j)}/{split}": len(batch) for split, batch in batches.items()}
+        if reply is None or set(reply) != set(expected):
+            raise FederationError(f"{party_name(j)}: its forward reply holds {sorted(reply or {})}, "
+                                  f"expected {sorted(expected)}")
+        for name, rows in expected.items():
+            tensor = reply[name]
+            wrong = tensor.dim() == 0 or len(tensor) != rows or not torch.is_floating_point(tensor)
+            if wrong or not bool(torch.isfinite(tensor).all()):
+                raise FederationError(f"{party_name(j)}: reply field {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
+                                      f"expected {rows} rows of finite floats")
+        return reply
+
+    def backward(self, p: Pass, updates: list[dict[str, Any]]) -> None:
+        """dL/dN_j to every party j (with ``updates`` for each party to apply after it), and the label party's own
+        gradients and ``updates``."""
+        self._exchange += 1
+        noise_key = ("step", self.step, self._exchange)
+        to_send: dict[int, dict[str, torch.Tensor]] = {j: {} for j in self.others}
+        for split in p.batches:
+            own, leaves = self.party.parameters(), [p.received[split][j] for j in self.others]
+            g = _grad(p.losses[split], own + leaves)
+            self.grads[split] = _split_grads(self.party, g[:len(own)])
+            for j, gj in zip(self.others, g[len(own):]):
+                to_send[j][split] = gj
+        mechanism, outgoing = self.recipe.backward_mechanism, {}
+        command = {"splits": list(p.batches), "updates": updates}
+        self._command(self.channel, BACKWARD, command)
+        for j in self.others:
+            payload = {}
+            for split, batch in p.batches.items():
+                gj = to_send[j][split]
+                if mechanism is not None:
+                    gj = mechanism.apply(gj, noise_generator(self.recipe.seed, noise_key, "backward", j, split))
+                self.ledger.release(self.hub, split, batch, mechanism, self._rate(split, batch))
+                payload[f"{GRADIENT}{party_name(j)}/{split}"] = gj
+            outgoing[j] = (command, self.channel.send(self.step, self.hub, party_name(j), payload))
+        self.transport.exchange(BACKWARD, outgoing)
+        for update in updates:
+            apply_update(self.party, self.weight_optimizer, self.arch_optimizer, self.grads, update,
+                         self.recipe.grad_clip)
+
+    # ---- the rules -------------------------------------------------------------------------------------------------
+    def run_step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None, lr: float | None = None
+                 ) -> dict[str, Any]:
+        """One step of the recipe's rule (``lr``: the weights' learning rate of this step, as ``run_steps`` sets)."""
+        weights = {"kind": "weights", "split": "train", "lr": lr}
+        if self.recipe.rule == "train":
+            p = self.forward({"train": train_batch})
+            self.backward(p, [weights])
+            labels = self.party.labels[p.batches["train"]]
+            return self._finish({"loss_train": p.losses["train"].detach(),
+                                 **{f"{k}_train": v for k, v in _accuracy(p.logits["train"], labels).items()}})
+        if self.recipe.rule == "darts":
+            pv = self.forward({"val": val_batch})
+            self.backward(pv, [{"kind": "arch", "split": "val"}])
+            pt = self.forward({"train": train_batch})
+            self.backward(pt, [weights])
+            return self._finish({"loss_train": pt.losses["train"].detach(), "loss_val": pv.losses["val"].detach()})
+        arch = {"kind": "arch", "split": "train", "plus": "val", "coef": self.recipe.lam}
+        if self.recipe.bundle:
+            pt = pv = self.forward({"train": train_batch, "val": val_batch})
+            self.backward(pt, [arch, weights])
+        else:
+            pt = self.forward({"train": train_batch})
+            self.backward(pt, [])
+            pv = self.forward({"val": val_batch})
+            self.backward(pv, [arch, weights])
+        return self._finish({"loss_train": pt.losses["train"].detach(), "loss_val": pv.losses["val"].detach()})
+
+    def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        record = {"step": self.step, **{k: float(v) for k, v in record.items()}}
+        self.history.append(record)
+        self.ledger.end_step()
+        self.step += 1
+        self._exchange = 0
+        return record
+
+    def run(self, train: torch.Tensor, val: torch.Tensor | None, batch_size: int, steps: int) -> list[dict[str, Any]]:
+        """Step until ``steps`` on the batches ``Search.run`` draws."""
+        while self.step < steps:
+            s = self.step
+            self.run_step(batch_at(train, batch_size, s, self.recipe.seed, "train"),
+                          None if val is None else batch_at(val, batch_size, s, self.recipe.seed, "val"))
+        return self.history
+
+    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test", account: bool = True
+                 ) -> dict[str, float]:
+        """``VerticalProtocol.evaluate``: every party in eval mode, forward only, on ``eval_channel``."""
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        modules = list(self.party.modules().values())
+        modes = [m.training for m in modules]
+        for m in modules:
+            m.eval()
+        total_loss, correct, count = 0.0, 0.0, 0
+        try:
+            for start in range(0, len(indices), batch_size):
+                batch = indices[start:start + batch_size]
+                p = self.forward({split: batch}, grad=False, channel=self.eval_channel, account=False,
+                                 noise_key=("eval", self.evaluations, start))
+                total_loss += float(p.losses[split]) * len(batch)
+                correct += _accuracy(p.logits[split], self.party.labels[batch]).get("accuracy", 0.0) * len(batch)
+                count += len(batch)
+        finally:
+            for m, mode in zip(modules, modes):
+                m.train(mode)
+        for j in self.others if account else []:
+            mechanism = self.recipe.forward_mechanism
+            if self.ledger.record(party_name(j), indices, mechanism):
+                self.ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
+        self.evaluations += 1
+        return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
+
+    def save_parties(self) -> None:
+        """Every other party writes its networks into its own directory (nothing crosses)."""
+        self.transport.exchange(SAVE, {j: ({}, {}) for j in self.others})

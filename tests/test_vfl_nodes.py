@@ -1,0 +1,86 @@
+"""SS-VFNAS's parties as nodes (``fedrepro.vfl.nodes``): each party computes only on its own side, and the run is the
+in-process protocol's, bit for bit (every party's final networks, the history, both channel logs, the privacy
+ledger, the evaluation), with DP on and off; on Flower's simulation too, each party a node holding only its own
+columns."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedrepro.errors import FederationError
+from fedrepro.vfl.nodes import BACKWARD, LocalTransport, PartyWorker, VerticalHub
+from loopback import run_on_loopback
+from vertical_cells import CASES, TRAIN, in_process, local_nodes, tiny_recipe
+
+HERE = Path(__file__).resolve().parent
+FLOWER_CASES = ("milenas-dp", "darts")
+"""On Flower: MiLeNAS with both mechanisms on (each node draws its own noise), DARTS without DP (two passes a step)."""
+RESULTS = ("states", "history", "messages", "eval_messages", "ledger", "evaluation")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_node_protocol_is_the_in_process_protocol(tmp_path, case):
+    recipe = tiny_recipe(case)
+    nodes, reference = local_nodes(recipe, tmp_path), in_process(recipe)
+    for key in RESULTS:
+        assert nodes[key] == reference[key], key
+    for j in recipe.others:  # each party's own directory holds its own bottom network, nothing else
+        saved = load_file(str(tmp_path / f"party_{j}" / f"party_{j}.safetensors"))
+        assert saved and all(name.startswith("bottom.") for name in saved)
+
+
+def test_a_party_gets_only_its_gradients_and_the_label_party_commands(tmp_path):
+    nodes = local_nodes(tiny_recipe("milenas-dp"), tmp_path)
+    for j in (0, 2):
+        received = {name for message in nodes["messages"] if message[2] == f"party_{j}" for name in message[3]}
+        assert received == {f"gradient/party_{j}/train", f"gradient/party_{j}/val"}
+        commands = {name for message in nodes["scalars"] if message[2] == f"party_{j}" for name in message[3]}
+        assert commands == {"forward/batches", "forward/grad", "forward/training", "forward/noise_key",
+                            "backward/splits", "backward/updates"}
+    assert {message[2] for message in nodes["messages"] if message[1] != "party_1"} == {"party_1"}
+
+
+def test_each_side_refuses_the_other_role():
+    recipe = tiny_recipe("darts")
+    with pytest.raises(ValueError, match="party_1: a party worker holds no labels"):
+        PartyWorker(recipe, recipe.build_party(1))
+    with pytest.raises(ValueError, match="party_0: the hub is the label party party_1"):
+        VerticalHub(recipe, recipe.build_party(0), LocalTransport({}))
+
+
+class Truncating(PartyWorker):
+    """A party whose activations lose their last row."""
+
+    def forward(self, command):
+        return {name: tensor[:-1] for name, tensor in super().forward(command).items()}
+
+
+def test_a_wrong_reply_or_a_party_that_lost_its_forward_is_named():
+    recipe = tiny_recipe("train")
+    workers = {0: PartyWorker(recipe, recipe.build_party(0)), 2: Truncating(recipe, recipe.build_party(2))}
+    hub = VerticalHub(recipe, recipe.build_party(1), LocalTransport(workers))
+    with pytest.raises(FederationError, match=r"party_2: reply field 'activation/party_2/train' is \(7, 4\)"):
+        hub.run_step(TRAIN[:8])
+    restarted = PartyWorker(recipe, recipe.build_party(0))  # a node that lost its memory between forward and backward
+    with pytest.raises(FederationError, match="party_0: a gradient for split 'train' without its forward pass"):
+        restarted.handle(BACKWARD, {"splits": ["train"], "updates": []}, {"gradient/party_0/train": torch.zeros(8, 4)})
+
+
+def test_parties_as_flower_nodes_give_the_in_process_run(tmp_path):
+    """Each other party a node of Flower's simulation (its own columns, network, optimizers and DP draws), the label
+    party in the ServerApp; tensors cross as exact float32 bytes, so the runs are identical."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
+    out = tmp_path / "results.json"
+    run_on_loopback([sys.executable, str(HERE / "vertical_cells.py"), "--out", str(out), "--work", str(tmp_path / "work"),
+                     "--only", *FLOWER_CASES], timeout=900)
+    results = json.loads(out.read_text())
+    for case in FLOWER_CASES:
+        flower, reference = results[case]["flower-simulation"], results[case]["in-process"]
+        for key in RESULTS:
+            assert flower[key] == reference[key], (case, key)

@@ -1,0 +1,170 @@
+"""Tiny SS-VFNAS runs of the in-process protocol and of the node protocol (each party a Flower node), for
+test_vfl_nodes.py; as a script, the Flower runs, in a subprocess the test starts inside a loopback-only namespace.
+
+Every party is built alone (``tiny_party``: its own seeded columns and network), as a node builds it; the in-process
+reference builds all of them the same way, so both start from identical parties.
+
+Usage: python tests/vertical_cells.py --out results.json --work DIR [--only CASE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from fedrepro.seeding import derive_seed  # noqa: E402
+from fedrepro.vfl.nodes import LocalTransport, PartyWorker, VerticalHub, VerticalRecipe, party_state  # noqa: E402
+from fedrepro.vfl.privacy import GaussianMechanism  # noqa: E402
+from fedrepro.vfl.protocol import Party, VerticalProtocol  # noqa: E402
+from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, make_optimizers  # noqa: E402
+
+N, D_OUT, CLASSES, BATCH, STEPS, SEED = 48, 4, 3, 8, 3, 11
+DIMS = (3, 4, 5)
+TRAIN, VAL, TEST = torch.arange(0, 24), torch.arange(24, 40), torch.arange(40, 48)
+CASES = ("darts", "milenas", "milenas-unbundled", "train", "darts-dp", "milenas-dp", "train-dp")
+"""rule[-unbundled][-dp]: three parties, the label party in the middle; -dp: both mechanisms on."""
+
+
+class TinySearchable(nn.Module):
+    """Two candidate ops mixed by softmax(alpha): the smallest bottom network with weights and alphas."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.ops = nn.ModuleList([nn.Linear(d_in, d_out), nn.Sequential(nn.Linear(d_in, d_out), nn.Tanh())])
+        self.alpha = nn.Parameter(0.5 * torch.randn(2))
+
+    def arch_parameters(self):
+        return [self.alpha]
+
+    def weight_parameters(self):
+        return list(self.ops.parameters())
+
+    def forward(self, x):
+        mix = torch.softmax(self.alpha, 0)
+        return sum(m * op(x) for m, op in zip(mix, self.ops))
+
+
+def tiny_party(index: int, parties: int, label: int, seed: int) -> Party:
+    """Party ``index`` alone: its own columns (and the labels and top network if it is the label party)."""
+    features = torch.randn(N, DIMS[index], generator=torch.Generator().manual_seed(derive_seed(seed, "columns", index))) * 3
+    torch.manual_seed(derive_seed(seed, "bottom", index))
+    bottom = TinySearchable(DIMS[index], D_OUT)
+    if index != label:
+        return Party(index, features, bottom)
+    labels = torch.randint(0, CLASSES, (N,), generator=torch.Generator().manual_seed(derive_seed(seed, "labels")))
+    torch.manual_seed(derive_seed(seed, "top"))
+    return Party(index, features, bottom, labels, nn.Linear(parties * D_OUT, CLASSES))
+
+
+def tiny_recipe(case: str, parties: int = 3, label: int = 1) -> VerticalRecipe:
+    rule, dp = case.split("-")[0], case.endswith("-dp")
+    return VerticalRecipe(functools.partial(tiny_party, parties=parties, label=label, seed=SEED), parties, label, rule,
+                          SEED, fingerprint=f"tiny/{case}", threads=1, optimizers={"lr": 0.05}, lam=0.5,
+                          bundle="unbundled" not in case,
+                          forward_mechanism=GaussianMechanism(5.0, 0.5) if dp else None,
+                          backward_mechanism=GaussianMechanism(0.2, 0.5) if dp else None,
+                          split_sizes=(("train", len(TRAIN)), ("val", len(VAL))))
+
+
+def learning_rate(step: int) -> float:
+    return 0.05 / (1 + step)
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {name: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16] for name, t in sorted(tensors.items())}
+
+
+def outcome(history, channel, eval_channel, ledger, evaluation, states: dict[str, dict[str, torch.Tensor]]) -> dict:
+    return {"history": history, "messages": [m.to_record() for m in channel.messages],
+            "eval_messages": [m.to_record() for m in eval_channel.messages], "ledger": ledger.state(),
+            "evaluation": evaluation, "states": {party: digest(state) for party, state in states.items()},
+            "scalars": [m.to_record() for m in channel.scalars]}
+
+
+def in_process(recipe: VerticalRecipe) -> dict:
+    """The reference: ``VerticalProtocol`` and the rule of ``fedrepro.vfl.search``, every party in this process."""
+    torch.set_num_threads(recipe.threads)
+    protocol = VerticalProtocol([recipe.build_party(j) for j in range(recipe.parties)],
+                                forward_mechanisms=recipe.forward_mechanism, backward_mechanism=recipe.backward_mechanism,
+                                seed=recipe.seed, split_sizes=dict(recipe.split_sizes))
+    weights, arch = make_optimizers(protocol, **recipe.optimizers)
+    search: Search = {"train": lambda: SplitTraining(protocol, weights, arch, grad_clip=recipe.grad_clip),
+                      "darts": lambda: DartsSearch(protocol, weights, arch, grad_clip=recipe.grad_clip),
+                      "milenas": lambda: MiLeNASSearch(protocol, weights, arch, grad_clip=recipe.grad_clip, lam=recipe.lam,
+                                                       bundle=recipe.bundle)}[recipe.rule]()
+    while protocol.step < STEPS:
+        s = protocol.step
+        for optimizer in weights:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(s)
+        search.step(batch_at(TRAIN, BATCH, s, recipe.seed, "train"), batch_at(VAL, BATCH, s, recipe.seed, "val"))
+    evaluation = protocol.evaluate(TEST, batch_size=5, split="test")
+    return outcome(search.history, protocol.channel, protocol.eval_channel, protocol.ledger, evaluation,
+                   {p.name: party_state(p) for p in protocol.parties})
+
+
+def drive(hub: VerticalHub) -> dict:
+    """What the label party runs: the steps, then one evaluation; each other party then saves its networks."""
+    while hub.step < STEPS:
+        s = hub.step
+        hub.run_step(batch_at(TRAIN, BATCH, s, hub.recipe.seed, "train"), batch_at(VAL, BATCH, s, hub.recipe.seed, "val"),
+                     lr=learning_rate(s))
+    evaluation = hub.evaluate(TEST, batch_size=5, split="test")
+    hub.save_parties()
+    return evaluation
+
+
+def local_nodes(recipe: VerticalRecipe, work: Path) -> dict:
+    """The node protocol with the other parties' workers called in this process (no network)."""
+    torch.set_num_threads(recipe.threads)
+    workers = {j: PartyWorker(recipe, recipe.build_party(j), work / f"party_{j}") for j in recipe.others}
+    hub = VerticalHub(recipe, recipe.build_party(recipe.label), LocalTransport(workers))
+    evaluation = drive(hub)
+    states = {hub.party.name: party_state(hub.party)} | {w.party.name: party_state(w.party) for w in workers.values()}
+    return outcome(hub.history, hub.channel, hub.eval_channel, hub.ledger, evaluation, dict(sorted(states.items())))
+
+
+def flower_nodes(recipe: VerticalRecipe, work: Path) -> dict:
+    """The node protocol on Flower's simulation: the label party in the ServerApp, one node per other party; each
+    other party's final networks read back from its own directory."""
+    from safetensors.torch import load_file
+
+    from fedrepro.fl.flower.vertical import VerticalSimulation
+
+    torch.set_num_threads(recipe.threads)
+    simulation = VerticalSimulation(recipe, work / "nodes", drive)
+    hub, evaluation = simulation.run()
+    states = {hub.party.name: party_state(hub.party)}
+    for j in recipe.others:
+        name = f"party_{j}"
+        states[name] = load_file(str(simulation.party_directory(j) / f"{name}.safetensors"))
+    return outcome(hub.history, hub.channel, hub.eval_channel, hub.ledger, evaluation, dict(sorted(states.items())))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--only", nargs="*", help="cases to run (default: all)")
+    args = parser.parse_args()
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])  # Ray workers import this
+    results = {}
+    for case in args.only or CASES:
+        recipe = tiny_recipe(case)
+        results[case] = {"in-process": in_process(recipe), "flower-simulation": flower_nodes(recipe, args.work / case)}
+        args.out.write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
