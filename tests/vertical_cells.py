@@ -115,14 +115,12 @@ def in_process(recipe: VerticalRecipe) -> dict:
 
 
 def drive(hub: VerticalHub) -> dict:
-    """What the label party runs: the steps, then one evaluation; each other party then saves its networks."""
+    """What the label party runs: the steps, then one evaluation."""
     while hub.step < STEPS:
         s = hub.step
         hub.run_step(batch_at(TRAIN, BATCH, s, hub.recipe.seed, "train"), batch_at(VAL, BATCH, s, hub.recipe.seed, "val"),
                      lr=learning_rate(s))
-    evaluation = hub.evaluate(TEST, batch_size=5, split="test")
-    hub.save_parties()
-    return evaluation
+    return hub.evaluate(TEST, batch_size=5, split="test")
 
 
 def local_nodes(recipe: VerticalRecipe, work: Path) -> dict:
@@ -131,6 +129,7 @@ def local_nodes(recipe: VerticalRecipe, work: Path) -> dict:
     workers = {j: PartyWorker(recipe, recipe.build_party(j), work / f"party_{j}") for j in recipe.others}
     hub = VerticalHub(recipe, recipe.build_party(recipe.label), LocalTransport(workers))
     evaluation = drive(hub)
+    hub.save_parties()
     states = {hub.party.name: party_state(hub.party)} | {w.party.name: party_state(w.party) for w in workers.values()}
     return outcome(hub.history, hub.channel, hub.eval_channel, hub.ledger, evaluation, dict(sorted(states.items())))
 
@@ -143,7 +142,7 @@ def flower_nodes(recipe: VerticalRecipe, work: Path) -> dict:
     from fedrepro.fl.flower.vertical import VerticalSimulation
 
     torch.set_num_threads(recipe.threads)
-    simulation = VerticalSimulation(recipe, work / "nodes", drive)
+    simulation = VerticalSimulation(recipe, work, drive)
     hub, evaluation = simulation.run()
     states = {hub.party.name: party_state(hub.party)}
     for j in recipe.others:
@@ -166,5 +165,7 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=1, sort_keys=True))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # run as the module: Ray then ships the recipe's functions by reference, not by value
+    import vertical_cells
+
+    vertical_cells.main()

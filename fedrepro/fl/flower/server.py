@@ -45,6 +45,24 @@ NO_NODE = "no node serves it"
 """A sampled client's miss while no connected node has said it serves it (a silo that has not joined yet)."""
 
 
+def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None) -> list[Message]:
+    """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
+
+    Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
+    made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
+    pending = set(grid.push_messages(outgoing)) if outgoing else set()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while pending:
+        arrived = list(grid.pull_messages(pending))
+        replies += arrived
+        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(POLL_SECONDS)
+    return replies
+
+
 class FlowerServer(Engine):
     """The engine's loop driving Flower nodes through a ``Grid`` (see the module docstring)."""
 
@@ -93,25 +111,8 @@ class FlowerServer(Engine):
         outgoing = [Message(content=content, dst_node_id=self.node_of[client_id], message_type=message_type,
                             group_id=str(round_index), ttl=self.reply_timeout)
                     for client_id, content in contents.items()]
-        by_node = {reply.metadata.src_node_id: reply for reply in self._send_and_receive(outgoing, self.reply_timeout)}
+        by_node = {reply.metadata.src_node_id: reply for reply in send_and_receive(self.grid, outgoing, self.reply_timeout)}
         return {client_id: by_node.get(self.node_of[client_id]) for client_id in contents}
-
-    def _send_and_receive(self, outgoing: list[Message], timeout: float | None) -> list[Message]:
-        """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
-
-        Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
-        made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
-        pending = set(self.grid.push_messages(outgoing)) if outgoing else set()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        replies: list[Message] = []
-        while pending:
-            arrived = list(self.grid.pull_messages(pending))
-            replies += arrived
-            pending -= {reply.metadata.reply_to_message_id for reply in arrived}
-            if not pending or (deadline is not None and time.monotonic() >= deadline):
-                break
-            time.sleep(POLL_SECONDS)
-        return replies
 
     def _config(self, round_index: int, **extra: Any) -> ConfigRecord:
         return ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: self.fingerprint, **extra})
@@ -137,7 +138,7 @@ class FlowerServer(Engine):
         outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
                             message_type=MessageType.QUERY, group_id="identify") for node_id in new]
         node_of = dict(self.node_of)
-        for reply in self._send_and_receive(outgoing, self.reply_timeout or self.nodes_timeout):
+        for reply in send_and_receive(self.grid, outgoing, self.reply_timeout or self.nodes_timeout):
             if reply.has_error():
                 log.warning("a node failed to say which client it serves: %s", reply.error.reason)
                 continue
