@@ -19,8 +19,9 @@ from loopback import run_on_loopback
 from vertical_cells import CASES, TRAIN, in_process, local_nodes, tiny_recipe
 
 HERE = Path(__file__).resolve().parent
-FLOWER_CASES = ("milenas-dp", "darts")
-"""On Flower: MiLeNAS with both mechanisms on (each node draws its own noise), DARTS without DP (two passes a step)."""
+FLOWER_CASES = ("milenas-dp", "darts2")
+"""On Flower: MiLeNAS with both mechanisms on (each node draws its own noise), DARTS second order without DP (five
+passes a step, the parties moving their own weights, the global norm's scalars)."""
 RESULTS = ("states", "history", "messages", "eval_messages", "ledger", "evaluation")
 
 
@@ -35,14 +36,19 @@ def test_the_node_protocol_is_the_in_process_protocol(tmp_path, case):
         assert saved and all(name.startswith("bottom.") for name in saved)
 
 
-def test_a_party_gets_only_its_gradients_and_the_label_party_commands(tmp_path):
-    nodes = local_nodes(tiny_recipe("milenas-dp"), tmp_path)
+@pytest.mark.parametrize("case", ["milenas-dp", "darts2-dp"])
+def test_a_party_gets_only_its_gradients_and_the_label_party_commands(tmp_path, case):
+    """From the channel's logs: party j receives its own gradients (and, in DARTS second order, the global norm's
+    total) and the label party's commands, and sends nothing but to the label party."""
+    nodes = local_nodes(tiny_recipe(case), tmp_path)
     for j in (0, 2):
         received = {name for message in nodes["messages"] if message[2] == f"party_{j}" for name in message[3]}
-        assert received == {f"gradient/party_{j}/train", f"gradient/party_{j}/val"}
+        total = {"gradnorm/total"} if case.startswith("darts2") else set()
+        assert received == {f"gradient/party_{j}/train", f"gradient/party_{j}/val"} | total
         commands = {name for message in nodes["scalars"] if message[2] == f"party_{j}" for name in message[3]}
+        update = {"update/updates"} if case.startswith("darts2") else set()
         assert commands == {"forward/batches", "forward/grad", "forward/training", "forward/noise_key",
-                            "backward/splits", "backward/updates"}
+                            "backward/splits", "backward/updates", "backward/slots", "backward/norm_of"} | update
     assert {message[2] for message in nodes["messages"] if message[1] != "party_1"} == {"party_1"}
 
 
@@ -77,8 +83,8 @@ def test_parties_as_flower_nodes_give_the_in_process_run(tmp_path):
     party in the ServerApp; tensors cross as exact float32 bytes, so the runs are identical."""
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
     out = tmp_path / "results.json"
-    run_on_loopback([sys.executable, str(HERE / "vertical_cells.py"), "--out", str(out), "--work", str(tmp_path / "work"),
-                     "--only", *FLOWER_CASES], timeout=900)
+    run_on_loopback([sys.executable, str(HERE / "vertical_cells.py"), "--out", str(out), "--work",
+                     str(tmp_path / "work"), "--only", *FLOWER_CASES], timeout=900)
     results = json.loads(out.read_text())
     for case in FLOWER_CASES:
         flower, reference = results[case]["flower-simulation"], results[case]["in-process"]

@@ -32,8 +32,13 @@ from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTrainin
 N, D_OUT, CLASSES, BATCH, STEPS, SEED = 48, 4, 3, 8, 3, 11
 DIMS = (3, 4, 5)
 TRAIN, VAL, TEST = torch.arange(0, 24), torch.arange(24, 40), torch.arange(40, 48)
-CASES = ("darts", "milenas", "milenas-unbundled", "train", "darts-dp", "milenas-dp", "train-dp")
-"""rule[-unbundled][-dp]: three parties, the label party in the middle; -dp: both mechanisms on."""
+RULES = {"train": ("train", {}), "darts": ("darts", {}), "darts2": ("darts", {"second_order": True}),
+         "darts2fixed": ("darts", {"second_order": True, "global_norm": False}), "milenas": ("milenas", {}),
+         "milenas_unbundled": ("milenas", {"bundle": False})}
+"""How each case's first word sets the recipe: DARTS second order with the global norm's exchange or a fixed r."""
+CASES = ("darts", "darts2", "darts2fixed", "milenas", "milenas_unbundled", "train", "darts-dp", "darts2-dp",
+         "milenas-dp", "train-dp")
+"""rule[-dp]: three parties, the label party in the middle; -dp: both mechanisms on."""
 
 
 class TinySearchable(nn.Module):
@@ -68,13 +73,13 @@ def tiny_party(index: int, parties: int, label: int, seed: int) -> Party:
 
 
 def tiny_recipe(case: str, parties: int = 3, label: int = 1) -> VerticalRecipe:
-    rule, dp = case.split("-")[0], case.endswith("-dp")
+    rule, knobs = RULES[case.split("-")[0]]
+    dp = case.endswith("-dp")
     return VerticalRecipe(functools.partial(tiny_party, parties=parties, label=label, seed=SEED), parties, label, rule,
-                          SEED, fingerprint=f"tiny/{case}", threads=1, optimizers={"lr": 0.05}, lam=0.5,
-                          bundle="unbundled" not in case,
+                          SEED, fingerprint=f"tiny/{case}", threads=1, optimizers={"lr": 0.05}, lam=0.5, xi=0.05,
                           forward_mechanism=GaussianMechanism(5.0, 0.5) if dp else None,
                           backward_mechanism=GaussianMechanism(0.2, 0.5) if dp else None,
-                          split_sizes=(("train", len(TRAIN)), ("val", len(VAL))))
+                          split_sizes=(("train", len(TRAIN)), ("val", len(VAL))), **knobs)
 
 
 def learning_rate(step: int) -> float:
@@ -100,7 +105,9 @@ def in_process(recipe: VerticalRecipe) -> dict:
                                 seed=recipe.seed, split_sizes=dict(recipe.split_sizes))
     weights, arch = make_optimizers(protocol, **recipe.optimizers)
     search: Search = {"train": lambda: SplitTraining(protocol, weights, arch, grad_clip=recipe.grad_clip),
-                      "darts": lambda: DartsSearch(protocol, weights, arch, grad_clip=recipe.grad_clip),
+                      "darts": lambda: DartsSearch(protocol, weights, arch, grad_clip=recipe.grad_clip,
+                                                   second_order=recipe.second_order, xi=recipe.xi, r=recipe.r,
+                                                   global_norm=recipe.global_norm),
                       "milenas": lambda: MiLeNASSearch(protocol, weights, arch, grad_clip=recipe.grad_clip, lam=recipe.lam,
                                                        bundle=recipe.bundle)}[recipe.rule]()
     while protocol.step < STEPS:

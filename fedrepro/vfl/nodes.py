@@ -15,9 +15,10 @@ sample ids of each batch, which DP draw to use, and which update to apply after 
 scalar log). A party's update rides on the backward message that completes its gradients, so a step takes exactly the
 in-process protocol's exchanges.
 
-Rules (``VerticalRecipe.rule``): plain split training ("train"), DARTS first order ("darts") and MiLeNAS
-("milenas", bundled or not), with the arithmetic of ``fedrepro.vfl.search``. DARTS second order moves every party's
-weights between passes and sums a global norm: not available here.
+Rules (``VerticalRecipe.rule``): plain split training ("train"), DARTS first and second order ("darts") and MiLeNAS
+("milenas", bundled or not), with the arithmetic of ``fedrepro.vfl.search``. Second order moves every party's weights
+between passes: each party moves its own, on the label party's command (``OwnSide.apply``); its global norm's scalars
+cross as in ``VerticalProtocol.global_norm`` (a party's squared norm rides on its backward reply).
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from torch.nn import functional as F
 from fedrepro.errors import FederationError
 from fedrepro.fl.channel import Channel
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
-from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, Party, PartyGrads, Pass, _accuracy, _grad, _split_grads,
-                                   concat_dim1, noise_generator, party_name, set_grads)
+from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, GRADNORM, Party, PartyGrads, Pass, _accuracy, _grad,
+                                   _split_grads, concat_dim1, noise_generator, party_name, set_grads)
 from fedrepro.vfl.search import batch_at, party_optimizers
 
-FORWARD, BACKWARD, SAVE = "forward", "backward", "save"
+FORWARD, BACKWARD, UPDATE, SAVE = "forward", "backward", "update", "save"
 RULES = ("train", "darts", "milenas")
 
 
@@ -64,6 +65,11 @@ class VerticalRecipe:
     lam: float = 1.0
     bundle: bool = True
     """MiLeNAS: the train and validation batch in one pass (the paper) or one after the other (the released code)."""
+    second_order: bool = False
+    xi: float = 0.025
+    r: float = 0.01
+    global_norm: bool = True
+    """DARTS second order (``DartsSearch``'s ``second_order``, ``xi``, ``r``, ``global_norm``)."""
     forward_mechanism: GaussianMechanism | None = None
     backward_mechanism: GaussianMechanism | None = None
     split_sizes: tuple[tuple[str, int], ...] = ()
@@ -79,31 +85,67 @@ class VerticalRecipe:
         return [j for j in range(self.parties) if j != self.label]
 
 
-def apply_update(party: Party, weight_optimizer: torch.optim.Optimizer, arch_optimizer: torch.optim.Optimizer | None,
-                 grads: Mapping[str, PartyGrads], update: Mapping[str, Any], grad_clip: float | None) -> None:
-    """One party's optimizer step from its own gradients, as ``Search._update_weights`` / ``_update_arch`` do it:
-    ``{"kind": "weights" | "arch", "split": s}`` steps on the gradients of split s, with ``"plus": v, "coef": c`` on
-    grads[s] + c * grads[v] (MiLeNAS's mix); ``"lr"`` sets the weights' learning rate first."""
+class OwnSide:
+    """What a party does with its own gradients, on its own side: optimizer steps as ``Search._update_weights`` /
+    ``_update_arch`` make them, and DARTS second order's moves of its weights. ``grads`` holds its gradients by slot
+    (a split, or a name the label party gives a pass: second order backprops the train batch three times)."""
 
-    def mixed(part: str) -> list[torch.Tensor]:
-        base = getattr(grads[update["split"]], part)
+    def __init__(self, recipe: VerticalRecipe, party: Party) -> None:
+        self.recipe, self.party = recipe, party
+        self.weight_optimizer, self.arch_optimizer = party_optimizers(party, **recipe.optimizers)
+        self.grads: dict[str, PartyGrads] = {}
+        self.saved: list[torch.Tensor] = []
+
+    def apply(self, update: Mapping[str, Any]) -> None:
+        """``{"kind": "weights" | "arch", "split": slot}``: a step on that slot's gradients, with ``"plus": slot,
+        "coef": c`` on grads[split] + c * grads[plus] (MiLeNAS's mix), ``"lr"`` the weights' learning rate first;
+        ``{"kind": "move", "split": slot, "scale": s}``: weights = saved + s * grads (``"save"``: save them first);
+        ``{"kind": "unrolled_arch", "xi": xi, "eps": eps}``: the alphas' step on DARTS's second-order gradient
+        val - xi * (plus - minus) / (2 eps)."""
+        kind = update["kind"]
+        if kind == "move":
+            self._move(update)
+        elif kind == "unrolled_arch":
+            xi, eps = update["xi"], update["eps"]
+            arch = [v - xi * (a - b) / (2 * eps) for v, a, b in
+                    zip(self.grads["val"].arch, self.grads["plus"].arch, self.grads["minus"].arch)]
+            self._step_arch(arch)
+        elif kind == "arch":
+            self._step_arch(self._mixed(update, "arch"))
+        elif kind == "weights":
+            if update.get("lr") is not None:
+                for group in self.weight_optimizer.param_groups:
+                    group["lr"] = update["lr"]
+            params = self.party.weight_parameters()
+            set_grads(params, self._mixed(update, "weights"))
+            if self.recipe.grad_clip is not None:
+                nn.utils.clip_grad_norm_(params, self.recipe.grad_clip)
+            self.weight_optimizer.step()
+        else:
+            raise ValueError(f"{self.party.name}: unknown update {kind!r}")
+
+    def _mixed(self, update: Mapping[str, Any], part: str) -> list[torch.Tensor]:
+        base = getattr(self.grads[update["split"]], part)
         if update.get("plus") is None:
             return base
-        return [t + update["coef"] * v for t, v in zip(base, getattr(grads[update["plus"]], part))]
+        return [t + update["coef"] * v for t, v in zip(base, getattr(self.grads[update["plus"]], part))]
 
-    if update["kind"] == "arch":
-        if arch_optimizer is not None:
-            set_grads(party.arch_parameters(), mixed("arch"))
-            arch_optimizer.step()
-        return
-    if update.get("lr") is not None:
-        for group in weight_optimizer.param_groups:
-            group["lr"] = update["lr"]
-    params = party.weight_parameters()
-    set_grads(params, mixed("weights"))
-    if grad_clip is not None:
-        nn.utils.clip_grad_norm_(params, grad_clip)
-    weight_optimizer.step()
+    def _step_arch(self, grads: list[torch.Tensor]) -> None:
+        if self.arch_optimizer is not None:
+            set_grads(self.party.arch_parameters(), grads)
+            self.arch_optimizer.step()
+
+    def _move(self, update: Mapping[str, Any]) -> None:
+        weights = self.party.weight_parameters()
+        if update.get("save"):
+            self.saved = [w.detach().clone() for w in weights]
+        with torch.no_grad():
+            for w, b, g in zip(weights, self.saved, self.grads[update["split"]].weights):
+                w.copy_(b + update["scale"] * g)
+
+    def squared_norm(self, slot: str) -> torch.Tensor:
+        """Its share of DARTS's global gradient norm: the sum of its squared weight gradients."""
+        return sum(((g ** 2).sum() for g in self.grads[slot].weights), torch.zeros(()))
 
 
 def party_state(party: Party) -> dict[str, torch.Tensor]:
@@ -120,20 +162,23 @@ class PartyWorker:
             raise ValueError(f"{party.name}: a party worker holds no labels and no top network (the label party is "
                              f"party_{recipe.label})")
         self.recipe, self.party, self.directory = recipe, party, directory
-        self.weight_optimizer, self.arch_optimizer = party_optimizers(party, **recipe.optimizers)
+        self.own = OwnSide(recipe, party)
         self.outputs: dict[str, torch.Tensor] = {}
-        self.grads: dict[str, PartyGrads] = {}
 
     def handle(self, op: str, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
                ) -> dict[str, torch.Tensor]:
         if op == FORWARD:
             return self.forward(command)
         if op == BACKWARD:
-            self.backward(command, tensors)
+            return self.backward(command, tensors)
+        if op == UPDATE:
+            for update in command["updates"]:
+                self.own.apply(update)
         elif op == SAVE:
             self.save()
         else:
-            raise ValueError(f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {SAVE})")
+            raise ValueError(f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {UPDATE}, "
+                             f"{SAVE})")
         return {}
 
     def forward(self, command: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -158,18 +203,22 @@ class PartyWorker:
             payload[f"{ACTIVATION}{self.party.name}/{split}"] = out
         return payload
 
-    def backward(self, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
-        """Backprop each received dL/dN_j through its own graph, then the updates the command names."""
+    def backward(self, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Backprop each received dL/dN_j through its own graph (into the slot the command names, default the split),
+        then the updates the command names; replies its squared gradient norm of a slot when asked (``norm_of``)."""
+        slots = command.get("slots", {})
         for split in command["splits"]:
             if split not in self.outputs:
                 raise FederationError(f"{self.party.name}: a gradient for split {split!r} without its forward pass "
                                       "(this node lost its state since the forward)")
             gradient = tensors[f"{GRADIENT}{self.party.name}/{split}"]
             own = _grad(self.outputs.pop(split), self.party.parameters(), gradient)
-            self.grads[split] = _split_grads(self.party, own)
+            self.own.grads[slots.get(split, split)] = _split_grads(self.party, own)
         for update in command["updates"]:
-            apply_update(self.party, self.weight_optimizer, self.arch_optimizer, self.grads, update,
-                         self.recipe.grad_clip)
+            self.own.apply(update)
+        if command.get("norm_of") is None:
+            return {}
+        return {f"{GRADNORM}{self.party.name}": self.own.squared_norm(command["norm_of"]).detach().reshape(())}
 
     def save(self) -> None:
         """Its networks into its own directory (``<party>.safetensors``), where only this party reads them."""
@@ -205,12 +254,11 @@ class VerticalHub:
             raise ValueError(f"{party.name}: the hub is the label party party_{recipe.label}, with the labels and "
                              "the top network")
         self.recipe, self.party, self.transport = recipe, party, transport
-        self.weight_optimizer, self.arch_optimizer = party_optimizers(party, **recipe.optimizers)
+        self.own = OwnSide(recipe, party)
         self.others, self.hub = recipe.others, party_name(recipe.label)
         self.split_sizes = dict(recipe.split_sizes)
         self.channel, self.eval_channel = Channel(), Channel()
         self.ledger = PrivacyLedger()
-        self.grads: dict[str, PartyGrads] = {}
         self.history: list[dict[str, Any]] = []
         self.step = self.evaluations = self._exchange = 0
 
@@ -269,20 +317,22 @@ class VerticalHub:
                                       f"expected {rows} rows of finite floats")
         return reply
 
-    def backward(self, p: Pass, updates: list[dict[str, Any]]) -> None:
-        """dL/dN_j to every party j (with ``updates`` for each party to apply after it), and the label party's own
-        gradients and ``updates``."""
+    def backward(self, p: Pass, updates: list[dict[str, Any]], slots: Mapping[str, str] | None = None,
+                 norm_of: str | None = None) -> dict[int, dict[str, torch.Tensor]]:
+        """dL/dN_j to every party j, with ``updates`` for each party to apply after it (the label party applies them
+        too); each party keeps its gradients of a split in ``slots[split]`` (default: the split) and, with ``norm_of``,
+        replies its squared gradient norm of that slot. Returns the replies."""
         self._exchange += 1
-        noise_key = ("step", self.step, self._exchange)
+        noise_key, slots = ("step", self.step, self._exchange), dict(slots or {})
         to_send: dict[int, dict[str, torch.Tensor]] = {j: {} for j in self.others}
         for split in p.batches:
             own, leaves = self.party.parameters(), [p.received[split][j] for j in self.others]
             g = _grad(p.losses[split], own + leaves)
-            self.grads[split] = _split_grads(self.party, g[:len(own)])
+            self.own.grads[slots.get(split, split)] = _split_grads(self.party, g[:len(own)])
             for j, gj in zip(self.others, g[len(own):]):
                 to_send[j][split] = gj
         mechanism, outgoing = self.recipe.backward_mechanism, {}
-        command = {"splits": list(p.batches), "updates": updates}
+        command = {"splits": list(p.batches), "updates": updates, "slots": slots, "norm_of": norm_of}
         self._command(self.channel, BACKWARD, command)
         for j in self.others:
             payload = {}
@@ -293,10 +343,55 @@ class VerticalHub:
                 self.ledger.release(self.hub, split, batch, mechanism, self._rate(split, batch))
                 payload[f"{GRADIENT}{party_name(j)}/{split}"] = gj
             outgoing[j] = (command, self.channel.send(self.step, self.hub, party_name(j), payload))
-        self.transport.exchange(BACKWARD, outgoing)
+        replies = self.transport.exchange(BACKWARD, outgoing)
         for update in updates:
-            apply_update(self.party, self.weight_optimizer, self.arch_optimizer, self.grads, update,
-                         self.recipe.grad_clip)
+            self.own.apply(update)
+        return replies
+
+    def global_norm(self, slot: str, replies: Mapping[int, Mapping[str, torch.Tensor]]) -> torch.Tensor:
+        """``VerticalProtocol.global_norm`` from the squared norms the parties replied: each party's scalar logged as
+        sent to the label party, then the total, which the label party returns to each (``update_with_total``)."""
+        self._exchange += 1
+        total = self.own.squared_norm(slot).detach().clone()
+        for j in self.others:
+            name = f"{GRADNORM}{party_name(j)}"
+            square = replies[j].get(name)
+            if square is None or square.numel() != 1 or not bool(torch.isfinite(square).all()):
+                raise FederationError(f"{party_name(j)}: its backward reply lacks a finite scalar {name!r}")
+            total = total + self.channel.send(self.step, party_name(j), self.hub, {name: square.reshape(())})[name]
+        self._exchange += 1
+        return total
+
+    def update_with_total(self, total: torch.Tensor, updates: list[dict[str, Any]]) -> None:
+        """The global norm's total to every party, with ``updates`` for each (and the label party) to apply."""
+        command = {"updates": updates}
+        self._command(self.channel, UPDATE, command)
+        self.transport.exchange(UPDATE, {j: (command, self.channel.send(self.step, self.hub, party_name(j),
+                                                                        {f"{GRADNORM}total": total}))
+                                         for j in self.others})
+        for update in updates:
+            self.own.apply(update)
+
+    def _unrolled_arch(self, train_batch: torch.Tensor, val_batch: torch.Tensor) -> torch.Tensor:
+        """``DartsSearch._unrolled_arch_grads`` with every party moving its own weights; the alphas' step rides on
+        the last backward. Returns the validation loss."""
+        xi, r = self.recipe.xi, self.recipe.r
+        self.backward(self.forward({"train": train_batch}), [{"kind": "move", "split": "train", "scale": -xi,
+                                                              "save": True}])
+        pv = self.forward({"val": val_batch})
+        if self.recipe.global_norm:
+            total = self.global_norm("val", self.backward(pv, [], norm_of="val"))
+            eps = r / max(float(total.sqrt()), 1e-12)
+            self.update_with_total(total, [{"kind": "move", "split": "val", "scale": eps}])
+        else:
+            eps = r
+            self.backward(pv, [{"kind": "move", "split": "val", "scale": eps}])
+        self.backward(self.forward({"train": train_batch}), [{"kind": "move", "split": "val", "scale": -eps}],
+                      slots={"train": "plus"})
+        self.backward(self.forward({"train": train_batch}), [{"kind": "move", "split": "val", "scale": 0.0},
+                                                             {"kind": "unrolled_arch", "xi": xi, "eps": eps}],
+                      slots={"train": "minus"})
+        return pv.losses["val"]
 
     # ---- the rules -------------------------------------------------------------------------------------------------
     def run_step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None, lr: float | None = None
@@ -310,11 +405,15 @@ class VerticalHub:
             return self._finish({"loss_train": p.losses["train"].detach(),
                                  **{f"{k}_train": v for k, v in _accuracy(p.logits["train"], labels).items()}})
         if self.recipe.rule == "darts":
-            pv = self.forward({"val": val_batch})
-            self.backward(pv, [{"kind": "arch", "split": "val"}])
+            if self.recipe.second_order:
+                loss_val = self._unrolled_arch(train_batch, val_batch)
+            else:
+                pv = self.forward({"val": val_batch})
+                self.backward(pv, [{"kind": "arch", "split": "val"}])
+                loss_val = pv.losses["val"]
             pt = self.forward({"train": train_batch})
             self.backward(pt, [weights])
-            return self._finish({"loss_train": pt.losses["train"].detach(), "loss_val": pv.losses["val"].detach()})
+            return self._finish({"loss_train": pt.losses["train"].detach(), "loss_val": loss_val.detach()})
         arch = {"kind": "arch", "split": "train", "plus": "val", "coef": self.recipe.lam}
         if self.recipe.bundle:
             pt = pv = self.forward({"train": train_batch, "val": val_batch})
