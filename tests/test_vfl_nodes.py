@@ -67,12 +67,25 @@ class Truncating(PartyWorker):
         return {name: tensor[:-1] for name, tensor in super().forward(command).items()}
 
 
+class Silent(PartyWorker):
+    """A party that never reports its share of DARTS's global gradient norm."""
+
+    def backward(self, command, tensors):
+        super().backward(command, tensors)
+        return {}
+
+
 def test_a_wrong_reply_or_a_party_that_lost_its_forward_is_named():
     recipe = tiny_recipe("train")
     workers = {0: PartyWorker(recipe, recipe.build_party(0)), 2: Truncating(recipe, recipe.build_party(2))}
     hub = VerticalHub(recipe, recipe.build_party(1), LocalTransport(workers))
     with pytest.raises(FederationError, match=r"party_2: reply field 'activation/party_2/train' is \(7, 4\)"):
         hub.run_step(TRAIN[:8])
+    darts2 = tiny_recipe("darts2")
+    workers = {0: PartyWorker(darts2, darts2.build_party(0)), 2: Silent(darts2, darts2.build_party(2))}
+    hub = VerticalHub(darts2, darts2.build_party(1), LocalTransport(workers))
+    with pytest.raises(FederationError, match="party_2: its backward reply lacks a finite scalar 'gradnorm/party_2'"):
+        hub.run_step(TRAIN[:8], TRAIN[8:16])
     restarted = PartyWorker(recipe, recipe.build_party(0))  # a node that lost its memory between forward and backward
     with pytest.raises(FederationError, match="party_0: a gradient for split 'train' without its forward pass"):
         restarted.handle(BACKWARD, {"splits": ["train"], "updates": []}, {"gradient/party_0/train": torch.zeros(8, 4)})

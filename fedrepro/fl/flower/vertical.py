@@ -8,8 +8,10 @@ as ``VerticalProtocol`` logs it; the command beside it (sample ids, the DP draw,
 string in ``messages.CONFIG``, logged on the channel's scalar log.
 
 A party keeps its networks, optimizers and the graph of its last forward in its ClientApp's process memory between
-messages (one ``PartyWorker`` per run and party): Flower's simulation runs the ClientApps in long-lived Ray actors, so
-that memory lasts the run, and a node that lost it says so at its next backward (``FederationError``). A deployment
+messages (one ``PartyWorker`` per run and party): Flower's simulation runs the ClientApps in a long-lived Ray actor
+(``ray_backend_config`` gives exactly one: each ClientApp asks for every core Ray has), so that memory lasts the run;
+a node whose backward finds no forward (an actor restarted, or several actors splitting a party's messages) says so
+(``FederationError``). A deployment
 starts one ClientApp process per message, which this does not survive: there a party would have to keep its state in
 its directory, and its forward's graph cannot be kept at all (the backward would recompute it).
 
