@@ -15,8 +15,10 @@ from safetensors.torch import load_file
 
 from fedrepro.errors import FederationError
 from fedrepro.vfl.nodes import BACKWARD, LocalTransport, PartyWorker, VerticalHub
+from fedrepro.vfl.search import batch_at
 from loopback import run_on_loopback
-from vertical_cells import CASES, TRAIN, in_process, local_nodes, tiny_recipe
+from vertical_cells import (BATCH, CASES, STEPS, TRAIN, VAL, drive, in_process, learning_rate, local_hub, local_nodes,
+                            local_outcome, tiny_recipe)
 
 HERE = Path(__file__).resolve().parent
 FLOWER_CASES = ("milenas-dp", "darts2")
@@ -31,9 +33,33 @@ def test_the_node_protocol_is_the_in_process_protocol(tmp_path, case):
     nodes, reference = local_nodes(recipe, tmp_path), in_process(recipe)
     for key in RESULTS:
         assert nodes[key] == reference[key], key
-    for j in recipe.others:  # each party's own directory holds its own bottom network, nothing else
-        saved = load_file(str(tmp_path / f"party_{j}" / f"party_{j}.safetensors"))
-        assert saved and all(name.startswith("bottom.") for name in saved)
+    for j in recipe.others:  # each party's own directory holds its own bottom network and optimizers, nothing else
+        saved = load_file(str(tmp_path / f"party_{j}" / f"step-{STEPS:06d}" / f"party_{j}.safetensors"))
+        assert saved and all(name.startswith(("bottom.", "optimizer.")) for name in saved)
+
+
+@pytest.mark.parametrize("case", ["darts2-dp", "milenas_unbundled"])
+def test_a_run_resumed_from_its_checkpoint_is_the_straight_run(tmp_path, case):
+    """Every process of the run lost (the label party's and every node's): each rebuilt party loads its own file
+    of the label party's last complete checkpoint, and the run goes on to the straight run's end, bit for bit."""
+    recipe = tiny_recipe(case)
+    straight = local_nodes(recipe, tmp_path / "straight")
+    first = local_hub(recipe, tmp_path / "resumed")
+    for step in range(STEPS):
+        seed = recipe.seed
+        first.run_step(batch_at(TRAIN, BATCH, step, seed, "train"), batch_at(VAL, BATCH, step, seed, "val"),
+                       lr=learning_rate(step))
+        if step < STEPS - 1:  # the last step's checkpoint never comes: the run is killed before it
+            first.save_state(tmp_path / "hub")
+    assert sorted(p.name for p in (tmp_path / "resumed" / "party_0").iterdir()) == ["step-000001", "step-000002"]
+    resumed = local_hub(recipe, tmp_path / "resumed")
+    resumed.load_state(tmp_path / "hub")
+    assert resumed.step == STEPS - 1
+    evaluation = drive(resumed)
+    resumed.save_parties()
+    outcome = local_outcome(resumed, evaluation)
+    for key in (*RESULTS, "scalars"):
+        assert outcome[key] == straight[key], key
 
 
 @pytest.mark.parametrize("case", ["milenas-dp", "darts2-dp"])

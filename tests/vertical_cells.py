@@ -27,7 +27,8 @@ from fedrepro.seeding import derive_seed  # noqa: E402
 from fedrepro.vfl.nodes import LocalTransport, PartyWorker, VerticalHub, VerticalRecipe, party_state  # noqa: E402
 from fedrepro.vfl.privacy import GaussianMechanism  # noqa: E402
 from fedrepro.vfl.protocol import Party, VerticalProtocol  # noqa: E402
-from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, make_optimizers  # noqa: E402
+from fedrepro.vfl.search import (DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at,  # noqa: E402
+                                 make_optimizers)
 
 N, D_OUT, CLASSES, BATCH, STEPS, SEED = 48, 4, 3, 8, 3, 11
 DIMS = (3, 4, 5)
@@ -62,7 +63,8 @@ class TinySearchable(nn.Module):
 
 def tiny_party(index: int, parties: int, label: int, seed: int) -> Party:
     """Party ``index`` alone: its own columns (and the labels and top network if it is the label party)."""
-    features = torch.randn(N, DIMS[index], generator=torch.Generator().manual_seed(derive_seed(seed, "columns", index))) * 3
+    columns = torch.Generator().manual_seed(derive_seed(seed, "columns", index))
+    features = torch.randn(N, DIMS[index], generator=columns) * 3
     torch.manual_seed(derive_seed(seed, "bottom", index))
     bottom = TinySearchable(DIMS[index], D_OUT)
     if index != label:
@@ -87,7 +89,8 @@ def learning_rate(step: int) -> float:
 
 
 def digest(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
-    return {name: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16] for name, t in sorted(tensors.items())}
+    return {name: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+            for name, t in sorted(tensors.items())}
 
 
 def outcome(history, channel, eval_channel, ledger, evaluation, states: dict[str, dict[str, torch.Tensor]]) -> dict:
@@ -101,15 +104,16 @@ def in_process(recipe: VerticalRecipe) -> dict:
     """The reference: ``VerticalProtocol`` and the rule of ``fedrepro.vfl.search``, every party in this process."""
     torch.set_num_threads(recipe.threads)
     protocol = VerticalProtocol([recipe.build_party(j) for j in range(recipe.parties)],
-                                forward_mechanisms=recipe.forward_mechanism, backward_mechanism=recipe.backward_mechanism,
+                                forward_mechanisms=recipe.forward_mechanism,
+                                backward_mechanism=recipe.backward_mechanism,
                                 seed=recipe.seed, split_sizes=dict(recipe.split_sizes))
     weights, arch = make_optimizers(protocol, **recipe.optimizers)
     search: Search = {"train": lambda: SplitTraining(protocol, weights, arch, grad_clip=recipe.grad_clip),
                       "darts": lambda: DartsSearch(protocol, weights, arch, grad_clip=recipe.grad_clip,
                                                    second_order=recipe.second_order, xi=recipe.xi, r=recipe.r,
                                                    global_norm=recipe.global_norm),
-                      "milenas": lambda: MiLeNASSearch(protocol, weights, arch, grad_clip=recipe.grad_clip, lam=recipe.lam,
-                                                       bundle=recipe.bundle)}[recipe.rule]()
+                      "milenas": lambda: MiLeNASSearch(protocol, weights, arch, grad_clip=recipe.grad_clip,
+                                                       lam=recipe.lam, bundle=recipe.bundle)}[recipe.rule]()
     while protocol.step < STEPS:
         s = protocol.step
         for optimizer in weights:
@@ -125,20 +129,31 @@ def drive(hub: VerticalHub) -> dict:
     """What the label party runs: the steps, then one evaluation."""
     while hub.step < STEPS:
         s = hub.step
-        hub.run_step(batch_at(TRAIN, BATCH, s, hub.recipe.seed, "train"), batch_at(VAL, BATCH, s, hub.recipe.seed, "val"),
+        seed = hub.recipe.seed
+        hub.run_step(batch_at(TRAIN, BATCH, s, seed, "train"), batch_at(VAL, BATCH, s, seed, "val"),
                      lr=learning_rate(s))
     return hub.evaluate(TEST, batch_size=5, split="test")
 
 
-def local_nodes(recipe: VerticalRecipe, work: Path) -> dict:
-    """The node protocol with the other parties' workers called in this process (no network)."""
+def local_hub(recipe: VerticalRecipe, work: Path) -> VerticalHub:
+    """The node protocol with the other parties' workers called in this process (no network), each with its own
+    directory under ``work``."""
     torch.set_num_threads(recipe.threads)
     workers = {j: PartyWorker(recipe, recipe.build_party(j), work / f"party_{j}") for j in recipe.others}
-    hub = VerticalHub(recipe, recipe.build_party(recipe.label), LocalTransport(workers))
+    return VerticalHub(recipe, recipe.build_party(recipe.label), LocalTransport(workers))
+
+
+def local_outcome(hub: VerticalHub, evaluation: dict) -> dict:
+    workers = hub.transport.workers.values()
+    states = {hub.party.name: party_state(hub.party)} | {w.party.name: party_state(w.party) for w in workers}
+    return outcome(hub.history, hub.channel, hub.eval_channel, hub.ledger, evaluation, dict(sorted(states.items())))
+
+
+def local_nodes(recipe: VerticalRecipe, work: Path) -> dict:
+    hub = local_hub(recipe, work)
     evaluation = drive(hub)
     hub.save_parties()
-    states = {hub.party.name: party_state(hub.party)} | {w.party.name: party_state(w.party) for w in workers.values()}
-    return outcome(hub.history, hub.channel, hub.eval_channel, hub.ledger, evaluation, dict(sorted(states.items())))
+    return local_outcome(hub, evaluation)
 
 
 def flower_nodes(recipe: VerticalRecipe, work: Path) -> dict:
@@ -153,8 +168,8 @@ def flower_nodes(recipe: VerticalRecipe, work: Path) -> dict:
     hub, evaluation = simulation.run()
     states = {hub.party.name: party_state(hub.party)}
     for j in recipe.others:
-        name = f"party_{j}"
-        states[name] = load_file(str(simulation.party_directory(j) / f"{name}.safetensors"))
+        saved = load_file(str(simulation.party_directory(j) / f"step-{STEPS:06d}" / f"party_{j}.safetensors"))
+        states[f"party_{j}"] = {name: t for name, t in saved.items() if not name.startswith("optimizer.")}
     return outcome(hub.history, hub.channel, hub.eval_channel, hub.ledger, evaluation, dict(sorted(states.items())))
 
 

@@ -23,23 +23,27 @@ cross as in ``VerticalProtocol.global_norm`` (a party's squared norm rides on it
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 from torch.nn import functional as F
 
 from fedrepro.errors import FederationError
-from fedrepro.fl.channel import Channel
+from fedrepro.fl.channel import Channel, Message
+from fedrepro.io import atomic_dir, read_json, write_json
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
 from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, GRADNORM, Party, PartyGrads, Pass, _accuracy, _grad,
                                    _split_grads, concat_dim1, noise_generator, party_name, set_grads)
-from fedrepro.vfl.search import batch_at, party_optimizers
+from fedrepro.vfl.search import _flatten_optimizer, _restore_optimizer, batch_at, party_optimizers
 
-FORWARD, BACKWARD, UPDATE, SAVE = "forward", "backward", "update", "save"
+FORWARD, BACKWARD, UPDATE, SAVE, LOAD = "forward", "backward", "update", "save", "load"
 RULES = ("train", "darts", "milenas")
 
 
@@ -143,6 +147,29 @@ class OwnSide:
             for w, b, g in zip(weights, self.saved, self.grads[update["split"]].weights):
                 w.copy_(b + update["scale"] * g)
 
+    def save(self, path: Path) -> None:
+        """Its networks (``party_state``) and optimizers, between steps; the optimizers' JSON part in the metadata."""
+        tensors, meta = party_state(self.party), {}
+        for kind, optimizer in (("weights", self.weight_optimizer), ("arch", self.arch_optimizer)):
+            if optimizer is not None:
+                flat, meta[kind] = _flatten_optimizer(optimizer)
+                tensors |= {f"optimizer.{kind}.{k}": v for k, v in flat.items()}
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path),
+                  metadata={"optimizers": json.dumps(meta)})
+
+    def load(self, path: Path) -> None:
+        """Restore, in place, what ``save`` wrote."""
+        with safe_open(str(path), "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            meta = json.loads(f.metadata()["optimizers"])
+        for name, module in self.party.modules().items():
+            module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
+        for kind, optimizer in (("weights", self.weight_optimizer), ("arch", self.arch_optimizer)):
+            if optimizer is not None:
+                prefix = f"optimizer.{kind}."
+                flat = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+                _restore_optimizer(optimizer, flat, meta[kind])
+
     def squared_norm(self, slot: str) -> torch.Tensor:
         """Its share of DARTS's global gradient norm: the sum of its squared weight gradients."""
         return sum(((g ** 2).sum() for g in self.grads[slot].weights), torch.zeros(()))
@@ -175,10 +202,12 @@ class PartyWorker:
             for update in command["updates"]:
                 self.own.apply(update)
         elif op == SAVE:
-            self.save()
+            self.save(int(command["step"]), command.get("keep"))
+        elif op == LOAD:
+            self.own.load(self.checkpoint(int(command["step"])))
         else:
             raise ValueError(f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {UPDATE}, "
-                             f"{SAVE})")
+                             f"{SAVE}, {LOAD})")
         return {}
 
     def forward(self, command: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -220,13 +249,21 @@ class PartyWorker:
             return {}
         return {f"{GRADNORM}{self.party.name}": self.own.squared_norm(command["norm_of"]).detach().reshape(())}
 
-    def save(self) -> None:
-        """Its networks into its own directory (``<party>.safetensors``), where only this party reads them."""
+    def checkpoint(self, step: int) -> Path:
+        """Its file of the state after ``step`` steps, in its own directory, where only this party reads it."""
         if self.directory is None:
-            raise FederationError(f"{self.party.name}: told to save its networks, but it has no directory of its own")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in party_state(self.party).items()},
-                  str(self.directory / f"{self.party.name}.safetensors"))
+            raise FederationError(f"{self.party.name}: told to save or load its state, but it has no directory of "
+                                  "its own")
+        return self.directory / f"step-{step:06d}" / f"{self.party.name}.safetensors"
+
+    def save(self, step: int, keep: int | None) -> None:
+        """Its networks and optimizers after ``step`` steps; of its older checkpoints only ``keep`` (the label party's
+        last complete one, which a resume may still need) stays."""
+        with atomic_dir(self.checkpoint(step).parent) as tmp:
+            self.own.save(tmp / f"{self.party.name}.safetensors")
+        for old in self.directory.glob("step-*"):
+            if old.name not in {f"step-{step:06d}", f"step-{keep:06d}" if keep is not None else ""}:
+                shutil.rmtree(old)
 
 
 class Transport(Protocol):
@@ -261,6 +298,8 @@ class VerticalHub:
         self.ledger = PrivacyLedger()
         self.history: list[dict[str, Any]] = []
         self.step = self.evaluations = self._exchange = 0
+        self.checkpointed: int | None = None
+        """The step of the last complete ``save_state`` (every party's file and the label party's written)."""
 
     def _rate(self, split: str, batch: torch.Tensor) -> float:
         size = self.split_sizes.get(split)
@@ -468,6 +507,38 @@ class VerticalHub:
         self.evaluations += 1
         return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
 
+    def save_state(self, directory: str | Path) -> None:
+        """Between steps: every other party saves its networks and optimizers in its own directory, then the label
+        party writes ``directory`` atomically (its own file, and ``state.json``: the step, the history, the channel
+        logs, the ledger). A run killed in between resumes from the previous complete state, which every party
+        still keeps."""
+        self.transport.exchange(SAVE, {j: ({"step": self.step, "keep": self.checkpointed}, {}) for j in self.others})
+        with atomic_dir(Path(directory)) as tmp:
+            self.own.save(tmp / f"{self.hub}.safetensors")
+            write_json(tmp / "state.json", {
+                "fingerprint": self.recipe.fingerprint, "step": self.step, "evaluations": self.evaluations,
+                "history": self.history, "ledger": self.ledger.state(),
+                **{f"{name}_{log}": [m.to_record() for m in getattr(channel, log)]
+                   for name, channel in (("channel", self.channel), ("eval_channel", self.eval_channel))
+                   for log in ("messages", "scalars")}})
+        self.checkpointed = self.step
+
+    def load_state(self, directory: str | Path) -> None:
+        """Restore, in place, what ``save_state`` wrote, and tell every other party to load its file of that step."""
+        directory = Path(directory)
+        meta = read_json(directory / "state.json")
+        if meta["fingerprint"] != self.recipe.fingerprint:
+            raise ValueError(f"{directory}: a checkpoint of run {meta['fingerprint']}, not {self.recipe.fingerprint}")
+        self.own.load(directory / f"{self.hub}.safetensors")
+        self.step, self.evaluations, self._exchange = meta["step"], meta["evaluations"], 0
+        self.history = [dict(record) for record in meta["history"]]
+        self.ledger.load(meta["ledger"])
+        for name, channel in (("channel", self.channel), ("eval_channel", self.eval_channel)):
+            for log in ("messages", "scalars"):
+                setattr(channel, log, [Message.from_record(r) for r in meta[f"{name}_{log}"]])
+        self.transport.exchange(LOAD, {j: ({"step": self.step}, {}) for j in self.others})
+        self.checkpointed = self.step
+
     def save_parties(self) -> None:
-        """Every other party writes its networks into its own directory (nothing crosses)."""
-        self.transport.exchange(SAVE, {j: ({}, {}) for j in self.others})
+        """Every other party saves its final networks and optimizers in its own directory (nothing crosses)."""
+        self.transport.exchange(SAVE, {j: ({"step": self.step, "keep": self.checkpointed}, {}) for j in self.others})

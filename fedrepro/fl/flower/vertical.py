@@ -170,8 +170,11 @@ class VerticalSimulation:
     the hub and what ``drive`` returned. At the end every party saves its networks into its own directory
     (``party_directory``), which the harness, owning every node's directory on this machine, may read."""
 
-    def __init__(self, recipe: VerticalRecipe, root: str | Path, drive: Callable[[VerticalHub], Any]) -> None:
-        self.recipe, self.drive = recipe, drive
+    def __init__(self, recipe: VerticalRecipe, root: str | Path, drive: Callable[[VerticalHub], Any],
+                 nodes_timeout: float = 900.0) -> None:
+        self.recipe, self.drive, self.nodes_timeout = recipe, drive, nodes_timeout
+        """How long the label party waits for every node to say which party it holds: the Ray actor starts on the
+        first message, which took over 120 s on the 2-core machine under a full load."""
         self.nodes_root = (Path(root) / NODES).resolve()
 
     def party_directory(self, index: int) -> Path:
@@ -186,7 +189,8 @@ class VerticalSimulation:
             try:
                 torch.set_num_threads(self.recipe.threads)
                 label = self.recipe.build_party(self.recipe.label)
-                hub = VerticalHub(self.recipe, label, FlowerTransport(grid, self.recipe))
+                transport = FlowerTransport(grid, self.recipe, nodes_timeout=self.nodes_timeout)
+                hub = VerticalHub(self.recipe, label, transport)
                 done["result"] = self.drive(hub)
                 hub.save_parties()
                 done["hub"] = hub
