@@ -148,6 +148,10 @@ class TrainParams(_Strict):
     # client's round of 1,000 triples on a 6-layer MiniLM takes several minutes there, so the default (an hour) lets a
     # slow CPU round of every client finish; a lost silo costs its round that long at most. No "no limit" value.
     reply_timeout: float = Field(gt=0, description="seconds a flower-deployment server waits for a round's replies")
+    # How long one cell's flower-deployment run may take in all before the stage stops it (its checkpoints stay, so
+    # rerunning the stage resumes). A day by default: a CPU-scale FedMatch cell runs its rounds' ClientApps one at a
+    # time on 2 cores, tens of minutes a round; a run that hangs in a way no reply timeout catches still ends.
+    run_timeout: float = Field(gt=0, description="seconds one cell's flower-deployment run may take in all")
 
     @field_validator("precision")
     @classmethod

@@ -43,8 +43,8 @@ from fedrepro.errors import FederationError
 from fedrepro.fl.checkpoint import LATEST
 from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.certificates import make_certificates, make_node_key
-from fedrepro.fl.flower.federation import (CONNECTION, MARK, STATUS_EVERY_SECONDS, TASK_POLL_SECONDS,
-                                           stopped_cleanly_on_sigterm, wait_until, write_app)
+from fedrepro.fl.flower.federation import (CONNECTION, MARK, TASK_POLL_SECONDS, listed_run,
+                                           stopped_cleanly_on_sigterm, wait_for_run, wait_until, write_app)
 from fedrepro.fl.recipe import load_recipe, write_recipe_spec
 from fedrepro.io import atomic_file, read_json
 
@@ -274,31 +274,16 @@ def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: fl
         checkpoint_dir = work / "server"
         app = write_app(work / "run" / "app", spec.resolve(), checkpoint_dir, reply_timeout)
         run_id = str(json.loads(hosts.flwr("run", str(app), CONNECTION, "--format", "json"))["run-id"])
-        asked = time.monotonic()
 
         def listing() -> dict:
             if link.poll() is not None:
                 raise FederationError(f"the SuperLink exited ({link.returncode}) during Flower run {run_id}: see "
                                       f"{work / 'logs'}")
-            runs = json.loads(hosts.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json")).get("runs")
-            if not runs:
-                raise FederationError(f"`flwr ls --run-id {run_id}` did not list Flower run {run_id}")
-            return runs[0]
+            return listed_run(hosts.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json"), run_id)
 
-        def finished() -> bool:
-            nonlocal asked
-            done = last_round_checkpointed(checkpoint_dir, recipe.settings.rounds)
-            if not done and time.monotonic() - asked < STATUS_EVERY_SECONDS:
-                return False
-            asked = time.monotonic()
-            return listing()["status"].startswith("finished")
-
-        wait_until(finished, timeout, f"Flower run {run_id}")
-        entry = listing()
-        if entry["status"] != "finished:completed":
-            log = hosts.flwr("log", run_id, CONNECTION, "--show")
-            raise FederationError(f"Flower run {run_id} ended {entry['status']}: {log[-3000:]}")
-        return entry
+        return wait_for_run(run_id, listing, lambda: hosts.flwr("log", run_id, CONNECTION, "--show"), timeout,
+                            lambda: last_round_checkpointed(checkpoint_dir, recipe.settings.rounds),
+                            timeout_name=f"--timeout {timeout:g}")
 
 
 def main() -> None:

@@ -249,7 +249,7 @@ def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
     assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "other inputs")
     changed = params.model_copy(update={"train": params.train.model_copy(update={"lr": 0.123})})
     assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
-    waits = params.model_copy(update={"train": params.train.model_copy(update={"reply_timeout": 5.0})})
+    waits = params.model_copy(update={"train": params.train.model_copy(update={"reply_timeout": 5.0, "run_timeout": 9.0})})
     assert runs.run_fingerprint(waits, Cell("fedavg", 0), "inputs") == base, "how long a server waits shapes no run"
     settings = params.fedmatch.settings.model_copy(update={"matcher_dim": 7})
     changed = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})

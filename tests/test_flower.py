@@ -126,6 +126,33 @@ def test_methods_that_share_nothing_train_in_process_on_every_runtime(tmp_path):
     assert type(build_runtime(individual, "flower-simulation", tmp_path, progress=False)) is Engine
 
 
+def test_waiting_for_a_flower_run_names_its_timeout_and_a_failed_runs_log(monkeypatch):
+    """``wait_for_run`` (the deployment's and the several-hosts script's wait): a run past its timeout raises naming
+    the setting; one that ended otherwise than completed raises with its log; Flower is asked at once when the last
+    checkpoint looks written, else only every STATUS_EVERY_SECONDS."""
+    from fedrepro.errors import FederationError
+    from fedrepro.fl.flower import federation
+
+    monkeypatch.setattr(federation.time, "sleep", lambda _: None)
+    asked: list[str] = []
+    statuses = iter(["running", "finished:completed", "finished:completed"])
+
+    def listing() -> dict:
+        asked.append("ls")
+        return {"run-id": 7, "status": next(statuses)}
+
+    entry = federation.wait_for_run("7", listing, lambda: "", 60, looks_done=lambda: True)
+    assert entry["status"] == "finished:completed" and asked == ["ls"] * 3
+    asked.clear()
+    with pytest.raises(FederationError, match=r"Flower run 7 ended finished:failed: .*ClientApp raised"):
+        federation.wait_for_run("7", lambda: {"status": "finished:failed"}, lambda: "log ... ClientApp raised", 60,
+                                looks_done=lambda: True)
+    with pytest.raises(FederationError, match=r"timed out after 0\.01 s waiting for Flower run 7 to end \("
+                                              r"train\.run_timeout = 0\.01 s; .* resumes"):
+        federation.wait_for_run("7", listing, lambda: "", 0.01, timeout_name="train.run_timeout = 0.01 s")
+    assert asked == [], "without a final checkpoint, Flower is not asked before STATUS_EVERY_SECONDS"
+
+
 def test_an_unknown_runtime_names_the_param_and_the_choices(tmp_path):
     with pytest.raises(ConfigError, match=r"train.runtime = 'ray': allowed \['engine', 'flower-simulation'"):
         build_runtime(recipe("qa/fedavg"), "ray", tmp_path)

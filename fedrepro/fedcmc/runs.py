@@ -160,7 +160,8 @@ def build_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: P
     """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
     recipe = cell_recipe(params, cell, prepared_dir, partitions_dir, tokenizer_dir, inputs_digest)
     train = params.train
-    return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout)
+    return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout,
+                         run_timeout=train.run_timeout)
 
 
 def cell_inputs(cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path) -> tuple[Path, ...]:

@@ -34,8 +34,8 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed. ``params`` as the grid has them: the cell's sweep point is applied here."""
     params = cell_params(params, cell)
-    # reply_timeout only says how long a deployment's server waits: a run whose every client answers is the same
-    train = params.train.model_dump(exclude={"reply_timeout"})
+    # the timeouts only say how long a deployment waits: a run whose every client answers in time is the same
+    train = params.train.model_dump(exclude={"reply_timeout", "run_timeout"})
     return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": train,
                                              "fedmatch": params.fedmatch.settings.model_dump(),
                                              "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")})
@@ -164,7 +164,8 @@ def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path,
     """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
     recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest)
     train = cell_params(params, cell).train
-    return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout)
+    return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout,
+                         run_timeout=train.run_timeout)
 
 
 def cell_inputs(cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> tuple[Path, ...]:

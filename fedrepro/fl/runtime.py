@@ -16,10 +16,11 @@ from fedrepro.fl.recipe import CellRecipe
 
 
 def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, progress: bool = True,
-                  on_round_end: Callable[[dict[str, Any]], None] | None = None, reply_timeout: float | None = None
-                  ) -> Engine:
+                  on_round_end: Callable[[dict[str, Any]], None] | None = None, reply_timeout: float | None = None,
+                  run_timeout: float = 86400) -> Engine:
     """The runtime that trains ``recipe``; it resumes from ``checkpoint_dir`` when that holds this very run.
-    ``reply_timeout`` (``train.reply_timeout``) bounds how long a deployment's server waits for a round's replies.
+    ``reply_timeout`` (``train.reply_timeout``) bounds how long a deployment's server waits for a round's replies,
+    ``run_timeout`` (``train.run_timeout``) how long its whole run may take.
 
     A method that shares nothing (individual, centralised, CoverQuery) has no federation to run, so every
     runtime trains it in process.
@@ -37,4 +38,4 @@ def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, 
         return FlowerSimulation(recipe, task, algorithm, checkpoint_dir, progress, on_round_end)
     from fedrepro.fl.flower.deployment import FlowerDeployment
 
-    return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress, reply_timeout=reply_timeout)
+    return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress, run_timeout, reply_timeout)

@@ -37,11 +37,12 @@ class FlowerDeployment(Engine):
     """
 
     def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
-                 progress: bool = True, timeout: float = 3600, reply_timeout: float | None = None) -> None:
+                 progress: bool = True, timeout: float = 86400, reply_timeout: float | None = None) -> None:
         if recipe.spec is None:
             raise FederationError("a deployment rebuilds the cell in other processes: its recipe needs a spec")
         super().__init__(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress)
         self.recipe, self.timeout = recipe, timeout
+        """Seconds the whole run may take (``train.run_timeout``): past it the stage stops; rerunning resumes."""
         self.checkpoint_dir = self.checkpoint_dir.resolve()
         self.nodes_root = self.checkpoint_dir / "nodes"
         self.federation_dir = self.checkpoint_dir / "federation"

@@ -94,6 +94,41 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.5)
 
 
+def listed_run(answer: str, run_id: str) -> dict[str, Any]:
+    """Run ``run_id``'s entry in ``flwr ls --run-id <id> --format json``'s ``answer`` (that command exits 0 with
+    ``"success": false`` when it cannot answer, so a missing entry is the error)."""
+    runs = json.loads(answer).get("runs")
+    if not runs:
+        raise FederationError(f"`flwr ls --run-id {run_id}` did not list Flower run {run_id}: {answer[-2000:]}")
+    return runs[0]
+
+
+def wait_for_run(run_id: str, listing: Callable[[], dict[str, Any]], log: Callable[[], str], timeout: float,
+                 looks_done: Callable[[], bool] = lambda: False, on_poll: Callable[[], None] = lambda: None,
+                 timeout_name: str = "the run's timeout") -> dict[str, Any]:
+    """Wait until Flower run ``run_id`` is over and return its ``flwr ls`` entry (``listing()``); one that did not
+    complete raises with the end of its log (``log()``). Flower is asked when ``looks_done()`` (say, the last
+    checkpoint is there), else every ``STATUS_EVERY_SECONDS`` (each ask is a CLI process); ``on_poll`` runs on every
+    poll (a harness checks its processes there). Past ``timeout`` seconds (``timeout_name`` says which setting that
+    is) it raises; the server's checkpoints stay, so running it again resumes."""
+    asked = time.monotonic()
+
+    def finished() -> bool:
+        nonlocal asked
+        on_poll()
+        if not looks_done() and time.monotonic() - asked < STATUS_EVERY_SECONDS:
+            return False
+        asked = time.monotonic()
+        return listing()["status"].startswith("finished")
+
+    wait_until(finished, timeout, f"Flower run {run_id} to end ({timeout_name}; the server's checkpoints are kept, "
+                                  f"so running it again resumes from the last one)")
+    run = listing()
+    if run["status"] != "finished:completed":
+        raise FederationError(f"Flower run {run_id} ended {run['status']}: {log()[-3000:]}")
+    return run
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc), children first found first."""
     children: dict[int, list[int]] = {}
@@ -302,37 +337,25 @@ class LocalFederation:
     def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None,
                 looks_done: Callable[[], bool] = lambda: False, nodes_timeout: float = NODES_TIMEOUT
                 ) -> dict[str, Any]:
-        """``flwr run`` the cell's app; wait until the run is over; return its entry of ``flwr ls``. Flower is asked
-        for the run's status when ``looks_done()`` (say, the last checkpoint is there), else every few seconds."""
+        """``flwr run`` the cell's app; wait until the run is over (at most ``timeout`` seconds,
+        ``train.run_timeout``); return its entry of ``flwr ls`` (see ``wait_for_run``)."""
         app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout, nodes_timeout)
         started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
         run_id = str(started["run-id"])
-        asked = time.monotonic()
 
         def listing() -> dict[str, Any]:
-            """The run's entry of ``flwr ls`` (which exits 0 with ``"success": false`` when it cannot answer)."""
             self.check_superlink(run_id)
-            answer = self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout
-            runs = json.loads(answer).get("runs")
-            if not runs:
-                raise FederationError(f"`flwr ls --run-id {run_id}` did not list Flower run {run_id}: {answer[-2000:]}")
-            return runs[0]
+            return listed_run(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout, run_id)
 
-        def finished() -> bool:
-            nonlocal asked
+        def log() -> str:
+            shown = self.flwr("log", run_id, CONNECTION, "--show", check=False)
+            return shown.stdout + shown.stderr
+
+        def on_poll() -> None:
             self.end_dead_supernodes()
-            if not looks_done() and time.monotonic() - asked < STATUS_EVERY_SECONDS:
-                self.check_superlink(run_id)
-                return False
-            asked = time.monotonic()
-            return listing()["status"].startswith("finished")
+            self.check_superlink(run_id)
 
-        wait_until(finished, timeout, f"Flower run {run_id}")
-        run = listing()
-        if run["status"] != "finished:completed":
-            log = self.flwr("log", run_id, CONNECTION, "--show", check=False)
-            raise FederationError(f"Flower run {run_id} ended {run['status']}: {(log.stdout + log.stderr)[-3000:]}")
-        return run
+        return wait_for_run(run_id, listing, log, timeout, looks_done, on_poll, f"train.run_timeout = {timeout:g} s")
 
     def check_superlink(self, run_id: str) -> None:
         """Raise ``FederationError`` if the SuperLink has exited (the run cannot go on without it)."""
