@@ -16,30 +16,12 @@ from fedrepro.errors import DataError
 from fedrepro.vfl.privacy import GaussianMechanism
 from fedrepro.vfl.protocol import Party, VerticalProtocol, parties_from_vertical
 from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Searchable, load_state, make_optimizers, save_state
+from toy import TinySearchable
 
 N, D_OUT, CLASSES, BATCH = 64, 4, 3, 16
 DIMS = [3, 4, 5]
 TRAIN, VAL = torch.arange(0, 32), torch.arange(32, 64)
 SETUPS = [(2, 1), (3, 0)]  # (K, label party): digits-halves style and the released code's layout
-
-
-class TinySearchable(nn.Module):
-    """Two candidate ops mixed by softmax(alpha): the smallest thing with both weights and alphas."""
-
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.ops = nn.ModuleList([nn.Linear(d_in, d_out), nn.Sequential(nn.Linear(d_in, d_out), nn.Tanh())])
-        self.alpha = nn.Parameter(0.5 * torch.randn(2))
-
-    def arch_parameters(self):
-        return [self.alpha]
-
-    def weight_parameters(self):
-        return list(self.ops.parameters())
-
-    def forward(self, x):
-        mix = torch.softmax(self.alpha, 0)
-        return sum(m * op(x) for m, op in zip(mix, self.ops))
 
 
 def build(k, label, seed=0, init_seed=0, forward=None, backward=None, dtype=torch.float32):

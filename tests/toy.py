@@ -196,3 +196,22 @@ class FaultyNodesTask(ToyTask):
         if self.crashes in client_ids:
             raise OSError(f"client {self.crashes}: its disk failed")
         yield from super().train_batches(client_ids, generator)
+
+
+class TinySearchable(nn.Module):
+    """Two candidate ops mixed by softmax(alpha): the smallest thing with both weights and alphas."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.ops = nn.ModuleList([nn.Linear(d_in, d_out), nn.Sequential(nn.Linear(d_in, d_out), nn.Tanh())])
+        self.alpha = nn.Parameter(0.5 * torch.randn(2))
+
+    def arch_parameters(self):
+        return [self.alpha]
+
+    def weight_parameters(self):
+        return list(self.ops.parameters())
+
+    def forward(self, x):
+        mix = torch.softmax(self.alpha, 0)
+        return sum(m * op(x) for m, op in zip(mix, self.ops))

@@ -29,6 +29,7 @@ from fedrepro.vfl.privacy import GaussianMechanism  # noqa: E402
 from fedrepro.vfl.protocol import Party, VerticalProtocol  # noqa: E402
 from fedrepro.vfl.search import (DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at,  # noqa: E402
                                  make_optimizers)
+from toy import TinySearchable  # noqa: E402
 
 N, D_OUT, CLASSES, BATCH, STEPS, SEED = 48, 4, 3, 8, 3, 11
 DIMS = (3, 4, 5)
@@ -40,25 +41,6 @@ RULES = {"train": ("train", {}), "darts": ("darts", {}), "darts2": ("darts", {"s
 CASES = ("darts", "darts2", "darts2fixed", "milenas", "milenas_unbundled", "train", "darts-dp", "darts2-dp",
          "milenas-dp", "train-dp")
 """rule[-dp]: three parties, the label party in the middle; -dp: both mechanisms on."""
-
-
-class TinySearchable(nn.Module):
-    """Two candidate ops mixed by softmax(alpha): the smallest bottom network with weights and alphas."""
-
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.ops = nn.ModuleList([nn.Linear(d_in, d_out), nn.Sequential(nn.Linear(d_in, d_out), nn.Tanh())])
-        self.alpha = nn.Parameter(0.5 * torch.randn(2))
-
-    def arch_parameters(self):
-        return [self.alpha]
-
-    def weight_parameters(self):
-        return list(self.ops.parameters())
-
-    def forward(self, x):
-        mix = torch.softmax(self.alpha, 0)
-        return sum(m * op(x) for m, op in zip(mix, self.ops))
 
 
 def tiny_party(index: int, parties: int, label: int, seed: int) -> Party:
