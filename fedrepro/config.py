@@ -152,6 +152,19 @@ class TrainParams(_Strict):
     # rerunning the stage resumes). A day by default: a CPU-scale FedMatch cell runs its rounds' ClientApps one at a
     # time on 2 cores, tens of minutes a round; a run that hangs in a way no reply timeout catches still ends.
     run_timeout: float = Field(gt=0, description="seconds one cell's flower-deployment run may take in all")
+    # Silo-local data (fedrepro.fl.silo) on Flower: each cell's data laid out one directory per client under the
+    # cell's checkpoint folder, each node reading its own client's alone and the server only the manifest; each
+    # client's final evaluation runs on a task built from its own directory. The engine trains every client in one
+    # process, so it refuses this; methods that share nothing train in process on the whole task on every runtime.
+    silo_local: bool = Field(description="on Flower, every node reads only its own client's data directory")
+
+    @field_validator("silo_local")
+    @classmethod
+    def _silo_local_on_flower(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("runtime") == "engine":
+            raise ValueError("needs train.runtime flower-simulation or flower-deployment: the engine trains every "
+                             "client in one process, from the whole data")
+        return value
 
     @field_validator("precision")
     @classmethod

@@ -49,6 +49,10 @@ SILO_CASES = ("silo-relation/scaffold", "silo-relation/fedrs", "deploy-silo-rela
 """On silo-local data (``fedrepro.fl.silo``): each node reads only its own client's directory, the server only the
 manifest, and the global model is scored from the clients' per-class counts. The deployment's node directories hold
 their own client's files alone (the others removed) and the server's silos folder the manifest alone."""
+STAGE_SILO_CASES = ("stage-silo/fedcmc", "stage-silo/fedmatch")
+"""A paper's own ``run_cell`` (the train stage's) on a tiny embedded-scale cell, in the engine and with
+``train.silo_local`` on the Flower simulation: the silos laid out under the cell's checkpoint folder, each client's
+final evaluation on its own directory's task."""
 FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
 SUPERLINK_KILL_CASE = "superlink-kill-relation/fedavg"
 CRASHES, DIVERGES = "c", "a"
@@ -133,6 +137,8 @@ def run_case(case: str, work: Path) -> dict:
         return run_superlink_kill(work)
     if case in SILO_CASES:
         return run_silo_local(case, work)
+    if case in STAGE_SILO_CASES:
+        return run_stage_silo_local(case, work)
     result = {}
     for runtime in ("engine", "flower-simulation"):
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
@@ -362,6 +368,71 @@ def run_faults(case: str, work: Path) -> dict:
     except TrainingDiverged as error:
         result["diverged"] = str(error)
     result["history"] = load_checkpoint(cell.checkpoint_dir, cell.fingerprint).history
+    return result
+
+
+def stage_silo_data(paper: str, folder: Path) -> tuple:
+    """A tiny cell of ``paper`` at embedded scale (2 rounds) and the folders its ``run_cell`` reads."""
+    import pandas as pd
+
+    from fedrepro.config import parse_params
+    from fedrepro.io import write_json, write_table
+    from fedrepro.models.backbone import train_wordpiece
+    from test_config import with_change
+    from toy import relation_parts
+
+    params = parse_params(with_change("scale", "embedded"))
+    tokenizer_dir = folder / "tokenizer"
+    if paper == "fedcmc":
+        from fedrepro.fedcmc.cells import Cell
+
+        settings = params.fedcmc.settings.model_copy(update={"rounds": 2})
+        params = params.model_copy(update={"fedcmc": params.fedcmc.model_copy(update={"settings": settings})})
+        corpus, assignment, tokenizer = relation_parts()
+        cell = Cell("fedavg", "synthetic", 0.5, 3, 1, 0)
+        prepared, partitions = folder / "prepared", folder / "partitions"
+        write_table(prepared / cell.dataset / "table.parquet", corpus.table)
+        write_table(partitions / cell.partition / "assignment.parquet", assignment)
+        write_json(partitions / cell.partition / "partition.json", {"classes": corpus.classes})
+        tokenizer.save_pretrained(tokenizer_dir)
+        return params, cell, (prepared, partitions, tokenizer_dir)
+    from fedrepro.fedmatch.cells import Cell
+
+    params = params.model_copy(update={"train": params.train.model_copy(update={"rounds": 2})})
+    mined, texts = folder / "mined", []
+    for index, client_id in enumerate(["bank", "clinic", "insurer"]):
+        rows = [(f"{client_id}{q}", f"how do i file claim {q} at the {client_id}", f"p{q}", f"file form {q} online",
+                 f"n{q}{j}", f"policy rider {j} of {client_id}") for q in range(4 + 2 * index) for j in range(2)]
+        candidates = [(split, f"{client_id}{q}", f"how do i file claim {q}", f"a{q}{k}", f"answer {k} form {q}",
+                       int(k == q % 3)) for split in ("valid", "test") for q in range(3) for k in range(3)]
+        write_table(mined / client_id / "triples.parquet", pd.DataFrame(rows, columns=[
+            "question_id", "question", "positive_id", "positive", "negative_id", "negative"]))
+        write_table(mined / client_id / "candidates.parquet", pd.DataFrame(candidates, columns=[
+            "split", "question_id", "question", "answer_id", "answer", "relevance"]))
+        texts += [text for row in rows for text in (row[1], row[3], row[5])] + [row[4] for row in candidates]
+    train_wordpiece(pd.Series(texts), 300).save_pretrained(tokenizer_dir)
+    return params, Cell("fedmatch_h_lr", 0), (mined, tokenizer_dir)
+
+
+def run_stage_silo_local(case: str, work: Path) -> dict:
+    """The paper's ``run_cell`` twice on the same cell: the engine, and flower-simulation with ``train.silo_local``;
+    each one's metrics and output files, and what the silo-local run laid out under its checkpoint folder."""
+    from fedrepro.fl.silo import SILOS
+
+    paper = case.split("/")[1]
+    runs = __import__(f"fedrepro.{paper}.runs", fromlist=["run_cell"])
+    params, cell, folders = stage_silo_data(paper, work / case / "data")
+    on_silos = params.model_copy(update={"train": params.train.model_copy(
+        update={"runtime": "flower-simulation", "silo_local": True})})
+    result = {}
+    for name, cell_params in (("engine", params), ("flower", on_silos)):
+        out, checkpoints = work / case / name / "out", work / case / name / "checkpoints"
+        metrics = runs.run_cell(cell_params, cell, *folders, out, checkpoints, "inputs")
+        files = {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*"))
+                 if p.is_file() and p.name != "metrics.json"}
+        result[name] = {"metrics": json.loads(json.dumps(metrics)), "files": files}
+    silos = work / case / "flower" / "checkpoints" / SILOS
+    result["silos"] = {p.name: sorted(f.name for f in p.iterdir()) if p.is_dir() else None for p in silos.iterdir()}
     return result
 
 

@@ -106,6 +106,7 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeyp
     ("train.runtime", "ray", "train.runtime = 'ray': Input should be 'engine', 'flower-simulation' or 'flower-deployment'"),
     ("train.reply_timeout", 0, "train.reply_timeout = 0: Input should be greater than 0"),
     ("train.run_timeout", -1, "train.run_timeout = -1: Input should be greater than 0"),
+    ("train.silo_local", True, "train.silo_local = True: Value error, needs train.runtime flower-simulation or flower-deployment"),
 ])
 def test_bad_params_name_the_key_and_value(path, value, expected):
     with pytest.raises(ConfigError) as error:

@@ -21,7 +21,7 @@ from fedrepro.fl.engine import FIT, Engine
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
-                          SILO_CASES, SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
+                          SILO_CASES, STAGE_SILO_CASES, SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -491,3 +491,32 @@ def test_on_silo_local_data_only_counts_and_losses_of_the_evaluation_cross(silo_
         extra.remove(message)
     assert len(extra) == 3 * rounds * len(clients) and all(m[1] == "server" for m in extra)
     assert not {name for m in flower["messages"] for name in m[3]} & set(flower["private"])
+
+
+@pytest.fixture(scope="module")
+def stage_silo_runs(tmp_path_factory):
+    """Each paper's ``run_cell`` in the engine and silo-local on the Flower simulation (``train.silo_local``)."""
+    return flower_cells(tmp_path_factory.mktemp("stage-silos"), list(STAGE_SILO_CASES), timeout=1200)
+
+
+@pytest.mark.parametrize("case", STAGE_SILO_CASES)
+def test_train_silo_local_runs_a_papers_cell_to_the_engines_outputs(stage_silo_runs, case):
+    """``train.silo_local`` through the paper's own ``run_cell`` (what its train stage calls): the cell's silos laid
+    out under its checkpoint folder, one directory per client holding that client's files and the manifest beside
+    them, and every output file equal to the engine's run of the cell: FedCMC's test predictions (each client
+    predicting its own share) and its test and valid scores from the clients' summed counts; FedMatch's per-client
+    TREC runs, each client scoring its own model on its own directory's candidates."""
+    engine, flower = stage_silo_runs[case]["engine"], stage_silo_runs[case]["flower"]
+    assert flower["files"] and flower["files"] == engine["files"]
+    assert flower["metrics"]["test"] == engine["metrics"]["test"]
+    silos = dict(stage_silo_runs[case]["silos"])
+    assert silos.pop("manifest.json") is None and len(silos) == 3
+    if case.endswith("fedcmc"):
+        assert all(files == ["sentences.parquet", "silo.json"] for files in silos.values()), silos
+        assert flower["metrics"]["valid"] == engine["metrics"]["valid"]
+        truncated = "truncated_train_sentences"
+        assert flower["metrics"][truncated] == engine["metrics"][truncated]
+    else:
+        assert all(files == ["candidates.parquet", "silo.json", "triples.parquet"] for files in silos.values()), silos
+        assert flower["metrics"]["patch_norms"] == engine["metrics"]["patch_norms"]
+        assert flower["metrics"]["history"] == engine["metrics"]["history"], "silo-local FedMatch is the same run"

@@ -9,6 +9,9 @@ import functools
 import hashlib
 from pathlib import Path
 
+import pandas as pd
+from torch import nn
+
 from fedrepro.config import Params
 from fedrepro.errors import ConfigError, DataError
 from fedrepro.fedcmc.cells import Cell
@@ -17,7 +20,7 @@ from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
-from fedrepro.fl.silo import Manifest, ServerTaskView, read_manifest, read_silo, write_silos
+from fedrepro.fl.silo import SILOS, Manifest, ServerTaskView, read_manifest, read_silo, write_silos
 from fedrepro.grid import fingerprint
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import read_json, read_table, write_json
@@ -29,7 +32,8 @@ from fedrepro.tasks.relation import (SENTENCES, RelationTask, positive_classes, 
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes; a checkpoint of another run is never resumed."""
-    train = {k: getattr(params.train, k) for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime")}
+    train = {k: getattr(params.train, k)
+             for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime", "silo_local")}
     return fingerprint(cell, inputs_digest, {"settings": params.fedcmc.settings.model_dump(),
                                              "tiny": params.model.tiny.model_dump(), "train": train,
                                              "algorithm": algorithm_settings(params, cell).model_dump(mode="json")})
@@ -157,9 +161,14 @@ def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str
 
 def build_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path,
                inputs_digest: str, checkpoint_dir: Path, progress: bool = True) -> Engine:
-    """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
-    recipe = cell_recipe(params, cell, prepared_dir, partitions_dir, tokenizer_dir, inputs_digest)
-    train = params.train
+    """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run.
+    With ``train.silo_local`` the cell's data is first laid out one directory per client in ``<checkpoint_dir>/silos``
+    (``write_cell_silos``), where its nodes read it."""
+    train, silos_dir = params.train, None
+    if train.silo_local:
+        silos_dir = Path(checkpoint_dir) / SILOS
+        write_cell_silos(cell, prepared_dir, partitions_dir, silos_dir)
+    recipe = cell_recipe(params, cell, prepared_dir, partitions_dir, tokenizer_dir, inputs_digest, silos_dir)
     return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout,
                          run_timeout=train.run_timeout)
 
@@ -185,21 +194,52 @@ def run_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Pat
     state = engine.run()
     out.mkdir(parents=True)
     model = engine.global_model()
-    predictions = engine.task.predict(model, "test")
+    if isinstance(engine.task, ServerTaskView):  # silo-local: the server holds no sentence
+        predictions, test, valid, truncated = silo_evaluation(params, cell, partitions_dir, tokenizer_dir,
+                                                              Path(checkpoint_dir) / SILOS, engine.task, model)
+    else:
+        predictions = engine.task.predict(model, "test")
+        test, valid = engine.task.scores(predictions), engine.task.evaluate(model, "global", "valid")
+        truncated = engine.task.truncated
     predictions.to_csv(out / "predictions.csv", index=False)
     metrics = {
         "cell": {**cell.__dict__, "name": cell.name, "partition": cell.partition},
-        "test": engine.task.scores(predictions),
-        "valid": engine.task.evaluate(model, "global", "valid"),
+        "test": test,
+        "valid": valid,
         "history": state.history,
         "channel": engine.channel.summary(),
         "memory_bytes": engine.memory_bytes(),
         "parameters": parameter_counts(engine),
-        "truncated_train_sentences": engine.task.truncated,
+        "truncated_train_sentences": truncated,
         "hardware": machine_fingerprint(),
     }
     write_json(out / "metrics.json", metrics)
     return metrics
+
+
+def silo_evaluation(params: Params, cell: Cell, partitions_dir: Path, tokenizer_dir: Path, silos_dir: Path,
+                    server: ServerTaskView, model: nn.Module) -> tuple[pd.DataFrame, dict, dict, int]:
+    """The global model scored as a silo-local federation scores it: each client predicts its own share of the test
+    and valid sets on a task built from its directory alone, and the scores come from the clients' summed per-class
+    counts. The harness, which owns every silo's directory on this machine, also gathers the test predictions (the
+    report's bootstrap resamples them) in the partition's order, so the file is the engine's. Returns predictions,
+    test and valid scores, and the truncated training sentences."""
+    order = read_table(Path(partitions_dir) / cell.partition / "assignment.parquet")["sentence_id"]
+    counts: dict[str, dict[str, int]] = {"test": {}, "valid": {}}
+    shares, truncated = [], 0
+    for client_id in server.client_ids:
+        task = build_silo_relation_task(params, Path(tokenizer_dir).resolve(), silos_dir / client_id)
+        truncated += task.truncated
+        for split, summed in counts.items():
+            predicted = task.predict(model, split)
+            for name, count in task.class_counts(predicted).items():
+                summed[name] = summed.get(name, 0) + count
+            if split == "test":
+                shares.append(predicted)
+    position = pd.Series(range(len(order)), index=order.to_numpy())
+    predictions = pd.concat(shares, ignore_index=True)
+    predictions = predictions.iloc[position[predictions["sentence_id"]].to_numpy().argsort()].reset_index(drop=True)
+    return predictions, server.scores_from_counts(counts["test"]), server.scores_from_counts(counts["valid"]), truncated
 
 
 def headline(metrics: dict) -> str:

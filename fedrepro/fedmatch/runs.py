@@ -18,7 +18,7 @@ from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
-from fedrepro.fl.silo import Manifest, ServerTaskView, read_manifest, read_silo, write_silos
+from fedrepro.fl.silo import SILOS, Manifest, ServerTaskView, read_manifest, read_silo, write_silos
 from fedrepro.grid import fingerprint
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import write_json
@@ -34,8 +34,9 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed. ``params`` as the grid has them: the cell's sweep point is applied here."""
     params = cell_params(params, cell)
-    # the timeouts only say how long a deployment waits: a run whose every client answers in time is the same
-    train = params.train.model_dump(exclude={"reply_timeout", "run_timeout"})
+    # the timeouts only say how long a deployment waits, and silo-local data only where each node reads its client's
+    # rows from: a run whose every client answers in time is the same, number for number (tests/test_flower.py)
+    train = params.train.model_dump(exclude={"reply_timeout", "run_timeout", "silo_local"})
     return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": train,
                                              "fedmatch": params.fedmatch.settings.model_dump(),
                                              "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")})
@@ -161,9 +162,15 @@ def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str
 
 def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
                checkpoint_dir: Path, progress: bool = True) -> Engine:
-    """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run."""
-    recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest)
+    """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run.
+    With ``train.silo_local`` the cell's data is first laid out one directory per client in ``<checkpoint_dir>/silos``
+    (``write_cell_silos``), where its nodes read it."""
     train = cell_params(params, cell).train
+    silos_dir = None
+    if train.silo_local:
+        silos_dir = Path(checkpoint_dir) / SILOS
+        write_cell_silos(params, cell, mined_dir, tokenizer_dir, silos_dir)
+    recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest, silos_dir)
     return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout,
                          run_timeout=train.run_timeout)
 
@@ -191,12 +198,15 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
     state = engine.run()
     (out / "trec").mkdir(parents=True)
     per_client, norms = {}, {}
+    own_task = functools.partial(silo_cell_task, cell_params(params, cell), cell, Path(tokenizer_dir).resolve())
     with torch.no_grad():
         for client_id, model in engine.client_models():
+            silo_local = isinstance(engine.task, ServerTaskView)  # the server holds no rows: each client scores its own
+            task = own_task(Path(checkpoint_dir) / SILOS / client_id) if silo_local else engine.task
             norms[client_id] = patch_norms(model.named_parameters(), engine.initial_private)
             if norms[client_id]:
-                norms[client_id].update(patch_effect(model, engine.task.candidate_batches(client_id, "valid")))
-            qrels, run = qrels_and_run(engine.task.score(model, client_id, "test"))
+                norms[client_id].update(patch_effect(model, task.candidate_batches(client_id, "valid")))
+            qrels, run = qrels_and_run(task.score(model, client_id, "test"))
             per_client[client_id] = ranking_metrics(qrels, run)
             qrels_text, run_text = trec_files(qrels, run, cell.name)
             (out / "trec" / f"{client_id}.qrels").write_text(qrels_text)

@@ -23,6 +23,8 @@ from fedrepro.fl.algorithm import ClientUpdate, FederatedTask, TaskOutput
 from fedrepro.io import read_json, read_table, write_json, write_table
 
 MANIFEST, SILO_FILE = "manifest.json", "silo.json"
+SILOS = "silos"
+"""The folder of a cell's checkpoint directory its silos are laid out in when a stage runs it silo-local."""
 
 
 @dataclass(frozen=True)
