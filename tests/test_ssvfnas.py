@@ -356,6 +356,66 @@ def test_presearch_moves_weights_and_alphas_and_is_shared_between_dp_levels(toy_
     assert (tmp_path / "p2" / "presearch.json").exists()  # written even when it came from the cache
 
 
+@pytest.mark.parametrize("method, sigma", [("vfnas1", 1.0), ("ss_vfnas2", 1.0), ("vfnas2", 0.0), (BASELINE, 1.0)])
+def test_the_parties_on_their_own_sides_write_the_in_process_cells_outputs(toy_partition, tmp_path, method, sigma):
+    """With party_1 a worker of its own (its columns, networks, pre-search and genotype; the node protocol without a
+    network), every output file of the cell is the in-process run's, byte for byte."""
+    from fedrepro.ssvfnas.parties import local_parties
+    params, cell = tiny_params(), Cell(method, "toy", 2, sigma, sigma, 0)
+    _run(params, cell, toy_partition, tmp_path / "engine", tmp_path / "engine_ckpt")
+    runs.run_cell(params, cell, toy_partition.parent, tmp_path / "parties", tmp_path / "parties_ckpt", "inputs",
+                  parties=local_parties)
+    files = {p.relative_to(tmp_path / "engine") for p in (tmp_path / "engine").rglob("*") if p.is_file()}
+    assert files == {p.relative_to(tmp_path / "parties") for p in (tmp_path / "parties").rglob("*") if p.is_file()}
+    assert all((tmp_path / "engine" / f).read_bytes() == (tmp_path / "parties" / f).read_bytes() for f in files)
+
+
+@pytest.mark.parametrize("killed_at", [2, 5])
+def test_a_cell_with_its_parties_on_their_own_sides_resumes_to_the_engines_outputs(toy_partition, tmp_path, monkeypatch,
+                                                                                   killed_at):
+    """Killed after the label party's 2nd checkpoint (mid-search) or its 5th (mid-retraining, the search done): the
+    rerun resumes every party from its own directory and writes the uninterrupted engine run's outputs."""
+    from fedrepro.ssvfnas.parties import local_parties
+    from fedrepro.vfl.nodes import VerticalHub
+    params, cell = tiny_params(), Cell("ss_vfnas1", "toy", 2, 1.0, 0.5, 0)
+    _run(params, cell, toy_partition, tmp_path / "engine", tmp_path / "engine_ckpt")
+    save_state, calls = VerticalHub.save_state, []
+
+    def dies(hub, folder):
+        save_state(hub, folder)
+        calls.append(folder)
+        if len(calls) == killed_at:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(VerticalHub, "save_state", dies)
+    run = lambda out: runs.run_cell(params, cell, toy_partition.parent, tmp_path / out, tmp_path / "ckpt",  # noqa: E731
+                                    "inputs", parties=local_parties)
+    with pytest.raises(KeyboardInterrupt):
+        run("killed")
+    assert calls[-1].parent.name == ("search" if killed_at == 2 else "retrain")
+    monkeypatch.setattr(VerticalHub, "save_state", save_state)
+    run("resumed")
+    files = [p.relative_to(tmp_path / "engine") for p in (tmp_path / "engine").rglob("*") if p.is_file()]
+    assert all((tmp_path / "engine" / f).read_bytes() == (tmp_path / "resumed" / f).read_bytes() for f in files)
+
+
+def test_a_party_of_its_own_builds_only_from_its_own_columns(toy_partition):
+    from fedrepro.ssvfnas.parties import CellParty
+    params, cell = tiny_params(), Cell("vfnas1", "toy", 2, 1.0, 1.0, 0)
+    host, guest = CellParty(params, cell, toy_partition, "search")(1), CellParty(params, cell, toy_partition, "search")(0)
+    data = runs.load_partition(toy_partition)
+    assert host.labels is None and host.top is None and torch.equal(host.features, data.features[1])
+    assert torch.equal(guest.labels, data.labels) and torch.equal(guest.features, data.features[0])
+    held = runs.load_partition(toy_partition, label_only=True).features  # the label party's process: its columns only
+    assert torch.equal(held[0], data.features[0]) and held[1] is None
+
+
+def test_a_deployment_of_ssvfnas_parties_is_refused_with_the_reason():
+    from fedrepro.ssvfnas.parties import runtime_parties
+    with pytest.raises(ConfigError, match="train.runtime = 'flower-deployment': SS-VFNAS's parties run on"):
+        runtime_parties("flower-deployment")
+
+
 # ----- the report on fake cells -----------------------------------------------------------------------------
 def _genotype() -> dict:
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ import math
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,8 @@ from fedrepro.ssvfnas.partition import stratified_splits
 from fedrepro.vfl.moco import MoCo, pretrain
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon, epsilon_of
 from fedrepro.vfl.protocol import Party, VerticalProtocol, exchange_count, party_name
-from fedrepro.vfl.search import DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, load_state, make_optimizers, save_state
+from fedrepro.vfl.search import (DartsSearch, MiLeNASSearch, Search, SplitTraining, batch_at, load_state, make_optimizers,
+                                 save_state)
 from fedrepro.vfl.spaces import (CONV_OPS, MLP_OPS, PARAMETER_FREE, Supernet, build_derived, count_parameters, derive_genotype,
                                   draw_genotype, edge_entropy, hand_designed, supernet)
 
@@ -72,6 +73,9 @@ EPSILON_ACCOUNTING = {
             "own un-noised rows, so later releases depend on earlier samples too, which neither covers.",
 }
 """What each point of a search cell's curve records (curve.csv and metrics.json's search.curve)."""
+PartyRunner = Callable[[Any, Callable[[Any], Any], Path], Any]
+"""Runs one phase with the parties on their own sides: ``runner(recipe, drive, root)`` starts every party but the
+label party (each with its directory under ``root``) and returns ``drive(hub)`` (``fedrepro.ssvfnas.parties``)."""
 
 
 # ----- the partition as tensors ---------------------------------------------------------------------------
@@ -79,8 +83,9 @@ EPSILON_ACCOUNTING = {
 class PartitionData:
     name: str
     summary: dict[str, Any]
-    features: list[torch.Tensor]
-    """per party: (n, C, H, W) image views or (n, d) table rows, aligned by row."""
+    features: list[torch.Tensor | None]
+    """per party: (n, C, H, W) image views or (n, d) table rows, aligned by row; None for a party whose columns this
+    process does not hold (``load_partition``'s ``parties``)."""
     labels: torch.Tensor
     sample_ids: np.ndarray
     splits: dict[str, torch.Tensor]
@@ -88,7 +93,7 @@ class PartitionData:
 
     @property
     def parties(self) -> int:
-        return len(self.features)
+        return int(self.summary["parties"])
 
     @property
     def label_party(self) -> int:
@@ -121,7 +126,9 @@ def hold_out(data: PartitionData, fraction: float, seed: int) -> PartitionData:
                                   HELD_OUT: train[torch.from_numpy(split == "test")]})
 
 
-def load_partition(folder: Path) -> PartitionData:
+def load_partition(folder: Path, label_only: bool = False) -> PartitionData:
+    """The partition in ``folder``: the labels, the splits and every party's columns (``label_only``: the label
+    party's alone, as the label party of a run with the parties on their own sides holds them)."""
     folder = Path(folder)
     if not (folder / "summary.json").exists():
         raise DataError(f"{folder}/summary.json is missing: run `dvc repro ssvfnas_partition`")
@@ -131,17 +138,24 @@ def load_partition(folder: Path) -> PartitionData:
     ids = labels["sample_id"].to_numpy()
     if not np.array_equal(splits["sample_id"].to_numpy(), ids):
         raise DataError(f"{folder}: splits.parquet and labels.parquet list different sample ids")
-    features = []
-    for k in range(int(summary["parties"])):
-        table = read_table(folder / f"party_{k}.parquet")
-        if not np.array_equal(table["sample_id"].to_numpy(), ids):
-            raise DataError(f"{folder}/party_{k}.parquet is not aligned with labels.parquet")
-        x = torch.tensor(table.drop(columns=["sample_id"]).to_numpy(dtype=np.float32))
-        shape = summary["shapes"][k]
-        features.append(x.reshape(len(ids), *shape) if shape is not None else x)
+    held = [int(summary["label_party"])] if label_only else range(int(summary["parties"]))
+    features: list[torch.Tensor | None] = [None] * int(summary["parties"])
+    for k in held:
+        features[k] = load_party_columns(folder, summary, k, ids)
     split = splits["split"].to_numpy()
     return PartitionData(summary["name"], summary, features, torch.tensor(labels["label"].to_numpy(), dtype=torch.long), ids,
                          {s: torch.tensor(np.flatnonzero(split == s), dtype=torch.long) for s in ("train", "valid", "test")})
+
+
+def load_party_columns(folder: Path, summary: dict[str, Any], k: int, ids: np.ndarray | None = None) -> torch.Tensor:
+    """Party k's own columns (``party_<k>.parquet``), in row order; checked against the labels' sample ids where the
+    caller holds them (a party without the labels trusts the aligned order it was given)."""
+    table = read_table(Path(folder) / f"party_{k}.parquet")
+    if ids is not None and not np.array_equal(table["sample_id"].to_numpy(), ids):
+        raise DataError(f"{folder}/party_{k}.parquet is not aligned with labels.parquet")
+    x = torch.tensor(table.drop(columns=["sample_id"]).to_numpy(dtype=np.float32))
+    shape = summary["shapes"][k]
+    return x.reshape(len(x), *shape) if shape is not None else x
 
 
 # ----- networks, mechanisms, protocol ------------------------------------------------------------------------
@@ -234,8 +248,13 @@ def one_party(params: Params, data: PartitionData, parties: list[int], seed: int
 
 
 def derived_networks(params: Params, data: PartitionData, seed: int, genotypes: list[dict[str, Any]]) -> list[nn.Module]:
-    torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
-    return [build_derived(g, **retrain_overrides(params)) for g in genotypes]
+    return [derived_network(params, data, seed, k, g) for k, g in enumerate(genotypes)]
+
+
+def derived_network(params: Params, data: PartitionData, seed: int, k: int, genotype: dict[str, Any]) -> nn.Module:
+    """Party k's derived network, seeded by its own index, so that each party builds its own from its own genotype."""
+    torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name, k))
+    return build_derived(genotype, **retrain_overrides(params))
 
 
 def mechanisms(params: Params, cell: Cell) -> tuple[GaussianMechanism | None, GaussianMechanism | None]:
@@ -328,7 +347,8 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     ss = params.ssvfnas
     return fingerprint(cell, inputs_digest, {
         "fidelity": ss.fidelity, "split": ss.split.model_dump(), "search": ss.search.model_dump(), "moco": ss.moco.model_dump(),
-        "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(), "held_out_seed": params.data.seed, "threads": ss.threads})
+        "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(), "held_out_seed": params.data.seed, "threads": ss.threads,
+        "runtime": params.train.runtime})
 
 
 def prepare_checkpoints(folder: Path, fingerprint: str) -> None:
@@ -355,19 +375,9 @@ def run_presearch(params: Params, cell: Cell, data: PartitionData, bottoms: list
     elif cache is not None and key in cache:
         states, losses = cache[key]
     else:
-        m, s = params.ssvfnas.moco, params.ssvfnas.search
-        released = params.ssvfnas.fidelity == "released_code"
         rows = data.training_rows
-        losses = {}
-        for k, bottom in enumerate(bottoms):
-            generator = torch.Generator().manual_seed(derive_seed(cell.seed, "moco", data.name, k))
-            torch.manual_seed(derive_seed(cell.seed, "moco-head", data.name, k))
-            moco = MoCo(bottom, s.out_dim, m.projection_dim, m.queue_size, m.momentum, m.temperature, released_code=released,
-                        generator=generator)
-            weights = torch.optim.SGD(list(bottom.weight_parameters()) + list(moco.head_q.parameters()), lr=m.lr,
-                                      momentum=s.momentum, weight_decay=s.weight_decay)
-            arch = torch.optim.Adam(bottom.arch_parameters(), lr=s.arch_lr, betas=(0.5, 0.999), weight_decay=s.arch_weight_decay)
-            losses[party_name(k)] = pretrain(moco, data.features[k][rows], m.steps, m.batch_size, [weights, arch], generator)
+        losses = {party_name(k): presearch_party(params, cell.seed, data.name, k, bottom, data.features[k][rows])
+                  for k, bottom in enumerate(bottoms)}
         states = [{n: t.detach().clone() for n, t in b.state_dict().items()} for b in bottoms]
     for bottom, state in zip(bottoms, states):
         bottom.load_state_dict(state)
@@ -381,46 +391,111 @@ def run_presearch(params: Params, cell: Cell, data: PartitionData, bottoms: list
     return losses
 
 
-def run_steps(search: Search, train: torch.Tensor, valid: torch.Tensor | None, batch_size: int, steps: int, lr: float,
-              lr_min: float, eval_every: int, checkpoint_every: int, folder: Path,
+def presearch_party(params: Params, seed: int, dataset: str, k: int, bottom: Supernet, rows: torch.Tensor) -> list[float]:
+    """MoCo v2 of party k's supernet (weights and alphas) on its own training rows, seeded by the party alone: what
+    each party runs on its own side. Returns the loss per step."""
+    m, s = params.ssvfnas.moco, params.ssvfnas.search
+    generator = torch.Generator().manual_seed(derive_seed(seed, "moco", dataset, k))
+    torch.manual_seed(derive_seed(seed, "moco-head", dataset, k))
+    moco = MoCo(bottom, s.out_dim, m.projection_dim, m.queue_size, m.momentum, m.temperature,
+                released_code=params.ssvfnas.fidelity == "released_code", generator=generator)
+    weights = torch.optim.SGD(list(bottom.weight_parameters()) + list(moco.head_q.parameters()), lr=m.lr,
+                              momentum=s.momentum, weight_decay=s.weight_decay)
+    arch = torch.optim.Adam(bottom.arch_parameters(), lr=s.arch_lr, betas=(0.5, 0.999), weight_decay=s.arch_weight_decay)
+    return pretrain(moco, rows, m.steps, m.batch_size, [weights, arch], generator)
+
+
+class Stepper(Protocol):
+    """What ``run_steps`` drives: the in-process rules (``SearchSteps``) or the label party's hub (``HubSteps``)."""
+
+    step: int
+    seed: int
+    history: list[dict[str, Any]]
+
+    def run_step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None, lr: float) -> None: ...
+
+    def save(self, folder: Path) -> None: ...
+
+    def load(self, folder: Path) -> None: ...
+
+
+class SearchSteps:
+    """A ``Search`` over the in-process protocol as a ``Stepper``."""
+
+    def __init__(self, search: Search) -> None:
+        self.search = search
+
+    @property
+    def step(self) -> int:
+        return self.search.protocol.step
+
+    @property
+    def seed(self) -> int:
+        return self.search.protocol.seed
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.search.history
+
+    def run_step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None, lr: float) -> None:
+        for optimizer in self.search.weight_optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        self.search.step(train_batch, val_batch)
+
+    def save(self, folder: Path) -> None:
+        save_state(folder, self.search)
+
+    def load(self, folder: Path) -> None:
+        load_state(folder, self.search)
+
+
+def run_steps(search: Search | Stepper, train: torch.Tensor, valid: torch.Tensor | None, batch_size: int, steps: int,
+              lr: float, lr_min: float, eval_every: int, checkpoint_every: int, folder: Path,
               evaluate: Callable[[], dict[str, Any]] | None = None) -> None:
     """Step ``search`` until ``steps`` from wherever its checkpoint in ``folder`` left off: cosine learning rate
     on the weights from the step number, an evaluation recorded into the step's history record every
     ``eval_every`` steps and at the end, a checkpoint every ``checkpoint_every`` steps and at the end."""
-    P = search.protocol
+    stepper = SearchSteps(search) if isinstance(search, Search) else search
     if (folder / "state.json").exists():
-        load_state(folder, search)
+        stepper.load(folder)
     batch = min(batch_size, len(train), len(valid) if valid is not None else len(train))
-    while P.step < steps:
-        s = P.step
-        for optimizer in search.weight_optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = cosine_lr(lr, lr_min, s, steps)
-        search.step(batch_at(train, batch, s, P.seed, "train"), batch_at(valid, batch, s, P.seed, "val") if valid is not None else None)
-        done = P.step
+    while stepper.step < steps:
+        s = stepper.step
+        stepper.run_step(batch_at(train, batch, s, stepper.seed, "train"),
+                         batch_at(valid, batch, s, stepper.seed, "val") if valid is not None else None,
+                         cosine_lr(lr, lr_min, s, steps))
+        done = stepper.step
         if evaluate is not None and (done % eval_every == 0 or done == steps):
-            search.history[-1].update(evaluate())
+            stepper.history[-1].update(evaluate())
         if done % checkpoint_every == 0 or done == steps:
-            save_state(folder, search)
+            stepper.save(folder)
 
 
-def _curve_point(protocol: VerticalProtocol, test: torch.Tensor, delta: float, supernets: list[Supernet],
-                 alpha_start: list[torch.Tensor]) -> Callable[[], dict[str, Any]]:
-    """A curve point: the supernets' test accuracy, what crossed so far, epsilon so far, and the architecture weights:
-    the entropy of softmax(alpha) (mean over edges, then over parties) and the largest |alpha - alpha at the search's
-    start| over parties, so a search that leaves alpha where it started shows it."""
+def alpha_stats(supernets: list[Supernet], alpha_start: list[torch.Tensor]) -> list[dict[str, float]]:
+    """Per party: the entropy of softmax(alpha) (mean over edges) and the largest |alpha - alpha at the search's start|."""
+    return [{"entropy": net.arch_entropy(), "shift": float((net.alphas.detach() - a).abs().max())}
+            for net, a in zip(supernets, alpha_start)]
+
+
+def _curve_point(protocol: Any, test: torch.Tensor, delta: float, alphas: Callable[[], list[dict[str, float]]]
+                 ) -> Callable[[], dict[str, Any]]:
+    """A curve point: the supernets' test accuracy, what crossed so far, epsilon so far, and the architecture weights
+    (``alphas()``: each party's ``alpha_stats``): their entropy (mean over parties) and largest shift since the search's
+    start (max over parties), so a search that leaves alpha where it started shows it. ``protocol``: the in-process
+    ``VerticalProtocol`` or the label party's hub."""
     def point() -> dict[str, Any]:
         result = protocol.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False)
-        messages = protocol.channel.messages
+        messages, stats = protocol.channel.messages, alphas()
         return {"test_accuracy": result["accuracy"], "test_loss": result["loss"], "messages": len(messages),
                 "bytes": sum(m.nbytes for m in messages), "epsilon": finite(worst(protocol.epsilon(delta))),
                 "epsilon_amplified": finite(worst(protocol.epsilon(delta, amplified=True))),
-                "alpha_entropy": float(np.mean([net.arch_entropy() for net in supernets])),
-                "alpha_shift": max(float((net.alphas.detach() - a).abs().max()) for net, a in zip(supernets, alpha_start))}
+                "alpha_entropy": float(np.mean([p["entropy"] for p in stats])),
+                "alpha_shift": max(p["shift"] for p in stats)}
     return point
 
 
-def validation_point(protocol: VerticalProtocol, held_out: torch.Tensor) -> Callable[[], dict[str, Any]]:
+def validation_point(protocol: Any, held_out: torch.Tensor) -> Callable[[], dict[str, Any]]:
     """A retraining eval point: accuracy and loss on the held-out rows (a measurement, not a release: unaccounted)."""
     def point() -> dict[str, Any]:
         result = protocol.evaluate(held_out, batch_size=EVAL_BATCH, split=HELD_OUT, account=False)
@@ -445,24 +520,32 @@ def _kept_edges(genotype: dict[str, Any]) -> list[list[tuple[int, str]]]:
     return [sorted((int(e["input"]), e["op"]) for e in node) for node in genotype["nodes"]]
 
 
+def party_alpha_summary(net: Supernet, init: torch.Tensor, start: torch.Tensor) -> dict[str, Any]:
+    """One party's part of ``alpha_summary``, computed where its supernet lives."""
+    derived = net.genotype()
+    from_start = derive_genotype(F.softmax(start, dim=-1), net.ops, net.skeleton["nodes"])
+    kept = [e["op"] for node in derived["nodes"] for e in node]
+    return {"entropy_uniform": math.log(len(net.ops)), "entropy_init": edge_entropy(init),
+            "entropy_start": edge_entropy(start), "entropy_end": net.arch_entropy(),
+            "max_shift": float((net.alphas.detach() - start).abs().max()),
+            "max_shift_presearch": float((start - init).abs().max()),
+            "genotype_as_at_start": _kept_edges(derived) == _kept_edges(from_start),
+            "parameter_free_edges": sum(op in PARAMETER_FREE for op in kept) / len(kept),
+            "mean_weights": {op: float(w) for op, w in zip(net.ops, net.edge_weights().detach().mean(dim=0))}}
+
+
 def alpha_summary(supernets: list[Supernet], alpha_init: list[torch.Tensor], alpha_start: list[torch.Tensor]) -> dict[str, Any]:
+    """``combine_alpha_summaries`` of every party's ``party_alpha_summary``."""
+    return combine_alpha_summaries([party_alpha_summary(net, init, start)
+                                    for net, init, start in zip(supernets, alpha_init, alpha_start)])
+
+
+def combine_alpha_summaries(parties: list[dict[str, Any]]) -> dict[str, Any]:
     """How far the search (and, for ss_ methods, the pre-search) moved each party's alphas: the entropy of softmax(alpha)
     (mean over edges, nats; ``entropy_uniform`` = ln(ops) is the untouched value) when built, at the search's start and
     at its end; the largest |alpha_end - alpha_start| and |alpha_start - alpha_init|; the mean mixture weight of each op
     at the end; the share of the derived edges on parameter-free ops; and whether the derived genotype is the one the
     starting alphas alone would give (if so, the search's alpha updates changed nothing that the retraining sees)."""
-    parties = []
-    for net, init, start in zip(supernets, alpha_init, alpha_start):
-        derived = net.genotype()
-        from_start = derive_genotype(F.softmax(start, dim=-1), net.ops, net.skeleton["nodes"])
-        kept = [e["op"] for node in derived["nodes"] for e in node]
-        parties.append({"entropy_uniform": math.log(len(net.ops)), "entropy_init": edge_entropy(init),
-                        "entropy_start": edge_entropy(start), "entropy_end": net.arch_entropy(),
-                        "max_shift": float((net.alphas.detach() - start).abs().max()),
-                        "max_shift_presearch": float((start - init).abs().max()),
-                        "genotype_as_at_start": _kept_edges(derived) == _kept_edges(from_start),
-                        "parameter_free_edges": sum(op in PARAMETER_FREE for op in kept) / len(kept),
-                        "mean_weights": {op: float(w) for op, w in zip(net.ops, net.edge_weights().detach().mean(dim=0))}})
     return {"entropy_uniform": float(np.mean([p["entropy_uniform"] for p in parties])),
             **{key: float(np.mean([p[key] for p in parties])) for key in ("entropy_init", "entropy_start", "entropy_end")},
             "max_shift": max(p["max_shift"] for p in parties), "max_shift_presearch": max(p["max_shift_presearch"] for p in parties),
@@ -470,7 +553,7 @@ def alpha_summary(supernets: list[Supernet], alpha_init: list[torch.Tensor], alp
             "parameter_free_edges": float(np.mean([p["parameter_free_edges"] for p in parties])), "parties": parties}
 
 
-def _channel(protocol: VerticalProtocol, search: Search) -> dict[str, Any]:
+def _channel(protocol: Any, messages_per_step: int, exchanges_per_step: int) -> dict[str, Any]:
     """What the channel logged: totals, the first step's bytes, sequential exchanges summed over the steps."""
     messages = protocol.channel.messages
     first = protocol.step_cost(0) if protocol.step else {"messages": 0, "bytes": 0, "exchanges": 0}
@@ -479,7 +562,7 @@ def _channel(protocol: VerticalProtocol, search: Search) -> dict[str, Any]:
         by_step.setdefault(message.round, []).append(message)
     return {"steps": protocol.step, "messages": len(messages), "bytes": sum(m.nbytes for m in messages),
             "exchanges": sum(exchange_count(group, protocol.hub) for group in by_step.values()),
-            "messages_per_step": search.messages_per_step(), "exchanges_per_step": search.exchanges_per_step(),
+            "messages_per_step": messages_per_step, "exchanges_per_step": exchanges_per_step,
             "bytes_per_step": first["bytes"], "links": protocol.channel.summary(),
             "evaluation_messages": len(protocol.eval_channel.messages),
             "evaluation_bytes": sum(m.nbytes for m in protocol.eval_channel.messages)}
@@ -496,21 +579,46 @@ def cell_inputs(cell: Cell, partitions_dir: Path) -> tuple[Path, ...]:
 
 
 def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkpoints: Path, inputs_digest: str,
-             presearch_cache: dict | None = None) -> dict[str, Any]:
+             presearch_cache: dict | None = None, parties: PartyRunner | None = None) -> dict[str, Any]:
     """Run (or resume) one cell and write its outputs into ``out`` (created): metrics.json, predictions.csv,
-    curve.csv (search cells), genotypes.json and cells/party_<j>.png (search cells). Returns the metrics."""
+    curve.csv (search cells), genotypes.json and cells/party_<j>.png (search cells). Returns the metrics.
+
+    In process (``train.runtime: engine``) every party lives in this process (``VerticalProtocol``). Otherwise this
+    process is the label party, holding only its own columns and the labels, and each other party runs on its own
+    side (``fedrepro.ssvfnas.parties``): ``parties`` runs them (default: per ``train.runtime``). Both write the same
+    outputs."""
     ss = params.ssvfnas
     partition = Path(partitions_dir) / cell.partition
     seed_everything(cell.seed, ss.threads)
-    data = hold_out(load_partition(partition), ss.retrain.held_out_fraction, params.data.seed)
+    if parties is None and params.train.runtime != "engine" and not cell.label_alone:
+        from fedrepro.ssvfnas.parties import runtime_parties
+        parties = runtime_parties(params.train.runtime)
+    data = hold_out(load_partition(partition, label_only=parties is not None), ss.retrain.held_out_fraction,
+                    params.data.seed)
     if data.parties != cell.parties:
         raise DataError(f"{partition} has {data.parties} parties, cell {cell.name} wants {cell.parties}: rerun ssvfnas_partition")
     checkpoints = Path(checkpoints)
     prepare_checkpoints(checkpoints, run_fingerprint(params, cell, inputs_digest))
-    delta, train, valid, test = ss.dp.delta, data.splits["train"], data.splits["valid"], data.splits["test"]
     metrics: dict[str, Any] = {"cell": {**asdict(cell), "name": cell.name, "partition": cell.partition, "dp": cell.dp}}
-    if cell.label_alone:
+    if cell.label_alone:  # nothing crosses: in process on every runtime
         return run_label_alone(params, cell, data, out, checkpoints, metrics)
+    if parties is None:
+        measured, predicted = run_in_process(params, cell, data, checkpoints, presearch_cache)
+    else:
+        from fedrepro.ssvfnas.parties import run_on_parties
+        measured, predicted = run_on_parties(params, cell, data, partition, checkpoints, inputs_digest, parties)
+    metrics |= measured
+    metrics["hardware"] = machine_fingerprint()
+    write_outputs(Path(out), cell, data, metrics, predicted)
+    return metrics
+
+
+def run_in_process(params: Params, cell: Cell, data: PartitionData, checkpoints: Path, presearch_cache: dict | None = None
+                   ) -> tuple[dict[str, Any], torch.Tensor]:
+    """A search or baseline cell with every party in this process: its measured metrics and test predictions."""
+    ss = params.ssvfnas
+    train, valid, test = data.splits["train"], data.splits["valid"], data.splits["test"]
+    measured: dict[str, Any] = {}
     search_ledger = None
     parameters: dict[str, Any] = {}
     if not cell.baseline:
@@ -524,22 +632,12 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
         alpha_start = [b.alphas.detach().clone() for b in bottoms]
         run_steps(search, train, valid, ss.search.batch_size, ss.search.steps, ss.search.lr, ss.search.lr_min,
                   ss.search.eval_every, ss.search.checkpoint_every, checkpoints / "search",
-                  _curve_point(protocol, test, delta, bottoms, alpha_start))
+                  _curve_point(protocol, test, ss.dp.delta, lambda: alpha_stats(bottoms, alpha_start)))
         genotypes = [b.genotype() for b in bottoms]
+        measured |= search_metrics(params, cell, protocol, search.history,
+                                   (search.messages_per_step(), search.exchanges_per_step()), losses,
+                                   alpha_summary(bottoms, alpha_init, alpha_start), genotypes)
         search_ledger = protocol.ledger
-        epsilon, amplified = protocol.epsilon(delta), protocol.epsilon(delta, amplified=True)
-        curve = [{"step": r["step"] + 1, **{k: r[k] for k in CURVE_FIELDS}} for r in search.history if "test_accuracy" in r]
-        metrics["presearch"] = None if losses is None else {
-            "steps": ss.moco.steps, "loss": {p: {"first": v[0], "last": v[-1]} for p, v in losses.items()}, "losses": losses}
-        metrics["search"] = {"rule": cell.rule, **_channel(protocol, search), "curve": curve,
-                             "test_accuracy": curve[-1]["test_accuracy"], "loss_train": _losses(search.history, "loss_train"),
-                             "loss_val": _losses(search.history, "loss_val"),
-                             "epsilon": {p: finite(v) for p, v in epsilon.items()}, "epsilon_max": finite(worst(epsilon)),
-                             "epsilon_amplified": {p: finite(v) for p, v in amplified.items()},
-                             "epsilon_amplified_max": finite(worst(amplified)),
-                             "max_releases_per_sample": {p.name: protocol.ledger.max_releases(p.name) for p in protocol.parties},
-                             "epsilon_status": epsilon_status(epsilon), "alpha": alpha_summary(bottoms, alpha_init, alpha_start)}
-        metrics["genotypes"] = genotypes
         parameters["supernet"] = [count_parameters(b) for b in bottoms]
         nets = derived_networks(params, data, cell.seed, genotypes)
     else:
@@ -552,38 +650,66 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
     training = make_search(params, None, retrain, ss.retrain.lr)
     run_steps(training, rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr, ss.retrain.lr_min,
               ss.retrain.eval_every, ss.search.checkpoint_every, checkpoints / "retrain", validation_point(retrain, held_out))
-    retrain_curve = validation_curve(training.history)
     result = retrain.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
     parameters["bottom"] = [count_parameters(n) for n in nets]
     parameters["top"] = count_parameters(top)
-    names = [p.name for p in retrain.parties]
-    retrain_eps = {p: total_epsilon(None, retrain.ledger, p, delta) for p in names}
-    retrain_amplified = {p: total_epsilon_amplified(None, retrain.ledger, p, delta) for p in names}
-    total = {p: total_epsilon(search_ledger, retrain.ledger, p, delta) for p in names}
-    total_amplified = {p: total_epsilon_amplified(search_ledger, retrain.ledger, p, delta) for p in names}
-    metrics["retrain"] = {**_channel(retrain, training), "loss_train": _losses(training.history, "loss_train"),
-                          "accuracy_train": _losses(training.history, "accuracy_train"),
-                          "held_out_samples": len(held_out), "curve": retrain_curve,
-                          "valid_accuracy": retrain_curve[-1]["valid_accuracy"],
-                          "epsilon": {p: finite(v) for p, v in retrain_eps.items()},
-                          "epsilon_amplified": {p: finite(v) for p, v in retrain_amplified.items()},
-                          "max_releases_per_sample": {p: retrain.ledger.max_releases(p) for p in names}}
-    metrics["retrain"]["top_weight_norms"] = top_weight_norms(top, data.parties)
-    metrics["health"] = retrain_health(retrain_curve).as_dict()
-    metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test),
-                       "accuracy_label_party_only": retrain.evaluate_label_party_alone(test, EVAL_BATCH)}
-    metrics["epsilon_total"] = {p: finite(v) for p, v in total.items()}
-    metrics["epsilon_total_max"] = finite(worst(total))
-    metrics["epsilon_total_amplified"] = {p: finite(v) for p, v in total_amplified.items()}
-    metrics["epsilon_total_amplified_max"] = finite(worst(total_amplified))
-    metrics["epsilon_accounting"] = EPSILON_ACCOUNTING
-    metrics["epsilon_status"] = epsilon_status(total)
-    metrics["delta"] = delta
-    metrics["parameters"] = parameters
-    metrics["label_party"] = data.label_party
-    metrics["hardware"] = machine_fingerprint()
-    write_outputs(Path(out), cell, data, metrics, result["predicted"])
-    return metrics
+    measured |= retrain_metrics(params, data, search_ledger, retrain, training.history,
+                                (training.messages_per_step(), training.exchanges_per_step()), top, result,
+                                retrain.evaluate_label_party_alone(test, EVAL_BATCH), parameters)
+    return measured, result["predicted"]
+
+
+def search_metrics(params: Params, cell: Cell, protocol: Any, history: list[dict[str, Any]], cost: tuple[int, int],
+                   presearch_losses: dict[str, list[float]] | None, alpha: dict[str, Any], genotypes: list[dict[str, Any]]
+                   ) -> dict[str, Any]:
+    """metrics.json's presearch, search and genotypes, from a finished search over ``protocol`` (the in-process
+    protocol or the label party's hub); ``cost``: the rule's (messages, exchanges) per step."""
+    delta = params.ssvfnas.dp.delta
+    epsilon, amplified = protocol.epsilon(delta), protocol.epsilon(delta, amplified=True)
+    curve = [{"step": r["step"] + 1, **{k: r[k] for k in CURVE_FIELDS}} for r in history if "test_accuracy" in r]
+    names = [party_name(k) for k in range(cell.parties)]
+    return {"presearch": None if presearch_losses is None else {
+                "steps": params.ssvfnas.moco.steps, "loss": {p: {"first": v[0], "last": v[-1]} for p, v in presearch_losses.items()},
+                "losses": presearch_losses},
+            "search": {"rule": cell.rule, **_channel(protocol, *cost), "curve": curve,
+                       "test_accuracy": curve[-1]["test_accuracy"], "loss_train": _losses(history, "loss_train"),
+                       "loss_val": _losses(history, "loss_val"),
+                       "epsilon": {p: finite(v) for p, v in epsilon.items()}, "epsilon_max": finite(worst(epsilon)),
+                       "epsilon_amplified": {p: finite(v) for p, v in amplified.items()},
+                       "epsilon_amplified_max": finite(worst(amplified)),
+                       "max_releases_per_sample": {p: protocol.ledger.max_releases(p) for p in names},
+                       "epsilon_status": epsilon_status(epsilon), "alpha": alpha},
+            "genotypes": genotypes}
+
+
+def retrain_metrics(params: Params, data: PartitionData, search_ledger: PrivacyLedger | None, protocol: Any,
+                    history: list[dict[str, Any]], cost: tuple[int, int], top: nn.Linear, result: dict[str, Any],
+                    label_alone_accuracy: float, parameters: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json's retrain, health, test, epsilon totals and parameters, from a finished retraining over
+    ``protocol`` (in process or the hub), its test ``result`` and the search's ledger (None for a baseline)."""
+    delta, held_out, test = params.ssvfnas.dp.delta, data.splits[HELD_OUT], data.splits["test"]
+    retrain_curve = validation_curve(history)
+    names = [party_name(k) for k in range(data.parties)]
+    ledger = protocol.ledger
+    total = {p: total_epsilon(search_ledger, ledger, p, delta) for p in names}
+    total_amplified = {p: total_epsilon_amplified(search_ledger, ledger, p, delta) for p in names}
+    return {"retrain": {**_channel(protocol, *cost), "loss_train": _losses(history, "loss_train"),
+                        "accuracy_train": _losses(history, "accuracy_train"),
+                        "held_out_samples": len(held_out), "curve": retrain_curve,
+                        "valid_accuracy": retrain_curve[-1]["valid_accuracy"],
+                        "epsilon": {p: finite(total_epsilon(None, ledger, p, delta)) for p in names},
+                        "epsilon_amplified": {p: finite(total_epsilon_amplified(None, ledger, p, delta)) for p in names},
+                        "max_releases_per_sample": {p: ledger.max_releases(p) for p in names},
+                        "top_weight_norms": top_weight_norms(top, data.parties)},
+            "health": retrain_health(retrain_curve).as_dict(),
+            "test": {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test),
+                     "accuracy_label_party_only": label_alone_accuracy},
+            "epsilon_total": {p: finite(v) for p, v in total.items()},
+            "epsilon_total_max": finite(worst(total)),
+            "epsilon_total_amplified": {p: finite(v) for p, v in total_amplified.items()},
+            "epsilon_total_amplified_max": finite(worst(total_amplified)),
+            "epsilon_accounting": EPSILON_ACCOUNTING, "epsilon_status": epsilon_status(total), "delta": delta,
+            "parameters": parameters, "label_party": data.label_party}
 
 
 def run_label_alone(params: Params, cell: Cell, data: PartitionData, out: Path, checkpoints: Path,

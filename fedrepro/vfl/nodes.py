@@ -40,11 +40,21 @@ from fedrepro.fl.channel import Channel, Message
 from fedrepro.io import atomic_dir, read_json, write_json
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
 from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, GRADNORM, Party, PartyGrads, Pass, _accuracy, _grad,
-                                   _split_grads, concat_dim1, noise_generator, party_name, set_grads)
+                                   _split_grads, account_evaluation, concat_dim1, evaluate_passes,
+                                   label_party_alone_accuracy, ledger_epsilons, noise_generator, party_name, set_grads,
+                                   step_cost)
 from fedrepro.vfl.search import _flatten_optimizer, _restore_optimizer, batch_at, party_optimizers
 
-FORWARD, BACKWARD, UPDATE, SAVE, LOAD = "forward", "backward", "update", "save", "load"
+FORWARD, BACKWARD, UPDATE, SAVE, LOAD, LOCAL = "forward", "backward", "update", "save", "load", "local"
+REPORT = "report"
+"""A party's reply to ``LOCAL``: its JSON report as UTF-8 bytes (logged as scalars on the hub's ``report_channel``)."""
 RULES = ("train", "darts", "milenas")
+NODES = "nodes"
+
+
+def party_directory(root: str | Path, index: int) -> Path:
+    """Where party ``index`` of a run rooted at ``root`` keeps its own files (its checkpoints, its local work)."""
+    return Path(root) / NODES / party_name(index)
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,10 @@ class VerticalRecipe:
     forward_mechanism: GaussianMechanism | None = None
     backward_mechanism: GaussianMechanism | None = None
     split_sizes: tuple[tuple[str, int], ...] = ()
+    local: Callable[[str, Party, Path | None, Mapping[str, Any]], Any] | None = None
+    """Work a party does on its own side when the label party asks (``VerticalHub.local``): ``local(task, party,
+    its directory, command)`` returns a JSON-able report, which is all that crosses (SS-VFNAS: its pre-search, its
+    alphas' summary, its genotype). Picklable, like ``build_party``."""
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -205,9 +219,15 @@ class PartyWorker:
             self.save(int(command["step"]), command.get("keep"))
         elif op == LOAD:
             self.own.load(self.checkpoint(int(command["step"])))
+        elif op == LOCAL:
+            if self.recipe.local is None:
+                raise FederationError(f"{self.party.name}: asked for local task {command.get('task')!r}, but its "
+                                      "recipe has none")
+            report = self.recipe.local(str(command["task"]), self.party, self.directory, command)
+            return {REPORT: torch.tensor(list(json.dumps(report).encode("utf-8")), dtype=torch.uint8)}
         else:
             raise ValueError(f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {UPDATE}, "
-                             f"{SAVE}, {LOAD})")
+                             f"{SAVE}, {LOAD}, {LOCAL})")
         return {}
 
     def forward(self, command: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -286,7 +306,8 @@ class LocalTransport:
 class VerticalHub:
     """The label party driving a search or a split training over a ``Transport`` to the other parties."""
 
-    def __init__(self, recipe: VerticalRecipe, party: Party, transport: Transport) -> None:
+    def __init__(self, recipe: VerticalRecipe, party: Party, transport: Transport, directory: Path | None = None
+                 ) -> None:
         if party.index != recipe.label or party.labels is None or party.top is None:
             raise ValueError(f"{party.name}: the hub is the label party party_{recipe.label}, with the labels and "
                              "the top network")
@@ -294,7 +315,10 @@ class VerticalHub:
         self.own = OwnSide(recipe, party)
         self.others, self.hub = recipe.others, party_name(recipe.label)
         self.split_sizes = dict(recipe.split_sizes)
-        self.channel, self.eval_channel = Channel(), Channel()
+        self.channel, self.eval_channel, self.report_channel = Channel(), Channel(), Channel()
+        """``report_channel``: the parties' reports of local work (``local``), which only the run's outputs use."""
+        self.directory = directory
+        """The label party's own folder, for its local work."""
         self.ledger = PrivacyLedger()
         self.history: list[dict[str, Any]] = []
         self.step = self.evaluations = self._exchange = 0
@@ -480,32 +504,41 @@ class VerticalHub:
                           None if val is None else batch_at(val, batch_size, s, self.recipe.seed, "val"))
         return self.history
 
-    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test", account: bool = True
-                 ) -> dict[str, float]:
+    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test", account: bool = True,
+                 predictions: bool = False) -> dict[str, Any]:
         """``VerticalProtocol.evaluate``: every party in eval mode, forward only, on ``eval_channel``."""
-        indices = torch.as_tensor(indices, dtype=torch.long)
-        modules = list(self.party.modules().values())
-        modes = [m.training for m in modules]
-        for m in modules:
-            m.eval()
-        total_loss, correct, count = 0.0, 0.0, 0
-        try:
-            for start in range(0, len(indices), batch_size):
-                batch = indices[start:start + batch_size]
-                p = self.forward({split: batch}, grad=False, channel=self.eval_channel, account=False,
-                                 noise_key=("eval", self.evaluations, start))
-                total_loss += float(p.losses[split]) * len(batch)
-                correct += _accuracy(p.logits[split], self.party.labels[batch]).get("accuracy", 0.0) * len(batch)
-                count += len(batch)
-        finally:
-            for m, mode in zip(modules, modes):
-                m.train(mode)
-        for j in self.others if account else []:
-            mechanism = self.recipe.forward_mechanism
-            if self.ledger.record(party_name(j), indices, mechanism):
-                self.ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
+        result = evaluate_passes(self, list(self.party.modules().values()), self.party.labels, indices, batch_size,
+                                 split, predictions)
+        if account:
+            account_evaluation(self.ledger, indices, split, {j: self.recipe.forward_mechanism for j in self.others})
         self.evaluations += 1
-        return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
+        return result
+
+    def evaluate_label_party_alone(self, indices: torch.Tensor, batch_size: int = 256) -> float:
+        return label_party_alone_accuracy(self.party, self.recipe.parties, indices, batch_size)
+
+    def step_cost(self, step: int) -> dict[str, int]:
+        return step_cost(self.channel, step, self.hub)
+
+    def epsilon(self, delta: float, amplified: bool = False) -> dict[str, float]:
+        return ledger_epsilons(self.ledger, [party_name(k) for k in range(self.recipe.parties)], delta, amplified)
+
+    def local(self, task: str, commands: Mapping[int, dict[str, Any]]) -> dict[int, Any]:
+        """Every party's ``recipe.local`` task, each on its own side (the label party's here, on its directory),
+        with its command: their reports by party, each logged as crossing on ``report_channel``."""
+        command_of = {j: {"task": task, **commands[j]} for j in range(self.recipe.parties)}
+        for j in self.others:
+            self.report_channel.send_scalars(self.step, self.hub, party_name(j),
+                                             {f"{LOCAL}/{key}": value for key, value in command_of[j].items()})
+        replies = self.transport.exchange(LOCAL, {j: (command_of[j], {}) for j in self.others})
+        reports = {self.recipe.label: self.recipe.local(task, self.party, self.directory, command_of[self.recipe.label])}
+        for j in self.others:
+            if REPORT not in replies.get(j, {}):
+                raise FederationError(f"{party_name(j)}: its reply to local task {task!r} lacks {REPORT!r}")
+            text = bytes(replies[j][REPORT].tolist()).decode("utf-8")
+            self.report_channel.send_scalars(self.step, party_name(j), self.hub, {f"{task}/{REPORT}": text})
+            reports[j] = json.loads(text)
+        return reports
 
     def save_state(self, directory: str | Path) -> None:
         """Between steps: every other party saves its networks and optimizers in its own directory, then the label

@@ -312,74 +312,101 @@ class VerticalProtocol:
         the ledger records one release at rate 1 per party on ``split`` (and one for each of its samples) (``account=False`` leaves it out: an
         experimenter's measurement on held-out test rows, not a release of training data). ``predictions``
         adds ``"predicted"``: the label party's argmax class per sample, in the order of ``indices``."""
-        indices = torch.as_tensor(indices, dtype=torch.long)
         modules = [m for party in self.parties for m in party.modules().values()]
-        modes = [m.training for m in modules]
-        for m in modules:
-            m.eval()
-        total_loss, correct, count = 0.0, 0.0, 0
-        predicted: list[torch.Tensor] = []
-        try:
-            for start in range(0, len(indices), batch_size):
-                batch = indices[start:start + batch_size]
-                p = self.forward({split: batch}, grad=False, channel=self.eval_channel, account=False,
-                                 noise_key=("eval", self.evaluations, start))
-                total_loss += float(p.losses[split]) * len(batch)
-                if predictions:
-                    predicted.append(p.logits[split].argmax(dim=1))
-                acc = _accuracy(p.logits[split], self.parties[self.label].labels[batch])
-                correct += acc.get("accuracy", 0.0) * len(batch)
-                count += len(batch)
-        finally:
-            for m, mode in zip(modules, modes):
-                m.train(mode)
-        for j in self.others if account else []:
-            mechanism = self.forward_mechanisms[j]
-            if self.ledger.record(party_name(j), indices, mechanism):
-                self.ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
+        result = evaluate_passes(self, modules, self.parties[self.label].labels, indices, batch_size, split, predictions)
+        if account:
+            account_evaluation(self.ledger, indices, split, self.forward_mechanisms)
         self.evaluations += 1
-        result: dict[str, Any] = {"loss": total_loss / max(count, 1)}
-        if not torch.is_floating_point(self.parties[self.label].labels):
-            result["accuracy"] = correct / max(count, 1)
-        if predictions:
-            result["predicted"] = torch.cat(predicted) if predicted else torch.zeros(0, dtype=torch.long)
         return result
 
     def evaluate_label_party_alone(self, indices: torch.Tensor, batch_size: int = 256) -> float:
-        """Accuracy of the label party's own decision with every other party's embedding replaced by zeros (eval mode;
-        nothing crosses, nothing is released): how much of the network's accuracy the label party's features carry. With
-        a linear top network this drops exactly the other parties' terms of the logits. Every party's embedding has the
-        label party's shape (one embedding size for all)."""
-        indices = torch.as_tensor(indices, dtype=torch.long)
-        hub = self.parties[self.label]
-        modes = [(m, m.training) for m in hub.modules().values()]
-        for m, _ in modes:
-            m.eval()
-        correct = 0
-        try:
-            with torch.no_grad():
-                for start in range(0, len(indices), batch_size):
-                    batch = indices[start:start + batch_size]
-                    own = hub.bottom(hub.features[batch])
-                    parts = [own if k == self.label else torch.zeros_like(own) for k in range(len(self.parties))]
-                    correct += int((hub.top(self.combine(parts)).argmax(dim=1) == hub.labels[batch]).sum())
-        finally:
-            for m, mode in modes:
-                m.train(mode)
-        return correct / max(len(indices), 1)
+        """``label_party_alone_accuracy`` of this protocol's label party."""
+        return label_party_alone_accuracy(self.parties[self.label], len(self.parties), indices, batch_size, self.combine)
 
     # ---- what it cost and what it revealed --------------------------------------------------------------------
     def step_cost(self, step: int, channel: Channel | None = None) -> dict[str, int]:
-        """Messages, bytes and sequential exchanges of one step, from the channel's log."""
-        messages = [m for m in (self.channel if channel is None else channel).messages if m.round == step]
-        return {"messages": len(messages), "bytes": sum(m.nbytes for m in messages),
-                "exchanges": exchange_count(messages, self.hub)}
+        return step_cost(self.channel if channel is None else channel, step, self.hub)
 
     def epsilon(self, delta: float, amplified: bool = False) -> dict[str, float]:
-        """Each party's epsilon at ``delta`` so far (NaN: released-code mechanism, inf: no noise): without amplification
-        (the headline, ``PrivacyLedger.epsilon``) or assuming Poisson subsampling (``amplified``)."""
-        of = self.ledger.epsilon_amplified if amplified else self.ledger.epsilon
-        return {p.name: of(p.name, delta) for p in self.parties}
+        return ledger_epsilons(self.ledger, [p.name for p in self.parties], delta, amplified)
+
+
+def evaluate_passes(protocol: Any, modules: Sequence[nn.Module], labels: torch.Tensor, indices: torch.Tensor,
+                    batch_size: int, split: str, predictions: bool) -> dict[str, Any]:
+    """Forward-only passes of ``protocol`` (a ``VerticalProtocol`` or a node protocol's hub: anything with their
+    ``forward`` and ``eval_channel``) over ``indices``, every module in eval mode meanwhile: the mean loss, the
+    accuracy (class labels) and, with ``predictions``, the argmax class per sample in the order of ``indices``."""
+    indices = torch.as_tensor(indices, dtype=torch.long)
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    total_loss, correct, count = 0.0, 0.0, 0
+    predicted: list[torch.Tensor] = []
+    try:
+        for start in range(0, len(indices), batch_size):
+            batch = indices[start:start + batch_size]
+            p = protocol.forward({split: batch}, grad=False, channel=protocol.eval_channel, account=False,
+                                 noise_key=("eval", protocol.evaluations, start))
+            total_loss += float(p.losses[split]) * len(batch)
+            if predictions:
+                predicted.append(p.logits[split].argmax(dim=1))
+            correct += _accuracy(p.logits[split], labels[batch]).get("accuracy", 0.0) * len(batch)
+            count += len(batch)
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+    result: dict[str, Any] = {"loss": total_loss / max(count, 1)}
+    if not torch.is_floating_point(labels):
+        result["accuracy"] = correct / max(count, 1)
+    if predictions:
+        result["predicted"] = torch.cat(predicted) if predicted else torch.zeros(0, dtype=torch.long)
+    return result
+
+
+def account_evaluation(ledger: PrivacyLedger, indices: torch.Tensor, split: str,
+                       mechanisms: Mapping[int, GaussianMechanism | None]) -> None:
+    """An evaluation's releases: each sample once, at rate 1, by every party that sent its activations."""
+    indices = torch.as_tensor(indices, dtype=torch.long)
+    for j, mechanism in mechanisms.items():
+        if ledger.record(party_name(j), indices, mechanism):
+            ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
+
+
+def label_party_alone_accuracy(hub: Party, parties: int, indices: torch.Tensor, batch_size: int = 256,
+                               combine: Callable[[list[torch.Tensor]], torch.Tensor] = concat_dim1) -> float:
+    """Accuracy of the label party's own decision with every other party's embedding replaced by zeros (eval mode;
+    nothing crosses, nothing is released): how much of the network's accuracy the label party's features carry. With
+    a linear top network this drops exactly the other parties' terms of the logits. Every party's embedding has the
+    label party's shape (one embedding size for all)."""
+    indices = torch.as_tensor(indices, dtype=torch.long)
+    modes = [(m, m.training) for m in hub.modules().values()]
+    for m, _ in modes:
+        m.eval()
+    correct = 0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(indices), batch_size):
+                batch = indices[start:start + batch_size]
+                own = hub.bottom(hub.features[batch])
+                parts = [own if k == hub.index else torch.zeros_like(own) for k in range(parties)]
+                correct += int((hub.top(combine(parts)).argmax(dim=1) == hub.labels[batch]).sum())
+    finally:
+        for m, mode in modes:
+            m.train(mode)
+    return correct / max(len(indices), 1)
+
+
+def step_cost(channel: Channel, step: int, hub: str) -> dict[str, int]:
+    """Messages, bytes and sequential exchanges of one step, from a channel's log (``hub``: the label party)."""
+    messages = [m for m in channel.messages if m.round == step]
+    return {"messages": len(messages), "bytes": sum(m.nbytes for m in messages), "exchanges": exchange_count(messages, hub)}
+
+
+def ledger_epsilons(ledger: PrivacyLedger, names: Sequence[str], delta: float, amplified: bool = False) -> dict[str, float]:
+    """Each party's epsilon at ``delta`` so far (NaN: released-code mechanism, inf: no noise): without amplification
+    (the headline, ``PrivacyLedger.epsilon``) or assuming Poisson subsampling (``amplified``)."""
+    of = ledger.epsilon_amplified if amplified else ledger.epsilon
+    return {name: of(name, delta) for name in names}
 
 
 def _grad(output: torch.Tensor, inputs: list[torch.Tensor], grad_output: torch.Tensor | None = None) -> list[torch.Tensor]:

@@ -90,6 +90,21 @@ def batch_at(indices: torch.Tensor, batch_size: int, step: int, seed: int, split
     return indices[order[position * batch_size:(position + 1) * batch_size]]
 
 
+def rule_cost(rule: str, senders: int, second_order: bool = False, global_norm: bool = True, bundle: bool = True
+              ) -> tuple[int, int]:
+    """(messages, sequential exchanges) of one step of a rule with ``senders`` parties besides the label party (the
+    counts in this module's docstring)."""
+    if rule == "darts":
+        passes = 4 if not second_order else 12 if global_norm else 10
+    elif rule == "milenas":
+        passes = 2 if bundle else 4
+    elif rule == "train":
+        passes = 2
+    else:
+        raise ValueError(f"rule {rule!r}: allowed 'darts', 'milenas', 'train'")
+    return passes * senders, 0 if senders == 0 else passes
+
+
 class Search:
     """Shared machinery: per-party optimizers, local gradient clipping, the step loop and its history."""
 
@@ -162,14 +177,10 @@ class DartsSearch(Search):
         self.second_order, self.xi, self.r, self.global_norm = second_order, xi, r, global_norm
 
     def messages_per_step(self) -> int:
-        if not self.second_order:
-            return 4 * self.senders
-        return (12 if self.global_norm else 10) * self.senders
+        return rule_cost("darts", self.senders, second_order=self.second_order, global_norm=self.global_norm)[0]
 
     def exchanges_per_step(self) -> int:
-        if self.senders == 0:
-            return 0
-        return 4 if not self.second_order else 12 if self.global_norm else 10
+        return rule_cost("darts", self.senders, second_order=self.second_order, global_norm=self.global_norm)[1]
 
     def config(self) -> dict[str, Any]:
         return super().config() | {"second_order": self.second_order, "xi": self.xi, "r": self.r, "global_norm": self.global_norm}
@@ -232,10 +243,10 @@ class MiLeNASSearch(Search):
         self.lam, self.bundle = lam, bundle
 
     def messages_per_step(self) -> int:
-        return (2 if self.bundle else 4) * self.senders
+        return rule_cost("milenas", self.senders, bundle=self.bundle)[0]
 
     def exchanges_per_step(self) -> int:
-        return 0 if self.senders == 0 else 2 if self.bundle else 4
+        return rule_cost("milenas", self.senders, bundle=self.bundle)[1]
 
     def config(self) -> dict[str, Any]:
         return super().config() | {"lam": self.lam, "bundle": self.bundle}
@@ -265,10 +276,10 @@ class SplitTraining(Search):
     rule = "train"
 
     def messages_per_step(self) -> int:
-        return 2 * self.senders
+        return rule_cost("train", self.senders)[0]
 
     def exchanges_per_step(self) -> int:
-        return 0 if self.senders == 0 else 2
+        return rule_cost("train", self.senders)[1]
 
     def step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None) -> dict[str, Any]:
         P = self.protocol

@@ -10,10 +10,10 @@ string in ``messages.CONFIG``, logged on the channel's scalar log.
 A party keeps its networks, optimizers and the graph of its last forward in its ClientApp's process memory between
 messages (one ``PartyWorker`` per run and party): Flower's simulation runs the ClientApps in a long-lived Ray actor
 (``ray_backend_config`` gives exactly one: each ClientApp asks for every core Ray has), so that memory lasts the run;
-a node whose backward finds no forward (an actor restarted, or several actors splitting a party's messages) says so
-(``FederationError``). A deployment
-starts one ClientApp process per message, which this does not survive: there a party would have to keep its state in
-its directory, and its forward's graph cannot be kept at all (the backward would recompute it).
+with more than two parties the other parties' workers share that one process (each built from, and reading, only its
+own files). A node whose backward finds no forward (an actor restarted, or several actors splitting a party's messages)
+says so (``FederationError``). A deployment starts one ClientApp process per message, which this does not survive:
+there a party would have to keep its state in its directory and recompute its forward's graph in the backward.
 
 Nodes are told apart by the party each answers to a first query: ``party-id`` in a node's config, or, in the
 simulation, the ``partition-id``-th party other than the label party.
@@ -37,8 +37,8 @@ from fedrepro.errors import FederationError
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.client import PARTITION_ID_KEY, STATE_DIR_KEY
 from fedrepro.fl.flower.server import send_and_receive
-from fedrepro.fl.flower.simulation import NODES, quiet_environment, ray_backend_config
-from fedrepro.vfl.nodes import PartyWorker, VerticalHub, VerticalRecipe
+from fedrepro.fl.flower.simulation import quiet_environment, ray_backend_config
+from fedrepro.vfl.nodes import NODES, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import party_name
 
 PARTY_ID_KEY = "party-id"
@@ -175,10 +175,11 @@ class VerticalSimulation:
         self.recipe, self.drive, self.nodes_timeout = recipe, drive, nodes_timeout
         """How long the label party waits for every node to say which party it holds: the Ray actor starts on the
         first message, which took over 120 s on the 2-core machine under a full load."""
-        self.nodes_root = (Path(root) / NODES).resolve()
+        self.root = Path(root).resolve()
+        self.nodes_root = self.root / NODES
 
     def party_directory(self, index: int) -> Path:
-        return self.nodes_root / party_name(index)
+        return party_directory(self.root, index)
 
     def run(self) -> tuple[VerticalHub, Any]:
         done: dict[str, Any] = {}
@@ -190,7 +191,7 @@ class VerticalSimulation:
                 torch.set_num_threads(self.recipe.threads)
                 label = self.recipe.build_party(self.recipe.label)
                 transport = FlowerTransport(grid, self.recipe, nodes_timeout=self.nodes_timeout)
-                hub = VerticalHub(self.recipe, label, transport)
+                hub = VerticalHub(self.recipe, label, transport, self.party_directory(self.recipe.label))
                 done["result"] = self.drive(hub)
                 hub.save_parties()
                 done["hub"] = hub
