@@ -410,12 +410,6 @@ def test_a_party_of_its_own_builds_only_from_its_own_columns(toy_partition):
     assert torch.equal(held[0], data.features[0]) and held[1] is None
 
 
-def test_a_deployment_of_ssvfnas_parties_is_refused_with_the_reason():
-    from fedrepro.ssvfnas.parties import runtime_parties
-    with pytest.raises(ConfigError, match="train.runtime = 'flower-deployment': SS-VFNAS's parties run on"):
-        runtime_parties("flower-deployment")
-
-
 # ----- the report on fake cells -----------------------------------------------------------------------------
 def _genotype() -> dict:
     torch.manual_seed(0)

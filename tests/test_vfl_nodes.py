@@ -131,17 +131,19 @@ def test_parties_as_flower_nodes_give_the_in_process_run(tmp_path):
             assert flower[key] == reference[key], (case, key)
 
 
-def test_an_ssvfnas_cell_with_its_parties_as_flower_nodes_writes_the_engines_outputs(tmp_path):
-    """``train.runtime: flower-simulation`` for SS-VFNAS: a pre-searched DARTS cell with DP, party_1 a node holding
-    only its columns; every output file is the engine's, byte for byte, and besides the protocol's tensors only
-    party_1's reports of its own work crossed (its pre-search losses, its alphas' entropy and shift per curve point,
-    its genotype, alphas' summary and network sizes)."""
+@pytest.mark.parametrize("runtime", ["flower-simulation", "flower-deployment"])
+def test_an_ssvfnas_cell_with_its_parties_as_flower_nodes_writes_the_engines_outputs(tmp_path, runtime):
+    """``train.runtime`` for SS-VFNAS: a pre-searched DARTS cell with DP, party_1 a node holding only its columns (on
+    the deployment: a SuperNode whose per-message ClientApps hand each command to party_1's own service process);
+    every output file is the engine's, byte for byte, and besides the protocol's tensors only party_1's reports of
+    its own work crossed (its pre-search losses, its alphas' entropy and shift per curve point, its genotype,
+    alphas' summary and network sizes)."""
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
     out = tmp_path / "results.json"
     run_on_loopback([sys.executable, str(HERE / "vertical_cells.py"), "--out", str(out), "--work",
-                     str(tmp_path / "work"), "--ssvfnas-cell", "ss_vfnas1"], timeout=900)
+                     str(tmp_path / "work"), "--ssvfnas-cell", "ss_vfnas1", "--runtime", runtime], timeout=900)
     results = json.loads(out.read_text())
-    assert results["flower-simulation"] == results["engine"] and "metrics.json" in results["engine"]
+    assert results[runtime] == results["engine"] and "metrics.json" in results["engine"]
     reports = {phase: [names for _, sender, receiver, names, _ in log if (sender, receiver) == ("party_1", "party_0")]
                for phase, log in results["reports"].items()}
     asked = [names for log in results["reports"].values() for _, sender, _, names, _ in log

@@ -4,7 +4,8 @@ test_vfl_nodes.py; as a script, the Flower runs, in a subprocess the test starts
 Every party is built alone (``tiny_party``: its own seeded columns and network), as a node builds it; the in-process
 reference builds all of them the same way, so both start from identical parties.
 
-Usage: python tests/vertical_cells.py --out results.json --work DIR [--only CASE ...] [--ssvfnas-cell METHOD]
+Usage: python tests/vertical_cells.py --out results.json --work DIR [--only CASE ...]
+       [--ssvfnas-cell METHOD [--runtime flower-simulation|flower-deployment]]
 (``--ssvfnas-cell``: instead, one tiny SS-VFNAS cell of the toy partition in process and on Flower, each output file's
 digest and the parties' reports).
 """
@@ -162,13 +163,14 @@ def digests(folder: Path) -> dict[str, str]:
             for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
-def ssvfnas_cell(method: str, work: Path) -> dict:
-    """One tiny SS-VFNAS cell (DP on) of the toy partition in process and with each party a Flower node."""
+def ssvfnas_cell(method: str, work: Path, runtime: str) -> dict:
+    """One tiny SS-VFNAS cell (DP on) of the toy partition in process and with each party a Flower node of
+    ``runtime``."""
     from test_ssvfnas import build_partition, tiny_params, toy_vertical, write_partition
 
     from fedrepro.ssvfnas import runs
     from fedrepro.ssvfnas.cells import Cell
-    from fedrepro.ssvfnas.parties import REPORTS, flower_parties
+    from fedrepro.ssvfnas.parties import REPORTS, deployment_parties, flower_parties
 
     tables, labels, splits, summary = build_partition(toy_vertical(work / "prepared", n=160), "toy", 2, 0.25, 0.5, 0,
                                                       seed=0)
@@ -176,10 +178,10 @@ def ssvfnas_cell(method: str, work: Path) -> dict:
     params, cell = tiny_params(), Cell(method, "toy", 2, 1.0, 1.0, 0)
     runs.run_cell(params, cell, work / "partitions", work / "engine", work / "engine-ckpt", "inputs")
     runs.run_cell(params, cell, work / "partitions", work / "flower", work / "flower-ckpt", "inputs",
-                  parties=flower_parties)
+                  parties=flower_parties if runtime == "flower-simulation" else deployment_parties)
     reports = {phase: json.loads((work / "flower-ckpt" / "parties" / phase / REPORTS).read_text())
                for phase in ("search", "retrain")}
-    return {"engine": digests(work / "engine"), "flower-simulation": digests(work / "flower"), "reports": reports}
+    return {"engine": digests(work / "engine"), runtime: digests(work / "flower"), "reports": reports}
 
 
 def main() -> None:
@@ -188,10 +190,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", nargs="*", help="cases to run (default: all)")
     parser.add_argument("--ssvfnas-cell", metavar="METHOD", help="one tiny SS-VFNAS cell of METHOD instead")
+    parser.add_argument("--runtime", choices=("flower-simulation", "flower-deployment"), default="flower-simulation",
+                        help="the cell's Flower runtime (--ssvfnas-cell)")
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])  # Ray workers import this
     if args.ssvfnas_cell:
-        args.out.write_text(json.dumps(ssvfnas_cell(args.ssvfnas_cell, args.work), indent=1, sort_keys=True))
+        args.out.write_text(json.dumps(ssvfnas_cell(args.ssvfnas_cell, args.work, args.runtime), indent=1,
+                                       sort_keys=True))
         return
     results = {}
     for case in args.only or CASES:

@@ -9,11 +9,13 @@ directory) to build its derived network for the retraining. Those reports are th
 protocol's activations and gradients, and the label party logs them on its ``report_channel``.
 
 Each phase (search, retraining) is one run of the parties (``PartyRunner``): in this process over ``LocalTransport``
-(``local_parties``, for tests) or on Flower's simulation, each party a node (``flower_parties``).
+(``local_parties``, for tests), on Flower's simulation (``flower_parties``) or on a real deployment
+(``deployment_parties``), each party a node.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -176,54 +178,80 @@ def _every_party(cell: Cell, command: dict[str, Any] | None = None) -> dict[int,
     return {k: dict(command or {}) for k in range(cell.parties)}
 
 
+@dataclass(frozen=True)
+class SearchPhase:
+    """The label party's search (``PartyRunner``'s ``drive``): the parties' pre-search, the steps with a curve point
+    each ``eval_every``, and each party's genotype, alphas' summary and size. Returns (the search's metrics, its
+    ledger, the supernets' sizes). Picklable: a deployment's ServerApp process loads it."""
+
+    params: Params
+    cell: Cell
+    data: PartitionData
+    root: Path
+    cost: tuple[int, int]
+
+    def __call__(self, hub: VerticalHub) -> tuple[dict[str, Any], Any, list[int]]:
+        ss, cell, data = self.params.ssvfnas, self.cell, self.data
+        begin = hub.local("begin", _every_party(cell, {"presearch": cell.presearch, "rows": data.training_rows.tolist()}))
+        losses = {party_name(k): begin[k]["losses"] for k in range(cell.parties)} if cell.presearch else None
+        alphas = lambda: [r for _, r in sorted(hub.local("alphas", _every_party(cell)).items())]  # noqa: E731
+        run_steps(HubSteps(hub), data.splits["train"], data.splits["valid"], ss.search.batch_size, ss.search.steps,
+                  ss.search.lr, ss.search.lr_min, ss.search.eval_every, ss.search.checkpoint_every,
+                  self.root / "label", _curve_point(hub, data.splits["test"], ss.dp.delta, alphas))
+        finish = [r for _, r in sorted(hub.local("finish", _every_party(cell)).items())]
+        found = search_metrics(self.params, cell, hub, hub.history, self.cost, losses,
+                               combine_alpha_summaries([r["alpha"] for r in finish]), [r["genotype"] for r in finish])
+        _log_reports(hub, self.root)
+        return found, hub.ledger, [r["parameters"] for r in finish]
+
+
+@dataclass(frozen=True)
+class RetrainPhase:
+    """The label party's retraining: the steps with a held-out point each ``eval_every``, the test evaluation and the
+    parties' sizes. Returns (the retraining's metrics, the test predictions). Picklable, like ``SearchPhase``."""
+
+    params: Params
+    data: PartitionData
+    search_ledger: Any
+    root: Path
+    cost: tuple[int, int]
+    parameters: dict[str, Any]
+    """What the search (the supernets' sizes) or the baseline (its target sizes) measured."""
+
+    def __call__(self, hub: VerticalHub) -> tuple[dict[str, Any], torch.Tensor]:
+        ss, data, test = self.params.ssvfnas, self.data, self.data.splits["test"]
+        run_steps(HubSteps(hub), data.training_rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr,
+                  ss.retrain.lr_min, ss.retrain.eval_every, ss.search.checkpoint_every, self.root / "label",
+                  validation_point(hub, data.splits[HELD_OUT]))
+        result = hub.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
+        sizes = hub.local("parameters", {k: {} for k in range(data.parties)})
+        parameters = {**self.parameters, "bottom": [sizes[k]["parameters"] for k in range(data.parties)],
+                      "top": count_parameters(hub.party.top)}
+        _log_reports(hub, self.root)
+        return retrain_metrics(self.params, data, self.search_ledger, hub, hub.history, self.cost, hub.party.top,
+                               result, hub.evaluate_label_party_alone(test, EVAL_BATCH), parameters), result["predicted"]
+
+
 def run_on_parties(params: Params, cell: Cell, data: PartitionData, partition: Path, checkpoints: Path,
                    inputs_digest: str, parties: PartyRunner) -> tuple[dict[str, Any], torch.Tensor]:
     """``runs.run_in_process`` with the parties on their own sides; this process is the label party. Each phase keeps
     its checkpoints under ``checkpoints/parties/<phase>`` (the label party's in ``label``, each party's in its own
     directory), so a killed cell resumes to the same outputs."""
-    ss, root = params.ssvfnas, Path(checkpoints) / "parties"
+    root = Path(checkpoints).resolve() / "parties"
     fingerprint = run_fingerprint(params, cell, inputs_digest)
-    train, valid, test = data.splits["train"], data.splits["valid"], data.splits["test"]
     measured: dict[str, Any] = {}
-    parameters: dict[str, Any] = {}
     search_ledger = None
     if not cell.baseline:
         recipe = cell_recipe(params, cell, data, partition, "search", fingerprint)
-
-        def search(hub: VerticalHub) -> tuple[dict[str, Any], Any, list[int]]:
-            begin = hub.local("begin", _every_party(cell, {"presearch": cell.presearch,
-                                                           "rows": data.training_rows.tolist()}))
-            losses = {party_name(k): begin[k]["losses"] for k in range(cell.parties)} if cell.presearch else None
-            alphas = lambda: [r for _, r in sorted(hub.local("alphas", _every_party(cell)).items())]  # noqa: E731
-            run_steps(HubSteps(hub), train, valid, ss.search.batch_size, ss.search.steps, ss.search.lr,
-                      ss.search.lr_min, ss.search.eval_every, ss.search.checkpoint_every, root / "search" / "label",
-                      _curve_point(hub, test, ss.dp.delta, alphas))
-            finish = [r for _, r in sorted(hub.local("finish", _every_party(cell)).items())]
-            alpha = combine_alpha_summaries([r["alpha"] for r in finish])
-            found = search_metrics(params, cell, hub, hub.history, _cost(recipe), losses, alpha,
-                                   [r["genotype"] for r in finish])
-            _log_reports(hub, root / "search")
-            return found, hub.ledger, [r["parameters"] for r in finish]
-
-        found, search_ledger, parameters["supernet"] = parties(recipe, search, root / "search")
+        found, search_ledger, sizes = parties(recipe, SearchPhase(params, cell, data, root / "search", _cost(recipe)),
+                                              root / "search")
         measured |= found
+        parameters: dict[str, Any] = {"supernet": sizes}
     else:
-        parameters["baseline_target"] = baseline_networks(params, data, cell.seed)[1]
+        parameters = {"baseline_target": baseline_networks(params, data, cell.seed)[1]}
     recipe = cell_recipe(params, cell, data, partition, "retrain", fingerprint, root / "search")
-
-    def retrain(hub: VerticalHub) -> tuple[dict[str, Any], torch.Tensor]:
-        run_steps(HubSteps(hub), data.training_rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr,
-                  ss.retrain.lr_min, ss.retrain.eval_every, ss.search.checkpoint_every, root / "retrain" / "label",
-                  validation_point(hub, data.splits[HELD_OUT]))
-        result = hub.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
-        sizes = hub.local("parameters", _every_party(cell))
-        parameters["bottom"] = [sizes[k]["parameters"] for k in range(cell.parties)]
-        parameters["top"] = count_parameters(hub.party.top)
-        _log_reports(hub, root / "retrain")
-        return retrain_metrics(params, data, search_ledger, hub, hub.history, _cost(recipe), hub.party.top, result,
-                               hub.evaluate_label_party_alone(test, EVAL_BATCH), parameters), result["predicted"]
-
-    trained, predicted = parties(recipe, retrain, root / "retrain")
+    trained, predicted = parties(recipe, RetrainPhase(params, data, search_ledger, root / "retrain", _cost(recipe),
+                                                      parameters), root / "retrain")
     return measured | trained, predicted
 
 
@@ -250,10 +278,20 @@ def flower_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], Any], 
     return VerticalSimulation(recipe, root, drive).run()[1]
 
 
-def runtime_parties(runtime: str) -> PartyRunner:
-    """The ``PartyRunner`` of a ``train.runtime`` other than the engine."""
-    if runtime == "flower-simulation":
+def deployment_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], Any], root: Path,
+                       timeout: float = 86400, reply_timeout: float | None = None) -> Any:
+    """A ``PartyRunner`` on a real Flower deployment on this machine: the label party in the ServerApp, every other
+    party a SuperNode with its own service process (``fedrepro.fl.flower.vertical_deployment``)."""
+    from fedrepro.fl.flower.vertical_deployment import VerticalDeployment
+    return VerticalDeployment(recipe, root, drive, timeout, reply_timeout).run()
+
+
+def runtime_parties(train: Any) -> PartyRunner:
+    """The ``PartyRunner`` of ``train.runtime`` (flower-simulation or flower-deployment; the deployment with
+    ``train.run_timeout`` and ``train.reply_timeout``)."""
+    if train.runtime == "flower-simulation":
         return flower_parties
-    raise ConfigError(f"train.runtime = {runtime!r}: SS-VFNAS's parties run on 'engine' or 'flower-simulation'. On a "
-                      "deployment each message starts a new ClientApp process, and a party must keep its networks and "
-                      "the graph of its forward pass between messages")
+    if train.runtime == "flower-deployment":
+        return functools.partial(deployment_parties, timeout=train.run_timeout, reply_timeout=train.reply_timeout)
+    raise ConfigError(f"train.runtime = {train.runtime!r}: the parties on their own sides need flower-simulation or "
+                      "flower-deployment")

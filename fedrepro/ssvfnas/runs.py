@@ -592,7 +592,7 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
     seed_everything(cell.seed, ss.threads)
     if parties is None and params.train.runtime != "engine" and not cell.label_alone:
         from fedrepro.ssvfnas.parties import runtime_parties
-        parties = runtime_parties(params.train.runtime)
+        parties = runtime_parties(params.train)
     data = hold_out(load_partition(partition, label_only=parties is not None), ss.retrain.held_out_fraction,
                     params.data.seed)
     if data.parties != cell.parties:

@@ -69,14 +69,11 @@ packages = ["."]
 publisher = "fedrepro"
 
 [tool.flwr.app.components]
-serverapp = "fedrepro.fl.flower.apps:server_app"
-clientapp = "fedrepro.fl.flower.apps:client_app"
+serverapp = "{serverapp}"
+clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
-{recipe_key} = "{recipe}"
-{checkpoint_key} = "{checkpoint}"
-{timeout_key} = {timeout}
-{nodes_timeout_key} = {nodes_timeout}
+{config}
 """
 
 
@@ -161,14 +158,19 @@ def _marked(mark: str) -> list[int]:
 
 def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None,
               nodes_timeout: float = NODES_TIMEOUT) -> Path:
-    """The Flower App ``flwr run`` sends: only a pyproject.toml naming ``fedrepro.fl.flower.apps`` and the run config
-    (the recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout, how long the
-    server waits for one node per client before its first round)."""
+    """The Flower App ``flwr run`` sends for a horizontal cell (``fedrepro.fl.flower.apps``) with its run config: the
+    recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout, how long the server
+    waits for one node per client before its first round."""
+    return write_flower_app(folder, "fedrepro.fl.flower.apps:server_app", "fedrepro.fl.flower.apps:client_app", {
+        RECIPE_KEY: str(recipe_spec), CHECKPOINT_KEY: str(checkpoint_dir), REPLY_TIMEOUT_KEY: float(reply_timeout or 0),
+        NODES_TIMEOUT_KEY: float(nodes_timeout)})
+
+
+def write_flower_app(folder: Path, serverapp: str, clientapp: str, config: dict[str, str | float]) -> Path:
+    """A Flower App folder: only a pyproject.toml naming the components (``module:object``) and the run config."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pyproject.toml").write_text(APP_TOML.format(
-        recipe_key=RECIPE_KEY, recipe=recipe_spec, checkpoint_key=CHECKPOINT_KEY, checkpoint=checkpoint_dir,
-        timeout_key=REPLY_TIMEOUT_KEY, timeout=float(reply_timeout or 0), nodes_timeout_key=NODES_TIMEOUT_KEY,
-        nodes_timeout=float(nodes_timeout)))
+    lines = "\n".join(f"{key} = {json.dumps(value)}" for key, value in config.items())
+    (folder / "pyproject.toml").write_text(APP_TOML.format(serverapp=serverapp, clientapp=clientapp, config=lines))
     return folder
 
 
@@ -263,6 +265,10 @@ class LocalFederation:
                    "the ClientApp launcher")
         if self.processes["launcher"].poll() is not None:
             raise FederationError(f"the ClientApp launcher failed: see {self.logs / 'launcher.log'}")
+
+    def start_service(self, name: str, command: list[str]) -> subprocess.Popen:
+        """A long-lived process of a node beside its SuperNode (a vertical party's service), stopped with the rest."""
+        return self._spawn(name, command)
 
     def register(self, public_key: Path) -> None:
         self.flwr("supernode", "register", str(public_key), CONNECTION)
@@ -362,6 +368,10 @@ class LocalFederation:
         """``flwr run`` the cell's app; wait until the run is over (at most ``timeout`` seconds,
         ``train.run_timeout``); return its entry of ``flwr ls`` (see ``wait_for_run``)."""
         app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout, nodes_timeout)
+        return self.run(app, timeout, looks_done)
+
+    def run(self, app: Path, timeout: float, looks_done: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+        """``flwr run`` a Flower App folder and wait until the run is over (``run_app``)."""
         self.end_earlier_runs()
         started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
         run_id = str(started["run-id"])

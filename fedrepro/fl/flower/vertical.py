@@ -13,7 +13,7 @@ messages (one ``PartyWorker`` per run and party): Flower's simulation runs the C
 with more than two parties the other parties' workers share that one process (each built from, and reading, only its
 own files). A node whose backward finds no forward (an actor restarted, or several actors splitting a party's messages)
 says so (``FederationError``). A deployment starts one ClientApp process per message, which this does not survive:
-there a party would have to keep its state in its directory and recompute its forward's graph in the backward.
+there each party keeps its worker in a service process of its own (``vertical_deployment``).
 
 Nodes are told apart by the party each answers to a first query: ``party-id`` in a node's config, or, in the
 simulation, the ``partition-id``-th party other than the label party.
