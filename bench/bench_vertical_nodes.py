@@ -1,14 +1,17 @@
 """Per-step cost of SS-VFNAS's parties as Flower nodes against the in-process protocol (issue 21).
 
 The same search (MLP supernets, one per party, on synthetic columns; every party built alone from its own seed, as a
-node builds it) runs three ways: ``VerticalProtocol`` with every party in this process; the node protocol with the
-other parties' workers called in this process (``LocalTransport``: what splitting the roles costs without a network);
-and on Flower's simulation, the label party in the ServerApp and one node per other party. A step's cost is the median
-over the steps after the first of the time from its start to its end; start-up (Ray, the nodes, building each party) is
-left out. Prints each median, the ratios to the in-process step, and whether the histories are identical.
+node builds it) runs three ways, four with ``--deployment``: ``VerticalProtocol`` with every party in this process; the
+node protocol with the other parties' workers called in this process (``LocalTransport``: what splitting the roles
+costs without a network); on Flower's simulation, the label party in the ServerApp and one node per other party; and
+on a real Flower deployment on this machine (TLS, a SuperNode and a service process per other party, a new ClientApp
+process per message). A step's cost is the median over the steps after the first of the time from its start to its
+end; start-up (Ray or the federation, the nodes, building each party) is left out. Prints each median, the ratios to
+the in-process step, and whether the histories are identical.
 
 Run it on loopback only: scripts/loopback.sh python bench/bench_vertical_nodes.py
 Usage: python bench/bench_vertical_nodes.py [--parties 3] [--steps 12] [--batch 64] [--rule milenas] [--dp]
+       [--deployment]
 """
 
 from __future__ import annotations
@@ -89,6 +92,11 @@ def timed_steps(hub: VerticalHub, steps: int, size: int) -> list[float]:
     return times
 
 
+def timed_run(hub: VerticalHub, steps: int, size: int) -> tuple[list[float], list]:
+    """A deployment's drive (module-level, so its ServerApp process unpickles it by reference): times and history."""
+    return timed_steps(hub, steps, size), hub.history
+
+
 def local_nodes(recipe: VerticalRecipe, steps: int, size: int) -> tuple[float, list]:
     workers = {j: PartyWorker(recipe, recipe.build_party(j)) for j in recipe.others}
     hub = VerticalHub(recipe, recipe.build_party(recipe.label), LocalTransport(workers))
@@ -103,6 +111,14 @@ def flower_nodes(recipe: VerticalRecipe, steps: int, size: int) -> tuple[float, 
     return median_after_first(times), hub.history
 
 
+def deployment_nodes(recipe: VerticalRecipe, steps: int, size: int) -> tuple[float, list]:
+    from fedrepro.fl.flower.vertical_deployment import VerticalDeployment
+
+    with tempfile.TemporaryDirectory() as folder:
+        times, history = VerticalDeployment(recipe, folder, functools.partial(timed_run, steps=steps, size=size)).run()
+    return median_after_first(times), history
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parties", type=int, default=3)
@@ -110,6 +126,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rule", choices=("train", "darts", "milenas"), default="milenas")
     parser.add_argument("--dp", action="store_true", help="both Gaussian mechanisms on")
+    parser.add_argument("--deployment", action="store_true", help="also on a real Flower deployment on this machine")
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
     recipe = bench_recipe(args.parties, args.rule, args.dp)
@@ -117,12 +134,15 @@ def main() -> None:
     reference, history = in_process(recipe, args.steps, args.batch)
     local, local_history = local_nodes(recipe, args.steps, args.batch)
     flower, flower_history = flower_nodes(recipe, args.steps, args.batch)
+    deployed, deployed_history = deployment_nodes(recipe, args.steps, args.batch) if args.deployment else (None, history)
     print(f"{args.rule}, {args.parties} parties, batch {args.batch}, {args.steps} steps, DP {'on' if args.dp else 'off'}, "
           f"{recipe.threads} torch threads")
     print(f"in-process protocol:         {1000 * reference:8.1f} ms/step")
     print(f"nodes, in process:           {1000 * local:8.1f} ms/step  ({local / reference:.2f}x)")
     print(f"nodes on Flower (simulation): {1000 * flower:7.1f} ms/step  ({flower / reference:.2f}x)")
-    print(f"histories identical: {history == local_history == flower_history}")
+    if deployed is not None:
+        print(f"nodes on Flower (deployment): {1000 * deployed:7.1f} ms/step  ({deployed / reference:.2f}x)")
+    print(f"histories identical: {history == local_history == flower_history == deployed_history}")
 
 
 if __name__ == "__main__":  # run as the module: Ray then ships the recipe's functions by reference
