@@ -96,14 +96,11 @@ def test_a_server_restarted_from_its_checkpoint_while_the_nodes_run_resumes_to_t
     round 1 is not trained again) and the run equals the engine's uninterrupted run bit for bit, every client's
     private state included: the nodes, whose ClientApps may still have trained round 2 for the dead server, went
     on from the state of the last round the new server counted. No SuperNode died or was restarted. (The dead
-    run's ClientApps still waiting for their round-2 input would retry for up to 80 min in the launcher's one slot:
-    the new run stops the dead run and ends them first.)"""
+    run's ClientApps still waiting for their round-2 input retry for up to 80 min: ``RESTART_LAUNCHER_SLOTS``.)"""
     restart = drills["restart"]
     drill, deployment = restart["drill"], restart["flower-deployment"]
     assert "drill_error" not in drill, drill.get("drill_error")
     assert drill["killed_after_round"] == 1 and drill["server_apps_killed"] == 1
-    (ended,) = drill["ended_before_runs"]
-    assert len(ended["runs"]) == 1, "the dead run, still listed as running, was stopped before the new one started"
     assert [record["round"] for record in deployment["history"]] == list(range(1, RESTART_ROUNDS + 1))
     identified = [scalar for scalar in deployment["scalars"] if scalar[0] == -1]
     assert len(identified) == 2 * len(deployment["clients"]), "both ServerApps asked each node; the second resumed"

@@ -203,8 +203,6 @@ class LocalFederation:
         """Per stopped process: its exit code if it had ended by itself before ``stop``, else None."""
         self.ended: set[int] = set()
         """The pids of SuperNodes that died unasked and whose SuperExec and ClientApps were ended."""
-        self.ended_before_runs: list[dict[str, list]] = []
-        """Per ``run_app``: the earlier runs it stopped and their ClientApps it ended (``end_earlier_runs``)."""
         self.certificates: dict[str, Path] = {}
         self.launcher_socket = Path(tempfile.mkdtemp(prefix="fedrepro-launcher-")) / "socket"
         """In a short temporary folder: a Unix socket's path may not exceed about 100 bytes."""
@@ -324,26 +322,6 @@ class LocalFederation:
                 logger.warning("%s exited (code %s) during the run: its SuperExec and ClientApps were ended",
                                name, process.returncode)
 
-    def end_earlier_runs(self) -> dict[str, list]:
-        """Before a new run: stop every run the SuperLink still lists as unfinished (one whose ServerApp died stays
-        'running'), and end every ClientApp the launcher still runs. This federation runs one app at a time, so each
-        belongs to an earlier run; one whose ServerApp died retries pulling its input for about 80 min (Flower's 500
-        tries) and would hold its launcher slot, so that the new run's ClientApps could not start. Returns what was
-        ended (``runs``: run ids, ``clientapps``: pids), also logged."""
-        listed = json.loads(self.flwr("ls", CONNECTION, "--format", "json", check=False).stdout or "{}").get("runs")
-        runs = [str(run["run-id"]) for run in listed or [] if not str(run.get("status", "")).startswith("finished")]
-        for run_id in runs:
-            self.flwr("stop", run_id, CONNECTION, check=False)
-        clientapps = launcher.children_of(self.launcher_socket) if "launcher" in self.processes else []
-        for pid in clientapps:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if runs or clientapps:
-            logger.warning("before a new run: stopped the unfinished Flower runs %s and ended %d ClientApps of earlier "
-                           "runs", runs, len(clientapps))
-        self.ended_before_runs.append({"runs": runs, "clientapps": clientapps})
-        return self.ended_before_runs[-1]
-
     def stop_all(self) -> None:
         """SuperNodes first, then the launcher (and any ClientApp still running), the SuperLink last."""
         last = [name for name in ("launcher", "superlink") if name in self.processes]
@@ -372,7 +350,6 @@ class LocalFederation:
 
     def run(self, app: Path, timeout: float, looks_done: Callable[[], bool] = lambda: False) -> dict[str, Any]:
         """``flwr run`` a Flower App folder and wait until the run is over (``run_app``)."""
-        self.end_earlier_runs()
         started = json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json").stdout)
         run_id = str(started["run-id"])
 

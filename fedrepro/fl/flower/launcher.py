@@ -86,13 +86,12 @@ def children_folder(socket_path: str | Path) -> Path:
     return Path(f"{socket_path}.children")
 
 
-def children_of(socket_path: str | Path, requesters: set[int] | None = None) -> list[int]:
-    """The running ClientApp processes the launcher started for any of the ``requesters`` (SuperExec pids; None:
-    every one it started)."""
+def children_of(socket_path: str | Path, requesters: set[int]) -> list[int]:
+    """The running ClientApp processes the launcher started for any of the ``requesters`` (SuperExec pids)."""
     found = []
     for entry in children_folder(socket_path).glob("*"):
         try:
-            if requesters is None or int(entry.read_text() or -1) in requesters:
+            if int(entry.read_text() or -1) in requesters:
                 found.append(int(entry.name))
         except (OSError, ValueError):
             continue
