@@ -2,4 +2,6 @@
 ``client.py`` the engine's client step as a ClientApp, ``node_state.py`` keeps each client's private state
 on its own node, ``simulation.py`` runs both on Ray on loopback; ``deployment.py`` runs them on a real local
 federation (``federation.py``: the SuperLink and SuperNode processes, ``certificates.py``: their keys, ``apps.py``:
-the apps ``flwr run`` loads). Needs the ``flower`` extra (flwr[simulation])."""
+the apps ``flwr run`` loads). ``vertical.py`` and ``vertical_deployment.py`` (with ``party_service.py``) run
+SS-VFNAS's parties as nodes; ``common.py`` holds what both kinds share, so the vertical ones import none of the
+engine. Needs the ``flower`` extra (flwr[simulation])."""

@@ -5,7 +5,7 @@ ClientApp process), so they rebuild the cell from its recipe spec: a JSON file n
 ``recipe``, holding ``{"factory": "module:function", "kwargs": {...}}``; the factory returns the
 ``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir``, waits at most
 ``reply-timeout`` seconds for a round's replies (0: until every node answers) and at most ``nodes-timeout`` seconds
-for one node per client before its first round (``server.NODES_TIMEOUT`` if not given); each node keeps
+for one node per client before its first round (``common.NODES_TIMEOUT`` if not given); each node keeps
 its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``; on
 silo-local data (``CellRecipe.silo``) it loads that client's rows from its node config's ``data-dir`` only.
 A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FILE`` for the stage to raise.
@@ -21,11 +21,10 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.flower.client import NodeHandlers
-from fedrepro.fl.flower.server import NODES_TIMEOUT, FlowerServer
+from fedrepro.fl.flower.common import CHECKPOINT_KEY, NODES_TIMEOUT, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
+from fedrepro.fl.flower.server import FlowerServer
 from fedrepro.fl.recipe import load_recipe
 
-RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "reply-timeout"
-NODES_TIMEOUT_KEY = "nodes-timeout"
 DIVERGED_FILE = "diverged.txt"
 """In the checkpoint folder: the ``TrainingDiverged`` text that stopped the ServerApp (which runs in a process of
 its own: Flower only reports that the run failed)."""

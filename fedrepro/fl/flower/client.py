@@ -31,12 +31,12 @@ from fedrepro.errors import FedreproError, TrainingDiverged
 from fedrepro.fl.channel import Channel
 from fedrepro.fl.engine import FIT, LocalTrainer, score_split
 from fedrepro.fl.flower import messages as m
+from fedrepro.fl.flower.common import CLIENT_ID_KEY, DATA_DIR_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
 from fedrepro.fl.recipe import CellRecipe
 from fedrepro.fl.silo import read_manifest
 
 STATE_KEY, STATE_BYTES = "fedrepro", "node_state"
-CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY, DATA_DIR_KEY = "client-id", "partition-id", "state-dir", "data-dir"
 
 _trainers: dict[tuple[str, Path | None], LocalTrainer] = {}
 """This process's trainer, by run fingerprint and silo directory (one at a time: another frees the previous model)."""

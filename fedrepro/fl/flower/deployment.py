@@ -22,10 +22,9 @@ from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
 from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower.apps import DIVERGED_FILE
 from fedrepro.fl.flower.certificates import make_node_key
+from fedrepro.fl.flower.common import NODES_TIMEOUT, quiet_environment
 from fedrepro.fl.flower.federation import LocalFederation, stopped_cleanly_on_sigterm
 from fedrepro.fl.flower.node_state import collect_node_states
-from fedrepro.fl.flower.server import NODES_TIMEOUT
-from fedrepro.fl.flower.simulation import quiet_environment
 from fedrepro.fl.recipe import CellRecipe, write_recipe_spec
 from fedrepro.io import read_json
 

@@ -37,9 +37,8 @@ from typing import Any, Callable
 
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import launcher
-from fedrepro.fl.flower.apps import CHECKPOINT_KEY, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
-from fedrepro.fl.flower.server import NODES_TIMEOUT
 from fedrepro.fl.flower.certificates import LOOPBACK, make_certificates
+from fedrepro.fl.flower.common import CHECKPOINT_KEY, NODES_TIMEOUT, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
 
 logger = logging.getLogger(__name__)
 CONNECTION = "fedrepro"

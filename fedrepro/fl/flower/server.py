@@ -33,34 +33,13 @@ from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask
 from fedrepro.fl.channel import SERVER, upload_problem
 from fedrepro.fl.engine import FIT, GLOBAL, Engine, mean_fit_loss
 from fedrepro.fl.flower import messages as m
+from fedrepro.fl.flower.common import NODES_TIMEOUT, send_and_receive
 from fedrepro.fl.flower.node_state import counted_round
 from fedrepro.fl.recipe import CellRecipe
 
 log = logging.getLogger(__name__)
-POLL_SECONDS = 0.02
-"""How often the server asks the Grid for replies it is still waiting for."""
-NODES_TIMEOUT = 120.0
-"""Seconds the run waits, before its first round, for one node per client to connect."""
 NO_NODE = "no node serves it"
 """A sampled client's miss while no connected node has said it serves it (a silo that has not joined yet)."""
-
-
-def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None) -> list[Message]:
-    """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
-
-    Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
-    made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
-    pending = set(grid.push_messages(outgoing)) if outgoing else set()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    replies: list[Message] = []
-    while pending:
-        arrived = list(grid.pull_messages(pending))
-        replies += arrived
-        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
-        if not pending or (deadline is not None and time.monotonic() >= deadline):
-            break
-        time.sleep(POLL_SECONDS)
-    return replies
 
 
 class FlowerServer(Engine):

@@ -35,9 +35,7 @@ from flwr.simulation import run_simulation
 
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import messages as m
-from fedrepro.fl.flower.client import PARTITION_ID_KEY, STATE_DIR_KEY
-from fedrepro.fl.flower.server import send_and_receive
-from fedrepro.fl.flower.simulation import quiet_environment, ray_backend_config
+from fedrepro.fl.flower.common import PARTITION_ID_KEY, STATE_DIR_KEY, quiet_environment, ray_backend_config, send_and_receive
 from fedrepro.vfl.nodes import NODES, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import party_name
 

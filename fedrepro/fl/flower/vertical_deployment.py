@@ -30,10 +30,9 @@ from flwr.serverapp import Grid, ServerApp
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.certificates import make_node_key
+from fedrepro.fl.flower.common import NODES_TIMEOUT, quiet_environment
 from fedrepro.fl.flower.federation import LocalFederation, stopped_cleanly_on_sigterm, wait_until, write_flower_app
 from fedrepro.fl.flower.party_service import ask, load_recipe
-from fedrepro.fl.flower.server import NODES_TIMEOUT
-from fedrepro.fl.flower.simulation import quiet_environment
 from fedrepro.fl.flower.vertical import COMMAND, OP, PARTY, PARTY_ID_KEY, FlowerTransport
 from fedrepro.io import atomic_file
 from fedrepro.vfl.nodes import VerticalHub, VerticalRecipe, party_directory

@@ -1,0 +1,61 @@
+"""What the horizontal cells (``server``, ``client``, ``apps``, ``simulation``) and the vertical ones (``vertical``,
+``vertical_deployment``) share on Flower: the config keys, the timeouts, polling a Grid, a quiet loopback-only Ray.
+
+Kept apart from both so that the vertical runtime imports none of the horizontal engine (``fedrepro.fl.engine`` and
+the algorithms): SS-VFNAS's stage then depends on this module, not on every federated algorithm's code."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY, DATA_DIR_KEY = "client-id", "partition-id", "state-dir", "data-dir"
+"""A node's config keys: the client it serves, its simulated partition, its private state's and its data's folders."""
+RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "reply-timeout"
+NODES_TIMEOUT_KEY = "nodes-timeout"
+"""A run's config keys (``apps``' module docstring says what each holds)."""
+POLL_SECONDS = 0.02
+"""How often the server asks the Grid for replies it is still waiting for."""
+NODES_TIMEOUT = 120.0
+"""Seconds the run waits, before its first round, for one node per client to connect."""
+CPUS = 2
+OBJECT_STORE_BYTES = 1024 * 2**20
+"""Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD sends two)."""
+
+
+def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None) -> list[Message]:
+    """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
+
+    Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
+    made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
+    pending = set(grid.push_messages(outgoing)) if outgoing else set()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while pending:
+        arrived = list(grid.pull_messages(pending))
+        replies += arrived
+        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(POLL_SECONDS)
+    return replies
+
+
+def quiet_environment() -> None:
+    """No usage statistics or telemetry from Ray or Flower (they would try the network)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def ray_backend_config(cpus: int = CPUS) -> dict[str, Any]:
+    """Flower's Ray backend on loopback only, no dashboard, one ClientApp worker using ``cpus`` cores."""
+    return {
+        "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
+        "init_args": {"num_cpus": cpus, "num_gpus": 0, "_node_ip_address": "127.0.0.1", "include_dashboard": False,
+                      "object_store_memory": OBJECT_STORE_BYTES},
+    }
