@@ -17,9 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
-from fedrepro.config import parse_params
+from fedrepro.config import parse_params, read_raw_params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import build_cell
 
@@ -33,7 +32,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--alpha", type=float, default=None, help="default: fedcmc.sweeps.alpha")
     args = parser.parse_args()
-    raw = yaml.safe_load((args.project / "params.yaml").read_text())
+    raw = read_raw_params(args.project / "params.yaml")
     raw["scale"] = args.scale or raw["scale"]
     raw["fedcmc"]["settings"]["rounds"] = args.rounds
     raw["fedcmc"]["settings"]["eval_every"] = 0

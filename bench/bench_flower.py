@@ -22,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
-from fedrepro.config import parse_params
+from fedrepro.config import parse_params, read_raw_params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import cell_recipe
 from fedrepro.fl.runtime import build_runtime
@@ -58,7 +57,7 @@ def main() -> None:
     parser.add_argument("--deployment", action="store_true", help="also run it on a local deployment (bytes on the wire)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))  # Ray's workers as nice as the engine's process
-    raw = yaml.safe_load((args.params or args.project / "params.yaml").read_text())
+    raw = read_raw_params(args.params or args.project / "params.yaml")
     raw["fedcmc"]["settings"]["rounds"] = args.rounds
     raw["fedcmc"]["settings"]["eval_every"] = 0
     params = parse_params(raw)

@@ -25,16 +25,15 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 
-from fedrepro.config import Params, parse_params
+from fedrepro.config import Params, parse_params, read_raw_params
 from fedrepro.hardware import describe, machine_fingerprint, resolve_precision
 from fedrepro.io import tree_digest
 
 
 def load_params(project: Path, scale: str) -> Params:
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = read_raw_params(project / "params.yaml")
     raw["scale"] = scale
     return parse_params(raw)
 

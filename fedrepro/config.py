@@ -1,8 +1,10 @@
 """Params: validated before any work, with one-line errors that name the key, the value and what is allowed.
 
 ``params.yaml`` has one ``scale`` switch (embedded | cpu | paper). Keys that depend on the scale are left
-as ``null`` in their group and filled from ``scales.<scale>.<group>``; a value set explicitly (for
-instance with ``dvc exp run -S train.rounds=3``) always wins over the scale's value.
+as ``null`` in their group and filled from ``scales/<scale>.yaml`` beside it (``<group>.<key>``); a value set
+explicitly (for instance with ``dvc exp run -S train.rounds=3``) always wins over the scale's value. The presets
+live in files of their own because DVC parses a stage's params file once per stage: a no-op ``dvc repro`` read
+all three scales 22 times when they sat in ``params.yaml``.
 """
 
 from __future__ import annotations
@@ -460,6 +462,28 @@ class Params(_Strict):
         return self
 
 
+SCALES_FOLDER = "scales"
+"""Beside params.yaml: one ``<scale>.yaml`` per scale, the values its null keys take."""
+
+
+def read_raw_params(path: str | Path = "params.yaml") -> dict[str, Any]:
+    """``params.yaml`` as a dict, with each scale's presets (``scales/<scale>.yaml`` beside it) under ``scales``:
+    what ``parse_params`` validates."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"params: {path} does not exist")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"params: {path}: expected a mapping at the top")
+    if "scales" in raw:
+        raise ConfigError(f"params: {path}: scales: the presets now live in {SCALES_FOLDER}/<scale>.yaml beside it, one "
+                          "file per scale (move each scales.<scale> mapping there)")
+    folder = path.parent / SCALES_FOLDER
+    raw["scales"] = {scale: yaml.safe_load((folder / f"{scale}.yaml").read_text(encoding="utf-8"))
+                     for scale in SCALES if (folder / f"{scale}.yaml").exists()}
+    return raw
+
+
 def _fill_from_scale(raw: dict[str, Any]) -> dict[str, Any]:
     """Replace every ``null`` in a group by the active scale's value for it."""
     scale = raw.get("scale")
@@ -467,23 +491,25 @@ def _fill_from_scale(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"params: scale = {scale!r}: allowed {list(SCALES)}")
     presets = (raw.get("scales") or {}).get(scale)
     if not isinstance(presets, dict):
-        raise ConfigError(f"params: scales.{scale} is missing; it must give the values of the scale {scale!r}")
+        raise ConfigError(f"params: {SCALES_FOLDER}/{scale}.yaml is missing or empty; it must give the values of the "
+                          f"scale {scale!r} for the keys params.yaml leaves null")
     filled = copy.deepcopy({k: v for k, v in raw.items() if k != "scales"})
-    _fill(filled, presets, f"scales.{scale}")
+    _fill(filled, presets, f"{SCALES_FOLDER}/{scale}.yaml", "")
     return filled
 
 
-def _fill(target: dict[str, Any], presets: dict[str, Any], where: str) -> None:
+def _fill(target: dict[str, Any], presets: dict[str, Any], file: str, where: str) -> None:
     """Recursively copy each preset into the matching key of ``target`` where that key is null."""
     for key, value in presets.items():
+        name = f"{where}.{key}" if where else key
         if key not in target:
-            raise ConfigError(f"params: {where}.{key} names no key of params.yaml")
+            raise ConfigError(f"params: {file}: {name} names no key of params.yaml")
         if target[key] is None:  # a leaf the scale fills, a mapping included (data.client_train_questions)
             target[key] = value
         elif isinstance(value, dict):
             if not isinstance(target[key], dict):
-                raise ConfigError(f"params: {where}.{key} names no group of params.yaml")
-            _fill(target[key], value, f"{where}.{key}")
+                raise ConfigError(f"params: {file}: {name} names no group of params.yaml")
+            _fill(target[key], value, file, name)
 
 
 def one_line(error: ValidationError, prefix: str = "") -> str:
@@ -500,7 +526,8 @@ def one_line(error: ValidationError, prefix: str = "") -> str:
 
 
 def parse_params(raw: dict[str, Any]) -> Params:
-    """Validate raw params (as read from params.yaml) into a frozen ``Params``; raise ConfigError on the first problem."""
+    """Validate raw params (as ``read_raw_params`` reads them) into a frozen ``Params``; raise ConfigError on the first
+    problem."""
     if not isinstance(raw, dict):
         raise ConfigError("params: expected a mapping at the top of params.yaml")
     filled = _fill_from_scale(raw)
@@ -511,8 +538,4 @@ def parse_params(raw: dict[str, Any]) -> Params:
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"params: {path} does not exist")
-    with open(path, encoding="utf-8") as handle:
-        return parse_params(yaml.safe_load(handle))
+    return parse_params(read_raw_params(path))

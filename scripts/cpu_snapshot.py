@@ -60,9 +60,9 @@ def plan(paper: str) -> list[tuple[str, int, float]]:
     """(table or figure, cells, their training in main-table cells' worth) of ``paper``'s snapshot: a cell trained
     twice the epochs counts 2, one on a fifth of the data 0.2. Multiply by a main-table cell's seconds for the wall time."""
     sys.path.insert(0, str(ROOT))
-    from fedrepro.config import parse_params
+    from fedrepro.config import parse_params, read_raw_params
 
-    params = parse_params(snapshot_params(paper, yaml.safe_load((ROOT / "params.yaml").read_text()), "mirror"))
+    params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
     if paper == "fedmatch":
         from fedrepro.fedmatch.cells import SWEEPS, aggregation_epochs, sweep_cells, table_cells
 
@@ -111,6 +111,8 @@ def snapshot_params(paper: str, base: dict, mirror: str) -> dict:
 
 def run(paper: str, mirror: Path, workdir: Path) -> None:
     spec = PAPERS[paper]
+    if workdir.exists() and any(workdir.iterdir()):
+        sys.exit(f"--workdir {workdir} is not empty (an earlier snapshot's clone?): remove it or name a new folder")
     subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
     params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), str(mirror.resolve()))
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
@@ -134,6 +136,8 @@ def collect(paper: str, workdir: Path) -> None:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     shutil.copytree(workdir / "reports" / paper, target, dirs_exist_ok=True)
     shutil.copy(workdir / "params.yaml", target / "params.yaml")
+    (target / "scales").mkdir(exist_ok=True)
+    shutil.copy(workdir / "scales" / "cpu.yaml", target / "scales" / "cpu.yaml")
     shutil.copy(workdir / "dvc.lock", target / "SNAPSHOT.lock")
     times_file = next((f for f in (workdir / f"stage_times_{paper}.txt", workdir / "stage_times.txt") if f.exists()), None)
     times = times_file.read_text() if times_file else "(not recorded)\n"
@@ -141,7 +145,7 @@ def collect(paper: str, workdir: Path) -> None:
         f"# {paper} CPU-scale snapshot\n\n"
         f"- Trained by commit `{commit}` of this repository (the report stage's code is the same or later; see git log).\n"
         f"- Collected on {dt.date.today().isoformat()} on the project's 2-core CPU machine (no GPU).\n"
-        "- Params: `params.yaml` beside this file (scale `cpu`, data from the mirror).\n"
+        "- Params: `params.yaml` beside this file (scale `cpu`, data from the mirror) and its presets, `scales/cpu.yaml`.\n"
         f"- Reproduce: `python scripts/cpu_snapshot.py run {paper} --mirror <mirror>`.\n\n"
         f"Stage wall times:\n\n```\n{times}```\n")
     print(f"snapshot written to {target}")

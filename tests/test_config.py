@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedrepro.config import parse_params
+from fedrepro.config import load_params, parse_params, read_raw_params
 from fedrepro.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+RAW = read_raw_params(ROOT / "params.yaml")
 
 
 def with_change(path: str, value):
@@ -127,8 +127,30 @@ def test_own_layouts_at_the_embedded_source_are_refused_not_silently_ignored(key
     assert getattr(parse_params(raw).data, key) == layouts
 
 
+def write_params(folder: Path, raw: dict) -> None:
+    """``raw`` (``read_raw_params``' form) as a project's params.yaml and scales/<scale>.yaml files."""
+    (folder / "scales").mkdir(parents=True, exist_ok=True)
+    for scale, presets in raw["scales"].items():
+        (folder / "scales" / f"{scale}.yaml").write_text(yaml.safe_dump(presets))
+    (folder / "params.yaml").write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "scales"}))
+
+
+def test_presets_come_from_the_scale_files_and_an_old_scales_key_is_refused(tmp_path):
+    write_params(tmp_path, with_change("scales.embedded.train.rounds", 7))
+    assert load_params(tmp_path / "params.yaml").train.rounds == 7
+    (tmp_path / "scales" / "embedded.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"^params: scales/embedded.yaml is missing or empty"):
+        load_params(tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(RAW))  # the layout before the presets had files of their own
+    with pytest.raises(ConfigError, match=r"params.yaml: scales: the presets now live in scales/<scale>.yaml"):
+        load_params(tmp_path / "params.yaml")
+    write_params(tmp_path, with_change("scales.embedded.train.roundz", 7))
+    with pytest.raises(ConfigError, match=r"^params: scales/embedded.yaml: train.roundz names no key of params.yaml$"):
+        load_params(tmp_path / "params.yaml")
+
+
 def test_a_stage_with_bad_params_exits_nonzero_in_one_line_and_writes_nothing(tmp_path):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(with_change("train.lr", -1)))
+    write_params(tmp_path, with_change("train.lr", -1))
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "acquire.py")], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "train.lr = -1" in result.stderr

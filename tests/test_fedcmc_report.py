@@ -2,6 +2,7 @@
 small fake grid of cell folders (no training)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from sklearn.metrics import f1_score
 
-from fedrepro.config import parse_params
+from fedrepro.config import parse_params, read_raw_params
 from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedcmc.render import render_report
@@ -116,7 +116,7 @@ def test_largest_holder_share_against_a_uniform_pick_among_holders():
 
 # ----- a small fake grid ------------------------------------------------------------------------------------
 def small_params():
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = read_raw_params(ROOT / "params.yaml")
     raw["scale"] = "embedded"
     raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1, 2], target_f1=0.45)
     raw["fedcmc"]["sweeps"].update(seeds=[0, 1, 2], dataset="synthetic-re", alpha=0.05, methods=["fedavg", "fedcmc"], clients=[4, 6],
@@ -294,6 +294,7 @@ def test_a_missing_cell_names_its_folder_and_stage(tmp_path):
 
 def test_the_stage_fails_in_one_line_without_cells(tmp_path):
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    shutil.copytree(ROOT / "scales", tmp_path / "scales")
     done = subprocess.run([sys.executable, str(ROOT / "stages" / "fedcmc_report.py")], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 2

@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 
 import fedrepro.ssvfnas.runs as runs
-from fedrepro.config import parse_params
+from fedrepro.config import parse_params, read_raw_params
 from fedrepro.data.prepare import write_vertical
 from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import ConfigError, DataError
@@ -29,7 +28,7 @@ from fedrepro.ssvfnas.partition import align, build_partition, stratified_splits
 from fedrepro.vfl.spaces import supernet
 
 ROOT = Path(__file__).resolve().parents[1]
-RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+RAW = read_raw_params(ROOT / "params.yaml")
 
 
 def raw_params(**ssvfnas) -> dict:
