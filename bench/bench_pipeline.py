@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from pipeline_copy import fresh_copy, run  # noqa: E402
+from pipeline_copy import ENV, fresh_copy, run  # noqa: E402
 
 
 def timed(command, cwd):
@@ -46,6 +46,7 @@ def main() -> None:
         noops = noop_times(args.noop_only.resolve())
     else:
         with tempfile.TemporaryDirectory() as folder:
+            ENV["FEDREPRO_CELL_STORE"] = str(Path(folder) / "cells")  # empty, as a fresh clone's user has it
             project = fresh_copy(Path(folder))
             full, _ = timed(["dvc", "repro"], project)
             noops = noop_times(project)
