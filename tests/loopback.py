@@ -23,5 +23,5 @@ def run_on_loopback(command: list[str], timeout: float) -> subprocess.CompletedP
                             text=True, timeout=timeout, env=environment)
     if result.returncode != 0:
         pytest.fail(f"{' '.join(command)} failed inside the loopback-only namespace (exit {result.returncode}):\n"
-                    f"{result.stderr[-4000:]}")
+                    f"{result.stderr[-12000:]}")
     return result

@@ -175,6 +175,12 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def node_kill(tmp_path_factory):
+    """The node-kill drill alone: were it to fail, only its own test fails."""
+    return flower_cells(tmp_path_factory.mktemp("kill"), [KILL_CASE], timeout=900)
+
+
+@pytest.fixture(scope="module")
 def faults(tmp_path_factory):
     """The fault cases alone, so their tests need none of the other runs."""
     return flower_cells(tmp_path_factory.mktemp("faults"), [*FAULT_CASES, SUPERLINK_KILL_CASE], timeout=600)
@@ -288,7 +294,7 @@ def test_a_supernode_or_a_cli_without_tls_cannot_connect(runs, case):
     assert drill["cli_without_tls"] != 0, "flwr over plain HTTP is refused too"
 
 
-def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_intact(runs):
+def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_intact(node_kill):
     """SIGKILL of one SuperNode process alone while its ClientApp works on round 2, the launcher running one
     ClientApp at a time: round 2 ends without it (the reply timeout decides) with the other client counted, the
     record says who missed which round, every later round goes on (the dead node's ClientApp, whose retries once
@@ -296,7 +302,7 @@ def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_int
     file, byte-identical to what it held when killed. That it went on from that state is read off SCAFFOLD's
     invariant (``scaffold_invariant``): the server's variate is the mean of every client's only if the rejoined
     client's change was taken from the variate it held when killed."""
-    drill = runs[KILL_CASE]["drill"]
+    drill = node_kill[KILL_CASE]["drill"]
     victim, history = drill["victim"], drill["history"]
     assert [record["round"] for record in history] == list(range(1, KILL_ROUNDS + 1)), "the run finished"
     assert history[1]["missed"] == {victim: "no reply"} and victim not in history[1]["clients"]
