@@ -1,26 +1,38 @@
 """What the three papers' train stages share: the loop over a grid's cells, the fingerprint that tells a checkpoint
 of this very run from any other, and the main table's rows.
 
-A stage runs many cells in one process, because importing torch costs seconds a process, more than a small cell's
-training; each cell keeps its own checkpoint and output folder, so a killed run resumes where it stopped and a new
-grid point trains only the new cells (the others resume from their finished checkpoints and are only re-scored).
+A stage imports torch once (seconds a process, more than a small cell's training) and trains its cells in that
+process, or, with more than one worker (``cell_workers``), each cell in a child forked from it, that many at a time:
+the networks are small, so one torch thread a cell and two cells on two cores train about 1.4-1.6x as many sequences
+a second as one cell on both cores (``bench/README.md``). Each cell seeds itself and keeps its own checkpoint and
+output folder, so its result does not depend on the process it ran in, a killed run resumes where it stopped, and a
+new grid point trains only the new cells (the others resume from their finished checkpoints and are only re-scored).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 import sys
+import tempfile
 import time
-from dataclasses import asdict
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fedrepro.cell_store import CellStore
-from fedrepro.errors import ConfigError
+from fedrepro.errors import ConfigError, FedreproError
 from fedrepro.io import atomic_dir, code_digest, tree_digest
 
 TABLES = Path("tables")
+WORKERS_ENV = "FEDREPRO_CELL_WORKERS"
+"""Environment variable: how many cells a stage trains at once. Not a param: it moves no result, so changing it must
+not rerun a stage."""
 
 
 def fingerprint(cell: Any, inputs_digest: str, shaping: dict[str, Any]) -> str:
@@ -40,31 +52,143 @@ def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str,
     return (TABLES if only is None else TABLES / only), {TABLES / m: [c for c in cells if c.method == m] for m in chosen}
 
 
+def cell_workers(threads: int, runtime: str = "engine") -> int:
+    """Cells a stage trains at once: ``$FEDREPRO_CELL_WORKERS``, else the cores this process may use over the torch
+    threads of a cell. One on a Flower runtime, whose cell already runs a federation of processes."""
+    if runtime != "engine":
+        return 1
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if not raw:
+        return max(1, len(os.sched_getaffinity(0)) // threads)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"${WORKERS_ENV} = {raw!r}: expected a whole number of cells to train at once, 1 or more")
+    return int(raw)
+
+
+@dataclass
+class _Job:
+    """One cell of the grid, with where it writes and the fingerprint its checkpoint is kept under."""
+    cell: Any
+    out: Path
+    checkpoint_dir: Path
+    inputs_digest: str
+    run: str
+    restored: bool = False
+    started: float = 0.0
+
+
 def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
              headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
-             store: CellStore | None = None) -> None:
+             store: CellStore | None = None, workers: int = 1) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
     folders a cell reads (``inputs``) are digested once per process, and a line per cell shows the progress. A cell
     that ``store`` (default: the environment's, ``fedrepro.cell_store``) holds under its ``fingerprint_of(cell,
-    inputs_digest)`` is restored finished and only re-scored; each finished cell is kept there."""
+    inputs_digest)`` is restored finished and only re-scored; each finished cell is kept there. With ``workers`` > 1
+    the cells train in forked children, that many at a time (``_run_forked``)."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     digests: dict[tuple[Path, ...], str] = {}
     store = store if store is not None else CellStore.from_environment()
+
+    def finish(job: _Job, metrics: dict) -> None:
+        nonlocal done
+        store.keep(job.run, job.checkpoint_dir)
+        done += 1
+        print(f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s"
+              f"{', finished run from the cell store' if job.restored else ''})", file=sys.stderr, flush=True)
+
     (checkpoints / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(out / folder) as tmp:
+        jobs = []
         for row, cells in rows.items():
             for cell in cells:
-                started = time.perf_counter()
                 folders = inputs(cell)
                 if folders not in digests:
                     digests[folders] = tree_digest(*folders)
-                checkpoint_dir, run = checkpoints / row / cell.name, fingerprint_of(cell, digests[folders])
-                restored = store.restore(run, checkpoint_dir)
-                metrics = run_cell(cell, tmp / row.relative_to(folder) / cell.name, checkpoint_dir, digests[folders])
-                store.keep(run, checkpoint_dir)
-                done += 1
-                print(f"[{done}/{total}] {cell.name}: {headline(metrics)} ({time.perf_counter() - started:.1f} s"
-                      f"{', finished run from the cell store' if restored else ''})", file=sys.stderr, flush=True)
+                jobs.append(_Job(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
+                                 digests[folders], fingerprint_of(cell, digests[folders])))
+        if workers > 1 and len(jobs) > 1:
+            _run_forked(jobs, run_cell, store, finish, workers)
+            return
+        for job in jobs:
+            job.started = time.perf_counter()
+            job.restored = store.restore(job.run, job.checkpoint_dir)
+            finish(job, run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest))
+
+
+def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
+                finish: Callable[[_Job, dict], None], workers: int) -> None:
+    """Each job in a child forked from this process (which has run no torch op, so no thread pool is copied half
+    made), at most ``workers`` at a time. A child's stderr (its progress bars and warnings) goes to a log file named
+    in the line that starts it (``tail -f`` it to watch the cell); its lines other than progress bars are repeated
+    here when it ends, above its error if it failed. The first cell to fail stops the stage: the running ones are
+    ended, and their checkpoints resume on the next run."""
+    context = multiprocessing.get_context("fork")
+    pending, running = deque(jobs), {}
+    with tempfile.TemporaryDirectory(prefix="fedrepro-cells-") as logs:
+        try:
+            while pending or running:
+                while pending and len(running) < workers:
+                    job = pending.popleft()
+                    job.started = time.perf_counter()
+                    job.restored = store.restore(job.run, job.checkpoint_dir)
+                    log = Path(logs) / f"{job.cell.name}.log"
+                    receiver, sender = context.Pipe(duplex=False)
+                    child = context.Process(target=_child, args=(sender, log, run_cell, job), name=job.cell.name)
+                    child.start()
+                    sender.close()
+                    running[receiver] = (job, child, log)
+                    print(f"started {job.cell.name} (log: {log})", file=sys.stderr, flush=True)
+                for receiver in wait(list(running)):
+                    job, child, log = running.pop(receiver)
+                    try:
+                        outcome = receiver.recv()
+                    except EOFError:  # it died before sending
+                        outcome = None
+                    child.join()
+                    lines = log.read_bytes().decode(errors="replace").split("\n") if log.exists() else []
+                    said = [line for line in lines if line.strip() and "\r" not in line]  # not its progress bars
+                    if outcome is None or outcome[0] == "error":
+                        if said:
+                            print(f"--- {job.cell.name}'s last lines:", *said[-20:], sep="\n", file=sys.stderr)
+                        raise _child_error(job, child, outcome)
+                    if said:
+                        print(*said, sep="\n", file=sys.stderr)
+                    finish(job, outcome[1])
+        finally:
+            for job, child, _ in running.values():
+                child.terminate()
+                child.join()
+
+
+def _child(sender: Connection, log: Path, run_cell: Callable[[Any, Path, Path, str], dict], job: _Job) -> None:
+    """A forked child's work: one cell, its stderr into ``log``, its metrics or its error sent back."""
+    with open(log, "w") as stream:
+        os.dup2(stream.fileno(), sys.stderr.fileno())
+    try:
+        sender.send(("done", run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)))
+    except BaseException as error:
+        try:
+            sender.send(("error", error, traceback.format_exc()))
+        except Exception:  # an error that does not pickle travels as its text
+            sender.send(("error", None, traceback.format_exc()))
+    finally:
+        sys.stderr.flush()
+        sender.close()
+
+
+def _child_error(job: _Job, child: Any, outcome: tuple | None) -> BaseException:
+    """What a failed cell raises in the stage: a fedrepro error as it was raised (one clear line), anything else
+    with the child's traceback attached; a child that died without a word, with its exit code."""
+    if outcome is None:
+        return RuntimeError(f"cell {job.cell.name}: its process ended with exit code {child.exitcode} before "
+                            "reporting (killed, or out of memory?)")
+    _, error, formatted = outcome
+    if isinstance(error, FedreproError):
+        return error
+    if error is None:
+        return RuntimeError(f"cell {job.cell.name} failed:\n{formatted}")
+    error.add_note(f"in cell {job.cell.name}'s process:\n{formatted}")
+    return error

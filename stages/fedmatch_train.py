@@ -12,7 +12,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedmatch.runs import cell_inputs, headline, run_cell, run_fingerprint
-from fedrepro.grid import run_grid, table_rows
+from fedrepro.grid import cell_workers, run_grid, table_rows
 from fedrepro.models.backbone import check_loadable
 
 MINED, TOKENIZER = Path("data/mined"), Path("data/tokenizer")
@@ -36,7 +36,8 @@ def main() -> None:
     run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
              lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
              headline,
-             lambda cell, digest: run_fingerprint(params, cell, digest))
+             lambda cell, digest: run_fingerprint(params, cell, digest),
+             workers=cell_workers(params.train.threads, params.train.runtime))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.grid import run_grid, table_rows
+from fedrepro.grid import cell_workers, run_grid, table_rows
 from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
 from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell, run_fingerprint
 
@@ -31,11 +31,13 @@ def main() -> None:
     folder, rows = table_rows(all_cells(params), [*params.ssvfnas.methods, BASELINE, LABEL_ALONE],
                               f"ssvfnas.methods (or {BASELINE}, {LABEL_ALONE})",
                               BASELINE if args.baseline else args.method)
-    presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process
+    presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process (each
+    # child a stage forks to train cells at once runs its own, to the same result)
     run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
              lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache),
              headline,
-             lambda cell, digest: run_fingerprint(params, cell, digest))
+             lambda cell, digest: run_fingerprint(params, cell, digest),
+             workers=cell_workers(params.ssvfnas.threads, params.train.runtime))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+"""A stage's grid of cells: trained in forked children, several at a time, each cell gives what it gives in the stage's
+own process; a failed child stops the stage with its error and leaves no half-written output."""
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedrepro.cell_store import CellStore
+from fedrepro.errors import ConfigError
+from fedrepro.fl.engine import Engine, EngineSettings
+from fedrepro.grid import WORKERS_ENV, cell_workers, run_grid
+from fedrepro.seeding import seed_everything
+from toy import ToyTask, make_algorithm
+
+
+@dataclass(frozen=True)
+class ToyCell:
+    name: str
+    seed: int
+
+
+def train_toy(cell: ToyCell, out: Path, checkpoint_dir: Path, digest: str) -> dict:
+    """A cell as the papers' ``run_cell`` is one: it seeds itself, trains, writes its outputs and returns metrics."""
+    seed_everything(cell.seed, 1)
+    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=8,
+                              warmup_fraction=0.1, max_grad_norm=5.0, seed=cell.seed)
+    engine = Engine(ToyTask({"a": 24, "b": 16}), make_algorithm("fedprox", mu=0.1), settings, checkpoint_dir,
+                    fingerprint=f"{cell.name}-{digest}", progress=True)
+    history = engine.run().history
+    weights = {name: tensor.tolist() for name, tensor in engine.state.global_weights.items()}
+    out.mkdir(parents=True)
+    (out / "result.json").write_text(json.dumps({"history": history, "weights": weights}))
+    return {"loss": history[-1]["train_loss"]}
+
+
+def grid(root: Path, run_cell, workers: int, cells=None) -> dict[str, str]:
+    cells = cells or [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
+    (root / "inputs").mkdir(parents=True, exist_ok=True)
+    run_grid({Path("tables"): cells}, Path("tables"), root / "out", root / "checkpoints", lambda cell: (root / "inputs",),
+             run_cell, lambda metrics: f"loss {metrics['loss']:.3f}", lambda cell, digest: f"{cell.name}-{digest}",
+             CellStore(root / "store"), workers=workers)
+    return {p.parent.name: p.read_text() for p in sorted((root / "out" / "tables").glob("*/result.json"))}
+
+
+def test_cells_trained_two_at_a_time_in_children_equal_the_cells_trained_in_process(tmp_path, capfd):
+    in_process = grid(tmp_path / "one", train_toy, workers=1)
+    forked = grid(tmp_path / "two", train_toy, workers=2)
+    assert len(in_process) == 4 and forked == in_process
+    err = capfd.readouterr().err
+    assert err.count("started cell-") == 4 and "[4/4] cell-" in err, "a line when each cell starts and ends"
+    assert "fedprox rounds" not in err.split("[1/4]")[-1], "the children's progress bars go to their logs"
+
+
+def failing(error: BaseException):
+    def run_cell(cell, out, checkpoint_dir, digest):
+        if cell.seed == 2:
+            raise error
+        return train_toy(cell, out, checkpoint_dir, digest)
+    return run_cell
+
+
+def test_a_cells_fedrepro_error_stops_the_stage_as_raised_and_no_output_is_left(tmp_path):
+    with pytest.raises(ConfigError, match=r"^fedcmc.settings.lr = -1: expected > 0$"):
+        grid(tmp_path, failing(ConfigError("fedcmc.settings.lr = -1: expected > 0")), workers=2)
+    assert not (tmp_path / "out" / "tables").exists(), "the stage's output is all or nothing"
+
+
+def test_another_error_carries_the_cell_and_the_childs_traceback(tmp_path):
+    with pytest.raises(ValueError, match="boom") as raised:
+        grid(tmp_path, failing(ValueError("boom")), workers=2)
+    assert any("in cell cell-2's process" in note and "Traceback" in note for note in raised.value.__notes__)
+
+
+def test_a_child_that_dies_without_a_word_is_named_with_its_exit_code(tmp_path):
+    def killed(cell, out, checkpoint_dir, digest):
+        if cell.seed == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return train_toy(cell, out, checkpoint_dir, digest)
+
+    with pytest.raises(RuntimeError, match=r"cell cell-1: its process ended with exit code -9 before reporting"):
+        grid(tmp_path, killed, workers=2)
+
+
+def test_how_many_cells_train_at_once(monkeypatch):
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert cell_workers(1) == cores and cell_workers(2) == max(1, cores // 2)
+    assert cell_workers(1, "flower-simulation") == 1, "a Flower cell runs a federation of processes already"
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert cell_workers(1) == 3
+    for wrong in ("0", "two", "-1"):
+        monkeypatch.setenv(WORKERS_ENV, wrong)
+        with pytest.raises(ConfigError, match=rf"\$FEDREPRO_CELL_WORKERS = '{wrong}': expected a whole number"):
+            cell_workers(1)
+
+
+def test_torch_in_a_forked_child_after_the_parent_ran_torch(tmp_path):
+    """A test process has run torch ops before it forks (a stage has not); the children must still train."""
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    assert len(grid(tmp_path, train_toy, workers=2, cells=[ToyCell("x", 0), ToyCell("y", 1)])) == 2
