@@ -11,6 +11,13 @@ engine's own ``LocalTrainer.client_round``) and then one validation pass, and pr
 - the model-FLOP utilisation (MFU): achieved / peak of the precision the cell trains in (``train.precision``);
 - the time split of a round: local training against the validation pass (``train.eval_every``).
 
+``--compare`` prints it for the training of before issue 19 and of now, on the same machine in the same run:
+- before: fp32, Adam's per-tensor loop (torch's CPU default, which the engine used: emulated here by patching
+  ``torch.optim.Adam``), one cell on every core;
+- now: ``train.precision`` as the params resolve it on this CPU, the fused Adam, ``train.threads`` per cell and as many
+  cells at once as a training stage runs (``fedrepro.grid.cell_workers``), each a forked copy of the same round;
+  the machine's throughput is the real tokens of all of them over the wall time they took together.
+
 Reads DIR/params.yaml (run at ``--scale``) and the CPU-scale data stages' outputs under DIR/data (fedmatch_mine,
 fedmatch_tokenizer, fedcmc_partition); a clone with ``scale: cpu`` and the mirror after ``dvc repro fedmatch_mine
 fedmatch_tokenizer fedcmc_partition`` has them.
@@ -20,6 +27,9 @@ Usage: python bench/bench_mfu.py --project DIR [--scale cpu] [--paper fedmatch|f
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +38,30 @@ import torch
 from torch import nn
 
 from fedrepro.config import Params, parse_params, read_raw_params
+from fedrepro.grid import cell_workers
 from fedrepro.hardware import describe, machine_fingerprint, resolve_precision
 from fedrepro.io import tree_digest
 
 
-def load_params(project: Path, scale: str) -> Params:
+def load_params(project: Path, scale: str, before: bool = False) -> Params:
+    """The params at ``scale``; ``before``: with the training stages' settings before issue 19 (fp32, every core a
+    cell: the recipe sets a cell's torch threads from ``train.threads``)."""
     raw = read_raw_params(project / "params.yaml")
     raw["scale"] = scale
+    if before:
+        raw["train"].update(precision="fp32", threads=len(os.sched_getaffinity(0)))
     return parse_params(raw)
+
+
+@contextlib.contextmanager
+def per_tensor_adam():
+    """The engine's Adam as it was before issue 19: torch's per-tensor loop (no ``fused``, no ``foreach``)."""
+    fused_adam = torch.optim.Adam
+    torch.optim.Adam = lambda params, lr, fused=None: fused_adam(params, lr=lr, foreach=False)
+    try:
+        yield
+    finally:
+        torch.optim.Adam = fused_adam
 
 
 def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
@@ -84,15 +110,52 @@ class TokenCounter:
             yield batch
 
 
-def measure(engine, label: str, precision: str, peaks: dict[str, float]) -> None:
-    model = engine.model
-    layers, hidden = encoder_shape(model)
+def train_round(engine) -> tuple[TokenCounter, float]:
+    """The tokens of round 1's local training of every client, and its seconds."""
+    layers, hidden = encoder_shape(engine.model)
     counter = TokenCounter(engine.task, layers, hidden)
-    weights = linear_weights(model)
     started = time.perf_counter()
     for client_id in engine.train_ids:
         engine.trainer.client_round(0, client_id, engine.state.global_weights, {})
-    train_seconds = time.perf_counter() - started
+    return counter, time.perf_counter() - started
+
+
+def machine_tokens_per_second(build, scratch: Path, workers: int) -> float:
+    """Real training tokens per second of ``workers`` forked copies of one cell's round 1, trained at once as a stage
+    forks its cells. The wall time includes building each copy (model and task), so the figure errs low."""
+    reads = []
+    started = time.perf_counter()
+    for worker in range(workers):
+        read, write = os.pipe()
+        if os.fork() == 0:
+            os.close(read)
+            real = 0
+            try:
+                real = train_round(build(scratch / f"worker{worker}"))[0].real
+            finally:
+                os.write(write, str(real).encode())
+                os._exit(0)
+        os.close(write)
+        reads.append(read)
+    tokens = []
+    for read in reads:
+        with os.fdopen(read) as pipe:
+            tokens.append(int(pipe.read() or 0))
+    seconds = time.perf_counter() - started
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    if not all(tokens):
+        raise SystemExit("a forked cell failed (its traceback is above)")
+    return sum(tokens) / seconds
+
+
+def measure(engine, label: str, precision: str, peaks: dict[str, float]) -> None:
+    layers, hidden = encoder_shape(engine.model)
+    weights = linear_weights(engine.model)
+    counter, train_seconds = train_round(engine)
     started = time.perf_counter()
     engine.evaluate("valid")
     eval_seconds = time.perf_counter() - started
@@ -123,22 +186,49 @@ def fedcmc_engine(project: Path, params: Params, scratch: Path):
     return build_cell(params, cell, *folders, tree_digest(*folders), scratch, progress=False)
 
 
+def compare(project: Path, scale: str, papers: list[str]) -> None:
+    """Machine throughput of round 1 before issue 19 and now (module docstring), for each paper."""
+    cores = len(os.sched_getaffinity(0))
+    now = load_params(project, scale)
+    before = load_params(project, scale, before=True)
+    workers = cell_workers(now.train.threads)
+    print(f"machine: {describe([machine_fingerprint()])}; {cores} cores")
+    print(f"before: fp32, per-tensor Adam, 1 cell x {cores} threads;  now: {now.train.precision}, fused Adam, "
+          f"{workers} cells x {now.train.threads} thread(s)")
+    for paper in papers:
+        build, label = BUILDERS[paper]
+        with tempfile.TemporaryDirectory() as scratch:  # each build sets its torch threads (train.threads)
+            new = machine_tokens_per_second(functools.partial(build, project, now), Path(scratch), workers)
+            with per_tensor_adam():
+                counter, seconds = train_round(build(project, before, Path(scratch) / "before"))
+            real, padded = counter.real, counter.padded
+            old = real / seconds
+        print(f"{label}: before {old:,.0f} real tokens/s ({seconds:.1f} s for round 1's {real} real tokens, padding "
+              f"{1 - real / padded:.1%}), now {new:,.0f} tokens/s: {new / old:.2f}x")
+
+
+BUILDERS = {"fedmatch": (fedmatch_engine, "FedMatch H+LR"), "fedcmc": (fedcmc_engine, "FedCMC's FedAvg cell")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", type=Path, required=True)
     parser.add_argument("--scale", default="cpu")
     parser.add_argument("--paper", choices=["fedmatch", "fedcmc", "both"], default="both")
+    parser.add_argument("--compare", action="store_true", help="before issue 19 against now (module docstring)")
     args = parser.parse_args()
+    papers = ["fedmatch", "fedcmc"] if args.paper == "both" else [args.paper]
+    if args.compare:
+        compare(args.project.resolve(), args.scale, papers)
+        return
     params = load_params(args.project.resolve(), args.scale)
     torch.set_num_threads(params.train.threads)
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     print(f"machine: {describe([machine_fingerprint()])}; {torch.get_num_threads()} threads")
     print(f"matmul peak: fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
     precision = resolve_precision(params.train.precision)
-    papers = ["fedmatch", "fedcmc"] if args.paper == "both" else [args.paper]
-    builders = {"fedmatch": (fedmatch_engine, "FedMatch H+LR"), "fedcmc": (fedcmc_engine, "FedCMC's FedAvg cell")}
     for paper in papers:
-        build, label = builders[paper]
+        build, label = BUILDERS[paper]
         with tempfile.TemporaryDirectory() as scratch:
             measure(build(args.project.resolve(), params, Path(scratch)), label, precision, peaks)
 

@@ -29,6 +29,7 @@ from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
+from fedrepro.fl.flower.simulation import KeptRayBackend  # noqa: E402
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
@@ -150,6 +151,7 @@ def run_case(case: str, work: Path) -> dict:
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
         engine.run()
         result[runtime] = outcome(engine)
+    result["ray_workers"] = sorted(actor._actor_id.hex() for actor in KeptRayBackend.kept_pool.pool)
     return result
 
 

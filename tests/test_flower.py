@@ -207,6 +207,12 @@ def expected_flower_messages(case: str, engine: dict) -> list:
     return expected
 
 
+def test_every_simulated_cell_of_a_process_ran_on_one_kept_ray_worker(runs):
+    """Ray and its worker start once per process, not per cell (issue 19), and the identical runs below were on it."""
+    workers = {case: tuple(runs[case]["ray_workers"]) for case in EQUIVALENCE_CASES}
+    assert len(set(workers.values())) == 1 and len(next(iter(workers.values()))) == 1, workers
+
+
 @pytest.mark.parametrize("case", EQUIVALENCE_CASES)
 def test_engine_and_flower_simulation_give_identical_runs(runs, case):
     """Bit-identical, not just close: both runtimes run the same functions on the same seeds and thread count,
