@@ -21,8 +21,8 @@ Usage: python bench/bench_equal_quality.py --project DIR --workdir DIR [--paper 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,37 +30,25 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from fedrepro.config import Params, parse_params, read_raw_params
 from fedrepro.grid import cell_workers
 from fedrepro.io import tree_digest
 from fedrepro.metrics.summary import overall
+
+from bench_mfu import load_params, per_tensor_adam  # the two arms, as the throughput bench sets them up
 
 ARMS = ("before", "now")
 METRIC = {"fedmatch": "map", "fedcmc": "micro_f1"}
 
 
-def load_params(project: Path, scale: str, arm: str) -> Params:
-    raw = read_raw_params(project / "params.yaml")
-    raw["scale"] = scale
-    if arm == "before":  # the training stages' settings before issue 19
-        raw["train"].update(precision="fp32", threads=len(os.sched_getaffinity(0)))
-    return parse_params(raw)
+def train(paper: str, arm: str, seed: int, project: Path, scale: str, fedcmc_cell: dict, out: Path) -> float:
+    """One cell in this (spawned) process, at the arm's ``train.threads`` (the recipe sets them); its metrics.json
+    lands in ``out``. Returns the training seconds."""
+    with per_tensor_adam() if arm == "before" else contextlib.nullcontext():
+        return train_cell(paper, seed, load_params(project, scale, before=arm == "before"), project, fedcmc_cell, out)
 
 
-def per_tensor_adam() -> None:
-    """The engine's Adam as it was before issue 19: torch's per-tensor loop (no ``fused``, no ``foreach``)."""
-    fused_adam = torch.optim.Adam
-    torch.optim.Adam = lambda params, lr, fused=None: fused_adam(params, lr=lr, foreach=False)
-
-
-def train(paper: str, arm: str, seed: int, project: Path, scale: str, fedcmc_cell: dict, out: Path, threads: int) -> float:
-    """One cell in this (spawned, single-use) process; its metrics.json lands in ``out``. Returns the training seconds."""
-    torch.set_num_threads(threads)
-    if arm == "before":
-        per_tensor_adam()
-    params = load_params(project, scale, arm)
+def train_cell(paper: str, seed: int, params, project: Path, fedcmc_cell: dict, out: Path) -> float:
     started = time.perf_counter()
     scratch = out.parent / f"{out.name}.checkpoint"  # an interrupted cell resumes from its last round
     shutil.rmtree(out, ignore_errors=True)  # what an interrupted run left before its metrics.json
@@ -91,7 +79,7 @@ def scores(paper: str, metrics: dict) -> dict[str, float]:
 
 def run_arm(paper: str, arm: str, seeds: list[int], args, fedcmc_cell: dict) -> float | None:
     """Train the arm's missing cells (at once where the arm trains cells at once); its wall time, None if all kept."""
-    threads = load_params(args.project, args.scale, arm).train.threads
+    threads = load_params(args.project, args.scale, before=arm == "before").train.threads
     workers = 1 if arm == "before" else cell_workers(threads)
     missing = [s for s in seeds if not (args.workdir / paper / arm / f"s{s}" / "metrics.json").exists()]
     if not missing:
@@ -100,7 +88,7 @@ def run_arm(paper: str, arm: str, seeds: list[int], args, fedcmc_cell: dict) -> 
     started = time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
         futures = {s: pool.submit(train, paper, arm, s, args.project, args.scale, fedcmc_cell,
-                                  args.workdir / paper / arm / f"s{s}", threads) for s in missing}
+                                  args.workdir / paper / arm / f"s{s}") for s in missing}
         for seed, future in futures.items():
             print(f"  {paper} {arm} seed {seed}: {future.result():.0f} s", flush=True)
     return time.perf_counter() - started
@@ -135,7 +123,7 @@ def main() -> None:
     parser.add_argument("--fedcmc-alpha", type=float, default=None)
     args = parser.parse_args()
     args.project, args.workdir = args.project.resolve(), args.workdir.resolve()
-    params = load_params(args.project, args.scale, "now")
+    params = load_params(args.project, args.scale)
     sweeps = params.fedcmc.sweeps
     fedcmc_cell = {"method": args.fedcmc_method, "dataset": args.fedcmc_dataset or sweeps.dataset,
                    "alpha": args.fedcmc_alpha if args.fedcmc_alpha is not None else sweeps.alpha}
