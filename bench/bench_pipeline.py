@@ -11,6 +11,7 @@ already up to date)
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +27,28 @@ def timed(command, cwd):
     if result.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     return time.perf_counter() - started, result.stdout
+
+
+def timed_stages(command, cwd) -> tuple[float, dict[str, float]]:
+    """Run ``command`` reading its output as it comes: its wall time and each stage's (from the line DVC prints as
+    the stage starts to the next such line or the end)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    stages, current, since, tail = {}, None, started, []
+    for line in process.stdout:
+        tail = (tail + [line])[-40:]
+        if line.startswith("Running stage '"):
+            now = time.perf_counter()
+            if current is not None:
+                stages[current] = now - since
+            current, since = line.split("'")[1], now
+    process.wait()
+    if current is not None:
+        stages[current] = time.perf_counter() - since
+    if process.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({process.returncode}):\n{''.join(tail)}")
+    return time.perf_counter() - started, stages
 
 
 NOOP_RUNS = 5
@@ -54,8 +77,10 @@ def main() -> None:
             ENV["FEDREPRO_CELL_STORE"] = str(Path(folder) / "cells")  # empty, as a fresh clone's user has it
             project = fresh_copy(Path(folder))
             command = ["dvc", "exp", "run", *(f"-S{kv}" for kv in args.set)] if args.set else ["dvc", "repro"]
-            full, _ = timed(command, project)
+            full, stages = timed_stages(command, project)
             noops = noop_times(project)
+        for stage, seconds in stages.items():
+            print(f"  {stage:32s} {seconds:7.1f} s")
         print(f"embedded {' '.join(command)}: {full:.1f} s ({full / 60:.2f} min; target for dvc repro <= 12 min)")
     print(f"no-op dvc repro:    median {statistics.median(noops):.2f} s of {NOOP_RUNS} ("
           f"{', '.join(f'{s:.2f}' for s in noops)}; target < 2 s)")

@@ -12,6 +12,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, run_cell, run_fingerprint
+from fedrepro.fl.runtime import stage_federation
 from fedrepro.grid import cell_workers, run_grid, table_rows
 from fedrepro.models.backbone import check_loadable
 
@@ -35,10 +36,11 @@ def main() -> None:
     else:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
-    run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
-             lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
-             lambda cell, digest: run_fingerprint(params, cell, digest),
-             workers=cell_workers(params.train.threads, params.train.runtime))
+    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation"):
+        run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
+                 lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
+                 lambda cell, digest: run_fingerprint(params, cell, digest),
+                 workers=cell_workers(params.train.threads, params.train.runtime))
 
 
 if __name__ == "__main__":

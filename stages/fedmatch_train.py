@@ -12,6 +12,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedmatch.runs import cell_inputs, headline, run_cell, run_fingerprint
+from fedrepro.fl.runtime import stage_federation
 from fedrepro.grid import cell_workers, run_grid, table_rows
 from fedrepro.models.backbone import check_loadable
 
@@ -33,11 +34,12 @@ def main() -> None:
         rows = {folder: [c for c in sweep_cells(params) if c.sweep == args.sweep]}
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
-    run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
-             lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
-             headline,
-             lambda cell, digest: run_fingerprint(params, cell, digest),
-             workers=cell_workers(params.train.threads, params.train.runtime))
+    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation"):
+        run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
+                 lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
+                 headline,
+                 lambda cell, digest: run_fingerprint(params, cell, digest),
+                 workers=cell_workers(params.train.threads, params.train.runtime))
 
 
 if __name__ == "__main__":

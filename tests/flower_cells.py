@@ -29,7 +29,7 @@ from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
-from fedrepro.fl.flower.simulation import KeptRayBackend  # noqa: E402
+from fedrepro.fl.flower.ray_backend import KeptRayBackend  # noqa: E402
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
@@ -46,6 +46,10 @@ RESUME_CASE = "resume/scaffold"
 DEPLOY_CASES = ("deploy-relation/scaffold", "deploy-qa/fedper")
 """On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
 (SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
+SHARED_CASE = "shared-deployment"
+SHARED_CELLS = (("shared-relation/fedavg", 4), ("shared-qa/fedper", 3), ("shared-relation/scaffold", 3))
+"""Cells (case, clients) run one after another on one local deployment (``shared_federation``), as a stage runs its
+cells: the first starts four numbered nodes, the QA cell then has three clients and a spare node."""
 KILL_CASE = "kill-relation/scaffold"
 KILL_ROUNDS, REPLY_TIMEOUT = 10, 120.0
 """The node-kill drill's rounds and reply timeout. The timeout bounds a whole round, whose ClientApps run one at a
@@ -78,19 +82,19 @@ def federated_algorithms() -> list[str]:
 def all_cases() -> list[str]:
     """The cases the ``runs`` fixture runs together (each drill that kills a process has a fixture of its own)."""
     return ([f"relation/{name}" for name in federated_algorithms()] + [f"qa/{name}" for name in QA_ALGORITHMS]
-            + [RESUME_CASE, *DEPLOY_CASES])
+            + [RESUME_CASE, *DEPLOY_CASES, SHARED_CASE])
 
 
-def recipe(case: str, rounds: int = 2, silos: str | None = None) -> CellRecipe:
-    """The algorithm with its ``KNOBS``; 2 of 3 clients per round. ``silos``: the relation cell on silo-local data
-    laid out there (``toy.write_relation_silos``)."""
+def recipe(case: str, rounds: int = 2, silos: str | None = None, clients: int = 3) -> CellRecipe:
+    """The algorithm with its ``KNOBS``; 2 clients per round, of 3 (the relation cell: of ``clients``). ``silos``: the
+    relation cell on silo-local data laid out there (``toy.write_relation_silos``)."""
     family, algorithm = case.split("/")
     family = family.rpartition("-")[2]  # deploy-relation, kill-relation, ...: the relation cell
     relation = family in ("relation", "resume")
     settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=2, lr=1e-3, batch_size=8 if relation else 4,
                               warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
                               eval_splits=("valid", "test") if relation else ("valid",))
-    build = relation_task if relation else functools.partial(ToyQATask, QA_SIZES)
+    build = functools.partial(relation_task, clients) if relation else functools.partial(ToyQATask, QA_SIZES)
     if family == "faults":
         build = functools.partial(FaultyNodesTask, QA_SIZES, CRASHES, DIVERGES)
     knobs = REGISTRY[algorithm].Settings(**KNOBS.get(algorithm, {}))
@@ -98,9 +102,10 @@ def recipe(case: str, rounds: int = 2, silos: str | None = None) -> CellRecipe:
                                                  functools.partial(relation_server_view, Path(silos)))
     return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs,
                       common=CommonSettings(weighting="size", seed=0), settings=settings,
-                      fingerprint=f"{case}-{rounds}", threads=1, silo=silo,
+                      fingerprint=f"{case}-{rounds}-{clients}", threads=1, silo=silo,
                       spec={"factory": "flower_cells:recipe",
-                            "kwargs": {"case": case, "rounds": rounds, **({"silos": silos} if silos else {})}})
+                            "kwargs": {"case": case, "rounds": rounds, "clients": clients,
+                                       **({"silos": silos} if silos else {})}})
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -136,6 +141,8 @@ def run_case(case: str, work: Path) -> dict:
         return run_resume(work)
     if case in DEPLOY_CASES:
         return run_deployment(case, work)
+    if case == SHARED_CASE:
+        return run_shared_deployment(work)
     if case == KILL_CASE:
         return run_node_kill(work)
     if case in FAULT_CASES:
@@ -224,6 +231,43 @@ def run_deployment(case: str, work: Path) -> dict:
     return result
 
 
+def federation_processes(home: Path) -> list[str]:
+    """The command lines of the running processes of the federation whose Flower home is ``home``."""
+    mark, found = f"FLWR_HOME={home}".encode(), []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes().split(b"\0"):
+                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def run_shared_deployment(work: Path) -> dict:
+    """``SHARED_CELLS`` on one shared federation, each also in the engine: per cell both outcomes and the pids of the
+    SuperLink, the launcher and the nodes it ran on; what of the federation still ran after the block."""
+    from fedrepro.fl.flower.deployment import shared_federation
+
+    result: dict = {"cells": {}}
+    with shared_federation(work / SHARED_CASE / "federation"):
+        for case, clients in SHARED_CELLS:
+            engine = build_runtime(recipe(case, clients=clients), "engine", work / case / "engine", progress=False)
+            engine.run()
+            deployment = build_runtime(recipe(case, clients=clients), "flower-deployment", work / case / "deployment",
+                                       progress=False)
+            seen: dict = {}
+
+            def look(federation, seen=seen) -> None:
+                seen["home"] = str(federation.home)
+                seen["pids"] = {name: process.pid for name, process in federation.processes.items()}
+
+            deployment.on_federation_up = look
+            deployment.run()
+            result["cells"][case] = {"engine": outcome(engine), "flower-deployment": outcome(deployment), **seen}
+    result["left_running"] = federation_processes(Path(seen["home"]))
+    return result
+
+
 def run_node_kill(work: Path) -> dict:
     """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline), its launcher
     running one ClientApp at a time (a 2-core machine). In round 2, while its ClientApp works on the round, a client
@@ -255,7 +299,7 @@ def run_node_kill(work: Path) -> dict:
 
     def kill_and_restart(federation) -> None:
         wait_until(lambda: checkpointed() >= 1, 600, "round 1")
-        name = f"supernode-{victim}"
+        name = deployment.node_name(victim)
         node = federation.processes[name]
         def running(pid: int) -> bool:  # the launcher lists an ended ClientApp until its next fork reaps it
             try:
@@ -319,14 +363,7 @@ def run_superlink_kill(work: Path) -> dict:
         result["error"] = None
     except Exception as error:  # noqa: BLE001 - what the stage would die with, whatever it is
         result["error"] = {"type": type(error).__name__, "message": str(error)}
-    home = f"FLWR_HOME={result['home']}".encode()
-    result["left_running"] = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if home in environ.read_bytes().split(b"\0"):
-                result["left_running"].append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:
-            continue
+    result["left_running"] = federation_processes(Path(result["home"]))
     result["rounds_checkpointed"] = load_checkpoint(deployment.checkpoint_dir, deployment.fingerprint).next_round
     return result
 

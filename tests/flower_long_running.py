@@ -124,7 +124,7 @@ def run_leave(work: Path) -> dict:
 
     def leave(federation) -> None:
         wait_for(lambda: checkpointed(deployment) >= 1, 600, "round 1")
-        os.kill(federation.processes[f"supernode-{LEAVER}"].pid, signal.SIGKILL)
+        os.kill(federation.processes[deployment.node_name(LEAVER)].pid, signal.SIGKILL)
         drill["killed_after_round"] = checkpointed(deployment)
         drill["state_files_at_kill"] = sorted(p.name for p in (deployment.nodes_root / LEAVER).glob("*.safetensors"))
 
@@ -185,7 +185,7 @@ def run_restart(work: Path) -> dict:
 
 
 def run_late(work: Path) -> dict:
-    """The SuperNode of ``LATECOMER`` (its key registered with the others') is started only once round 1 is
+    """The SuperNode of ``LATECOMER`` (its key made and registered as it starts) is started only once round 1 is
     checkpointed. The run is started once the other nodes are online; its server waits ``LATE_NODES_TIMEOUT`` for
     the missing one, then starts without it."""
     folder = work / LATE

@@ -18,10 +18,12 @@ import torch
 
 from fedrepro.errors import ConfigError
 from fedrepro.fl.engine import FIT, Engine
+from fedrepro.fl.flower.common import CPUS
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
-                          SILO_CASES, STAGE_SILO_CASES, SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
+                          SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_SILO_CASES, SUPERLINK_KILL_CASE, all_cases,
+                          federated_algorithms, recipe)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -207,10 +209,11 @@ def expected_flower_messages(case: str, engine: dict) -> list:
     return expected
 
 
-def test_every_simulated_cell_of_a_process_ran_on_one_kept_ray_worker(runs):
-    """Ray and its worker start once per process, not per cell (issue 19), and the identical runs below were on it."""
+def test_every_simulated_cell_of_a_process_ran_on_the_kept_ray_workers(runs):
+    """Ray and its workers start once per process, not per cell (issue 19), one per core for the cells' one thread
+    (a round's clients train two at once), and the identical runs below were on them."""
     workers = {case: tuple(runs[case]["ray_workers"]) for case in EQUIVALENCE_CASES}
-    assert len(set(workers.values())) == 1 and len(next(iter(workers.values()))) == 1, workers
+    assert len(set(workers.values())) == 1 and len(next(iter(workers.values()))) == CPUS, workers
 
 
 @pytest.mark.parametrize("case", EQUIVALENCE_CASES)
@@ -272,6 +275,25 @@ def test_engine_and_a_flower_deployment_give_identical_runs(runs, case):
         assert deployment[key] == engine[key], key
     assert deployment["messages"] == expected_flower_messages(case, engine)
     assert deployment["server_checkpoint_clients"] == []
+
+
+def test_a_stages_deployment_cells_share_one_superlink_and_its_nodes_and_each_equals_the_engine(runs):
+    """One federation per stage (issue 19): every cell ran on the SuperLink, launcher and numbered nodes the first
+    started, the QA cell with a spare node serving none of its three clients, and each cell is still the engine's
+    run bit for bit. Nothing of the federation runs after the block."""
+    shared = runs[SHARED_CASE]
+    cells = [shared["cells"][case] for case, _ in SHARED_CELLS]
+    first = cells[0]["pids"]
+    assert sorted(first) == ["launcher", "superlink", *(f"supernode-{n}" for n in range(SHARED_CELLS[0][1]))]
+    assert all(cell["pids"] == first for cell in cells), "a later cell started no process of its own"
+    for (case, _), cell in zip(SHARED_CELLS, cells):
+        engine, deployment = cell["engine"], cell["flower-deployment"]
+        for key in ("history", "global", "clients"):
+            assert deployment[key] == engine[key], (case, key)
+        assert deployment["messages"] == expected_flower_messages(case, engine)
+    identified = {m[1] for m in cells[1]["flower-deployment"]["scalars"] if m[0] == -1}
+    assert identified == set(QA_SIZES), "the spare node answered no client and was sent nothing"
+    assert shared["left_running"] == []
 
 
 @pytest.mark.parametrize("case", DEPLOY_CASES)

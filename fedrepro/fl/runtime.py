@@ -5,8 +5,9 @@ runtimes are subclasses with the same evaluation methods, histories and checkpoi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from fedrepro.config import RUNTIMES
 from fedrepro.errors import ConfigError
@@ -39,3 +40,14 @@ def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, 
     from fedrepro.fl.flower.deployment import FlowerDeployment
 
     return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress, run_timeout, reply_timeout)
+
+
+def stage_federation(runtime: str, folder: str | Path) -> ContextManager[None]:
+    """Wrap a stage's cells: on flower-deployment they all run on one federation under ``folder``
+    (``fedrepro.fl.flower.deployment.shared_federation``), each cell its own ``flwr run``. The simulation keeps its
+    Ray worker for the process anyway, and the engine needs nothing."""
+    if runtime != "flower-deployment":
+        return contextlib.nullcontext()
+    from fedrepro.fl.flower.deployment import shared_federation
+
+    return shared_federation(folder)

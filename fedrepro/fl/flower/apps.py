@@ -5,9 +5,11 @@ ClientApp process), so they rebuild the cell from its recipe spec: a JSON file n
 ``recipe``, holding ``{"factory": "module:function", "kwargs": {...}}``; the factory returns the
 ``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir``, waits at most
 ``reply-timeout`` seconds for a round's replies (0: until every node answers) and at most ``nodes-timeout`` seconds
-for one node per client before its first round (``common.NODES_TIMEOUT`` if not given); each node keeps
-its client's state under its own node config's ``state-dir`` and serves the client named by ``client-id``; on
-silo-local data (``CellRecipe.silo``) it loads that client's rows from its node config's ``data-dir`` only.
+for one node per client before its first round (``common.NODES_TIMEOUT`` if not given). A node serves the client
+named by its node config's ``client-id``, or the n-th client of the run by its ``partition-id`` (the numbered nodes a
+local deployment's cells share); it keeps its client's state under its node config's ``state-dir``, or else under the
+cell's ``<checkpoint-dir>/nodes/<client id>``; on silo-local data (``CellRecipe.silo``) it loads that client's rows
+from its node config's ``data-dir`` only (else from the recipe's silos folder, ``<root>/<client id>``).
 A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FILE`` for the stage to raise.
 """
 
@@ -22,6 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrepro.errors import TrainingDiverged
 from fedrepro.fl.flower.client import NodeHandlers
 from fedrepro.fl.flower.common import CHECKPOINT_KEY, NODES_TIMEOUT, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
+from fedrepro.fl.flower.node_state import NODES
 from fedrepro.fl.flower.server import FlowerServer
 from fedrepro.fl.recipe import load_recipe
 
@@ -52,7 +55,10 @@ client_app = ClientApp()
 
 
 def _handlers(context: Context) -> NodeHandlers:
-    return NodeHandlers(load_recipe(str(context.run_config[RECIPE_KEY])))
+    """A node with no ``state-dir`` of its own keeps its client's state under ``<checkpoint-dir>/nodes/<client id>``,
+    in the folder of the cell it runs (the local deployment's nodes serve a stage's cells one after another)."""
+    return NodeHandlers(load_recipe(str(context.run_config[RECIPE_KEY])),
+                        Path(str(context.run_config[CHECKPOINT_KEY])) / NODES)
 
 
 @client_app.query()

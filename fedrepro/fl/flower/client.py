@@ -37,6 +37,8 @@ from fedrepro.fl.recipe import CellRecipe
 from fedrepro.fl.silo import read_manifest
 
 STATE_KEY, STATE_BYTES = "fedrepro", "node_state"
+SERVES_NONE = ""
+"""The client id a node answers when it serves no client of the run (a shared node numbered past its clients)."""
 
 _trainers: dict[tuple[str, Path | None], LocalTrainer] = {}
 """This process's trainer, by run fingerprint and silo directory (one at a time: another frees the previous model)."""
@@ -72,15 +74,26 @@ class NodeHandlers:
             raise WrongRun(f"this node serves run {self.recipe.fingerprint[:12]}, the server runs "
                            f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the server's recipe")
 
-    def client_id(self, context: Context) -> str:
-        """A deployment's node is told its client; a simulated node its number (the task, or on silo-local data the
-        silos' manifest, maps it)."""
+    def client_id(self, context: Context) -> str | None:
+        """A node on its own machine is told its client (``client-id``); a simulated node, or one of the numbered nodes
+        a local deployment's cells share, its number (the task, or on silo-local data the silos' manifest, maps it).
+        None: a shared node numbered past this run's clients, which serves none."""
         if CLIENT_ID_KEY in context.node_config:
             return str(context.node_config[CLIENT_ID_KEY])
         partition = int(context.node_config[PARTITION_ID_KEY])
         if self.recipe.silo is not None:
-            return read_manifest(self.recipe.silo.root).client_ids[partition]
-        return trainer_for(self.recipe).task.client_ids[partition]
+            client_ids = read_manifest(self.recipe.silo.root).client_ids
+        else:
+            client_ids = trainer_for(self.recipe).task.client_ids
+        return client_ids[partition] if partition < len(client_ids) else None
+
+    def served_client(self, context: Context) -> str:
+        """The client this node serves in the run (a message for a node that serves none is a server's error)."""
+        client_id = self.client_id(context)
+        if client_id is None:
+            raise FedreproError(f"node {context.node_config[PARTITION_ID_KEY]} serves no client of run "
+                                f"{self.recipe.fingerprint[:12]}, yet was sent a round")
+        return client_id
 
     def trainer(self, context: Context, client_id: str) -> LocalTrainer:
         """The trainer for ``client_id``: on silo-local data built from its directory alone, which must be its own."""
@@ -115,12 +128,12 @@ class NodeHandlers:
     def identify(self, message: Message, context: Context) -> Message:
         self._check_run(message.content[m.CONFIG])
         client_id = self.client_id(context)
-        return Message(RecordDict({m.CONFIG: ConfigRecord({m.CLIENT_ID: client_id})}), reply_to=message)
+        return Message(RecordDict({m.CONFIG: ConfigRecord({m.CLIENT_ID: client_id or SERVES_NONE})}), reply_to=message)
 
     def train(self, message: Message, context: Context) -> Message:
         config = message.content[m.CONFIG]
         self._check_run(config)
-        client_id, round_index = self.client_id(context), int(config[m.ROUND])
+        client_id, round_index = self.served_client(context), int(config[m.ROUND])
         trainer = self.trainer(context, client_id)
         store = self.store(context, client_id)
         state = self.load_state(context, store, config)
@@ -141,7 +154,7 @@ class NodeHandlers:
         training data (FIT) or the counts of its share of the split."""
         config = message.content[m.CONFIG]
         self._check_run(config)
-        client_id, split = self.client_id(context), str(config[m.SPLIT])
+        client_id, split = self.served_client(context), str(config[m.SPLIT])
         trainer = self.trainer(context, client_id)
         task = trainer.task
         if task.evaluates_global_model:  # silo-local: the global model (initial private tensors) on this client's share

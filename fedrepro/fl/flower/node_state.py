@@ -29,6 +29,10 @@ from safetensors.torch import save as save_tensors
 from fedrepro.io import atomic_file
 
 PREFIX, SUFFIX = "round-", ".safetensors"
+NODES = "nodes"
+"""The folder, beside a cell's server checkpoint, holding one state directory per client (``<nodes>/<client id>``) where
+the harness owns every node's directory on this machine (a simulation, or a local deployment whose nodes have no
+``state-dir`` of their own)."""
 
 
 @dataclass

@@ -33,6 +33,7 @@ from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask
 from fedrepro.fl.channel import SERVER, upload_problem
 from fedrepro.fl.engine import FIT, GLOBAL, Engine, mean_fit_loss
 from fedrepro.fl.flower import messages as m
+from fedrepro.fl.flower.client import SERVES_NONE
 from fedrepro.fl.flower.common import NODES_TIMEOUT, send_and_receive
 from fedrepro.fl.flower.node_state import counted_round
 from fedrepro.fl.recipe import CellRecipe
@@ -55,6 +56,8 @@ class FlowerServer(Engine):
         self.failure: BaseException | None = None
         """What stopped ``serve``, for the harness (Flower itself only reports that the ServerApp failed)."""
         self.node_of: dict[str, int] = {}
+        self.spare_nodes: set[int] = set()
+        """Nodes that answered they serve no client of this run (a local deployment's shared nodes past its clients)."""
         self._round = -1
         self._delivered: list[str] = []
         """The clients whose update the round being closed counts (its record is not in the history yet)."""
@@ -111,8 +114,9 @@ class FlowerServer(Engine):
         """Ask every connected node not yet known which client it serves, waiting for the answers as long as for a
         round's replies. A node restarted with its key keeps its node id, so only a node that never answered is
         asked; one that does not answer in time, or fails to, is asked again before the next round (a node that
-        fails must not stop a running federation). Each training client must be served by exactly one node."""
-        known = set(self.node_of.values())
+        fails must not stop a running federation). Each training client must be served by exactly one node; a node
+        that serves none (``SERVES_NONE``) is left alone for the run."""
+        known = set(self.node_of.values()) | self.spare_nodes
         new = sorted(set(self.grid.get_node_ids()) - known)
         outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
                             message_type=MessageType.QUERY, group_id="identify") for node_id in new]
@@ -122,6 +126,9 @@ class FlowerServer(Engine):
                 log.warning("a node failed to say which client it serves: %s", reply.error.reason)
                 continue
             client_id = str(reply.content[m.CONFIG][m.CLIENT_ID])
+            if client_id == SERVES_NONE:
+                self.spare_nodes.add(reply.metadata.src_node_id)
+                continue
             self.channel.send_scalars(-1, client_id, SERVER, {m.CLIENT_ID: client_id})
             if client_id in node_of:
                 raise FederationError(f"nodes {node_of[client_id]} and {reply.metadata.src_node_id} both serve client {client_id}")

@@ -1,14 +1,12 @@
 """A cell on Flower's simulation engine: the ServerApp in this process, one virtual node per client, Ray
 workers running the ClientApp, everything bound to loopback.
 
-Sized for a 2-core machine: Ray gets ``common.CPUS`` cores and each ClientApp asks for all of them, so one worker
-trains one client at a time, with the same torch thread count as the engine (the cell's ``threads``).
+Sized for a 2-core machine: Ray gets ``common.CPUS`` cores and each ClientApp asks for the cell's torch threads (as
+the engine's), so with one thread a cell two workers each train one client at a time: a round's clients train two at
+once, as on a deployment (the server's side of the round, aggregation and its evaluation, runs in this process).
 
-Ray and its worker are started once per process, by the first cell, and every later cell of the stage runs on them
-(``KeptRayBackend``): starting them took 7-9 s, most of a small cell's time on Flower. The worker holds no cell's
-state between cells (a node's trainer is rebuilt for each run's fingerprint, its private state is on disk), and a
-cell that fails drops them, so the next one starts afresh. SS-VFNAS's parties (``vertical``) start their own Ray per
-cell: a process that runs them after horizontal cells calls ``KeptRayBackend.drop()`` first (no stage does both).
+Ray and its workers are started once per process, by the first cell, and every later cell of the stage runs on them
+(``ray_backend.kept_ray_backend``, which also hands the workers each message as soon as the server sends it).
 
 Ray's and Flower's usage reporting is switched off; tests also run this inside a network namespace of
 their own with only loopback up, so nothing can leave the machine whatever a library does.
@@ -20,62 +18,19 @@ states from there; the server never does (``FlowerServer.serve`` never touches t
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from flwr.server.superlink.fleet.vce.backend import raybackend
 from flwr.simulation import run_simulation
 
 from fedrepro.fl.algorithm import Algorithm, FederatedTask
 from fedrepro.fl.checkpoint import TrainingState
 from fedrepro.fl.flower.client import NodeHandlers, client_app
 from fedrepro.fl.flower.common import quiet_environment, ray_backend_config
-from fedrepro.fl.flower.node_state import collect_node_states
+from fedrepro.fl.flower.node_state import NODES, collect_node_states
+from fedrepro.fl.flower.ray_backend import kept_ray_backend
 from fedrepro.fl.flower.server import FlowerServer
 from fedrepro.fl.recipe import CellRecipe
-
-NODES = "nodes"
-"""The folder, beside the server's checkpoint, that holds one directory per simulated node."""
-
-
-class KeptRayBackend(raybackend.RayBackend):
-    """Flower's Ray backend, kept for the process's later simulations instead of shut down after each (Ray itself
-    stops at the process's exit). Flower 1.42 builds its backend from ``raybackend.RayBackend`` when a simulation
-    starts; ``kept_ray_backend`` puts this class there for the length of one run."""
-
-    kept_pool: raybackend.BasicActorPool | None = None
-
-    def build(self, app_fn: Callable[[], Any]) -> None:
-        if KeptRayBackend.kept_pool is None:
-            super().build(app_fn)
-            KeptRayBackend.kept_pool = self.pool
-        else:
-            self.pool, self.app_fn = KeptRayBackend.kept_pool, app_fn
-
-    def terminate(self) -> None:
-        """Kept for the next simulation; ``drop`` stops it."""
-
-    @classmethod
-    def drop(cls) -> None:
-        """Stop the kept worker and Ray (after a failed run, whose worker may be broken or busy)."""
-        if cls.kept_pool is not None:
-            cls.kept_pool.terminate_all_actors()
-            cls.kept_pool = None
-        raybackend.ray.shutdown()
-
-
-@contextlib.contextmanager
-def kept_ray_backend() -> Iterator[None]:
-    """Run one simulation on the process's kept Ray backend; a run that fails drops it."""
-    flowers_own, raybackend.RayBackend = raybackend.RayBackend, KeptRayBackend
-    try:
-        yield
-    except BaseException:
-        KeptRayBackend.drop()
-        raise
-    finally:
-        raybackend.RayBackend = flowers_own
 
 
 class FlowerSimulation(FlowerServer):
@@ -86,6 +41,13 @@ class FlowerSimulation(FlowerServer):
         super().__init__(recipe, task, algorithm, checkpoint_dir, progress, on_round_end)
         self.nodes_root = (self.checkpoint_dir / NODES).resolve()
 
+    def backend_config(self) -> dict[str, Any]:
+        """Ray on ``common.CPUS`` cores, each ClientApp asking for the cell's torch threads: as many workers as fit,
+        each training one client at a time (two clients at once on two cores with one thread a cell, as a deployment's
+        launcher runs two ClientApps at once)."""
+        config = ray_backend_config()
+        return {**config, "client_resources": {**config["client_resources"], "num_cpus": self.recipe.threads}}
+
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
             quiet_environment()
@@ -93,7 +55,7 @@ class FlowerSimulation(FlowerServer):
                 try:
                     run_simulation(server_app=self.server_app(),
                                    client_app=client_app(NodeHandlers(self.recipe, self.nodes_root)),
-                                   num_supernodes=len(self.train_ids), backend_config=ray_backend_config())
+                                   num_supernodes=len(self.train_ids), backend_config=self.backend_config())
                 except RuntimeError:
                     if self.failure is None:
                         raise

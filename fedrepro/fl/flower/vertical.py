@@ -9,7 +9,8 @@ string in ``messages.CONFIG``, logged on the channel's scalar log.
 
 A party keeps its networks, optimizers and the graph of its last forward in its ClientApp's process memory between
 messages (one ``PartyWorker`` per run and party): Flower's simulation runs the ClientApps in a long-lived Ray actor
-(``ray_backend_config`` gives exactly one: each ClientApp asks for every core Ray has), so that memory lasts the run;
+(``ray_backend_config`` gives exactly one: each ClientApp asks for every core Ray has), so that memory lasts the run
+(the actor is kept for the process's later cells, ``ray_backend``; a run's first message replaces the last run's);
 with more than two parties the other parties' workers share that one process (each built from, and reading, only its
 own files). A node whose backward finds no forward (an actor restarted, or several actors splitting a party's messages)
 says so (``FederationError``). A deployment starts one ClientApp process per message, which this does not survive:
@@ -36,6 +37,7 @@ from flwr.simulation import run_simulation
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.common import PARTITION_ID_KEY, STATE_DIR_KEY, quiet_environment, ray_backend_config, send_and_receive
+from fedrepro.fl.flower.ray_backend import kept_ray_backend
 from fedrepro.vfl.nodes import NODES, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import party_name
 
@@ -82,8 +84,12 @@ class PartyNodeHandlers:
                                   f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the label party's recipe")
 
     def identify(self, message: Message, context: Context) -> Message:
+        """Which party this node holds: the label party's first message of a run, so a worker this process kept from
+        an earlier run of the same recipe is dropped (the run builds its party afresh, as a new process would)."""
         self._check_run(message.content[m.CONFIG])
-        return Message(RecordDict({m.CONFIG: ConfigRecord({PARTY: self.party_index(context)})}), reply_to=message)
+        index = self.party_index(context)
+        _workers.pop((self.recipe.fingerprint, index), None)
+        return Message(RecordDict({m.CONFIG: ConfigRecord({PARTY: index})}), reply_to=message)
 
     def command(self, message: Message, context: Context) -> Message:
         config = message.content[m.CONFIG]
@@ -200,8 +206,9 @@ class VerticalSimulation:
         quiet_environment()
         try:
             nodes = party_client_app(PartyNodeHandlers(self.recipe, self.nodes_root))
-            run_simulation(server_app=app, client_app=nodes, num_supernodes=len(self.recipe.others),
-                           backend_config=ray_backend_config())
+            with kept_ray_backend():
+                run_simulation(server_app=app, client_app=nodes, num_supernodes=len(self.recipe.others),
+                               backend_config=ray_backend_config())
         except RuntimeError:
             if "failure" not in done:
                 raise

@@ -1,0 +1,84 @@
+"""Flower's simulation runtime as a stage uses it: Ray and its workers kept for the process's later cells, and the
+messages handed to the workers as soon as the server sends them.
+
+Both horizontal cells (``simulation``) and SS-VFNAS's parties (``vertical``) run through ``kept_ray_backend``; this
+module imports nothing of either.
+
+- Starting Ray and its workers took 7-9 s, most of a small cell's time on Flower, so the first cell starts them and
+  every later cell runs on them (``KeptRayBackend``). A worker keeps no cell's state between cells (horizontal nodes
+  rebuild their trainer for each run's fingerprint and keep their private state on disk; a party's worker is replaced
+  when another run's first message arrives), and a cell that fails drops them, so the next one starts afresh.
+- Flower 1.42's simulation moves the server's messages from its message store to the workers' queue in a loop that
+  sleeps 0.1 s between looks. A horizontal round sends a few messages, but SS-VFNAS's parties exchange activations
+  and gradients several times a step, each exchange waiting 50 ms on average for that loop: an embedded SS-VFNAS
+  cell took about a minute on Flower against a few seconds in process. ``MESSAGE_POLL_SECONDS`` replaces the sleep
+  for the length of a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from queue import Queue
+from typing import Any, Callable, Iterator
+
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.fleet.vce.backend import raybackend
+
+MESSAGE_POLL_SECONDS = 0.005
+"""How often the simulation looks for messages the server sent (Flower's own loop: every 0.1 s)."""
+
+
+class KeptRayBackend(raybackend.RayBackend):
+    """Flower's Ray backend, kept for the process's later simulations instead of shut down after each (Ray itself
+    stops at the process's exit). Flower 1.42 builds its backend from ``raybackend.RayBackend`` when a simulation
+    starts; ``kept_ray_backend`` puts this class there for the length of one run. A run that asks for other
+    resources per ClientApp (another cell's threads) gets workers of its own."""
+
+    kept_pool: raybackend.BasicActorPool | None = None
+    kept_for: dict[str, float] | None = None
+    """The resources per ClientApp the kept workers were started with."""
+
+    def build(self, app_fn: Callable[[], Any]) -> None:
+        if KeptRayBackend.kept_pool is not None and KeptRayBackend.kept_for != self.client_resources:
+            KeptRayBackend.kept_pool.terminate_all_actors()
+            KeptRayBackend.kept_pool = None
+        if KeptRayBackend.kept_pool is None:
+            super().build(app_fn)
+            KeptRayBackend.kept_pool, KeptRayBackend.kept_for = self.pool, dict(self.client_resources)
+        else:
+            self.pool, self.app_fn = KeptRayBackend.kept_pool, app_fn
+
+    def terminate(self) -> None:
+        """Kept for the next simulation; ``drop`` stops it."""
+
+    @classmethod
+    def drop(cls) -> None:
+        """Stop the kept workers and Ray (after a failed run, whose workers may be broken or busy)."""
+        if cls.kept_pool is not None:
+            cls.kept_pool.terminate_all_actors()
+            cls.kept_pool = None
+        raybackend.ray.shutdown()
+
+
+def _feed_messages_promptly(state: Any, queue: Queue, nodes_mapping: dict, f_stop: threading.Event) -> None:
+    """The simulation's feed from its message store to its workers' queue, looking every ``MESSAGE_POLL_SECONDS``."""
+    while not f_stop.is_set():
+        for node_id in nodes_mapping:
+            for message in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(message)
+        f_stop.wait(MESSAGE_POLL_SECONDS)
+
+
+@contextlib.contextmanager
+def kept_ray_backend() -> Iterator[None]:
+    """Run one simulation on the process's kept Ray backend, its messages fed promptly; a run that fails drops it."""
+    flowers_backend, flowers_feed = raybackend.RayBackend, vce_api.add_messages_to_queue
+    raybackend.RayBackend, vce_api.add_messages_to_queue = KeptRayBackend, _feed_messages_promptly
+    try:
+        yield
+    except BaseException:
+        KeptRayBackend.drop()
+        raise
+    finally:
+        raybackend.RayBackend, vce_api.add_messages_to_queue = flowers_backend, flowers_feed
