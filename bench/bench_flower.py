@@ -5,9 +5,10 @@ Trains one FedCMC cell in each runtime from the same recipe. A round's cost is t
 building the runtime to the start of round 1 (for Flower also: Ray, its worker, building the model on the
 node, asking each node which client it serves), printed on its own. Issue 9's budget: Flower's round
 <= 1.3x the engine's. The simulation then trains the cell a second time in the same process, as a stage's later cell
-does, on the Ray worker the first one started (``KeptRayBackend``): its start-up is printed beside the first's. Also printed: the histories are identical (the equivalence the tests assert).
-With ``--deployment`` the cell also runs on a local SuperLink and SuperNodes (TLS, node authentication) and
-the bench prints the bytes Flower counted on the wire (``flwr ls``: message payloads as serialised, both
+does, on the Ray workers the first one started (``KeptRayBackend``): its start-up is printed beside the first's. Also printed: the histories are identical (the equivalence the tests assert).
+With ``--deployment`` the cell also runs twice on a local SuperLink and SuperNodes (TLS, node authentication), the
+second time on the federation the first started (``shared_federation``, as a stage's later cells), and the bench
+prints each one's time and the bytes Flower counted on the wire (``flwr ls``: message payloads as serialised, both
 directions) against the channel's count of the tensors and scalars: the protocol's overhead ratio.
 
 Reads DIR/params.yaml and DIR/data/{prepared/re,fedcmc/partitions,fedcmc/tokenizer} (the fedcmc_partition
@@ -27,6 +28,7 @@ from pathlib import Path
 from fedrepro.config import parse_params, read_raw_params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.runs import cell_recipe
+from fedrepro.fl.flower.deployment import shared_federation
 from fedrepro.fl.runtime import build_runtime
 from fedrepro.io import tree_digest
 
@@ -76,7 +78,7 @@ def main() -> None:
     print(f"cell {cell.name}: {args.rounds} rounds, {len(engine_history[0]['clients'])} clients a round")
     print(f"engine            start-up {engine_start:6.2f} s   round {engine_round:6.3f} s")
     print(f"flower-simulation start-up {flower_start:6.2f} s   round {flower_round:6.3f} s")
-    print(f"  a later cell    start-up {later[0]:6.2f} s   round {later[1]:6.3f} s   (on the kept Ray worker)")
+    print(f"  a later cell    start-up {later[0]:6.2f} s   round {later[1]:6.3f} s   (on the kept Ray workers)")
     print(f"round cost ratio flower/engine: {flower_round / engine_round:.2f}x (budget 1.3x)")
     same = all(json.dumps(engine_history, sort_keys=True) == json.dumps(history, sort_keys=True)
                for history in (flower_history, later[2]))
@@ -86,21 +88,28 @@ def main() -> None:
 
 
 def deployment_figures(recipe, engine_history: list) -> None:
-    with tempfile.TemporaryDirectory() as scratch:
-        started = time.perf_counter()
-        deployment = build_runtime(recipe, "flower-deployment", Path(scratch), progress=False)
-        state = deployment.run()
-        seconds = time.perf_counter() - started
+    """The cell twice on one local deployment, as a stage's cells run (``shared_federation``): the first starts the
+    SuperLink, the launcher and the nodes, the second is only a ``flwr run`` on them."""
+    with tempfile.TemporaryDirectory() as scratch, shared_federation(Path(scratch) / "federation"):
+        runs = []
+        for name in ("first", "later"):
+            started = time.perf_counter()
+            deployment = build_runtime(recipe, "flower-deployment", Path(scratch) / name, progress=False)
+            state = deployment.run()
+            runs.append((time.perf_counter() - started, deployment, state))
+    (first, deployment, state), (later, _, later_state) = runs
     channel = deployment.channel
     up = sum(m.nbytes for m in channel.messages if m.receiver == "server")
     down = sum(m.nbytes for m in channel.messages if m.sender == "server")
     scalars = sum(m.nbytes for m in channel.scalars)
     wire = deployment.wire
-    print(f"flower-deployment {seconds:6.1f} s in all (start-up, {len(state.history)} rounds, shut-down)")
+    print(f"flower-deployment {first:6.1f} s the first cell (federation start-up, {len(state.history)} rounds)")
+    print(f"  a later cell    {later:6.1f} s (on the stage's SuperLink and nodes)")
     print(f"channel: {up} B up, {down} B down, {scalars} B of scalars; wire (Flower's count): {wire['inbound-bytes']} B "
           f"in, {wire['outbound-bytes']} B out; overhead ratio {wire['total-bytes'] / (up + down + scalars):.3f}")
-    same = json.dumps(engine_history, sort_keys=True) == json.dumps(state.history, sort_keys=True)
-    print(f"deployment history identical to the engine's: {same}")
+    same = all(json.dumps(engine_history, sort_keys=True) == json.dumps(s.history, sort_keys=True)
+               for s in (state, later_state))
+    print(f"deployment histories identical to the engine's: {same}")
 
 
 if __name__ == "__main__":

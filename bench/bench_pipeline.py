@@ -5,8 +5,8 @@ of 5 (issue 19).
 With ``--set KEY=VALUE`` (repeatable) the fresh copy runs ``dvc exp run -S KEY=VALUE ...`` instead, as a user runs a
 variation: ``scripts/loopback.sh python bench/bench_pipeline.py --set train.runtime=flower-simulation`` times the whole
 embedded default on Flower (issue 19's goals: within 1.5x the engine's time on the simulation, 2.5x on a deployment).
-Usage: python bench/bench_pipeline.py [--noop-only DIR] [--set KEY=VALUE ...]   (DIR: a project whose pipeline is
-already up to date)
+Usage: python bench/bench_pipeline.py [--noop-only DIR] [--set KEY=VALUE ...] [--target STAGE ...]   (DIR: a project whose
+pipeline is already up to date; STAGE: time only these stages and what they need)
 """
 
 import argparse
@@ -54,11 +54,11 @@ def timed_stages(command, cwd) -> tuple[float, dict[str, float]]:
 NOOP_RUNS = 5
 
 
-def noop_times(project: Path) -> list[float]:
-    """Wall times of ``NOOP_RUNS`` no-op ``dvc repro`` runs; exits if any reran a stage."""
+def noop_times(project: Path, targets: list[str] = ()) -> list[float]:
+    """Wall times of ``NOOP_RUNS`` no-op ``dvc repro [targets]`` runs; exits if any reran a stage."""
     times = []
     for _ in range(NOOP_RUNS):
-        seconds, output = timed(["dvc", "repro"], project)
+        seconds, output = timed(["dvc", "repro", *targets], project)
         if "Running stage" in output:
             sys.exit(f"{project}: the pipeline was not up to date (a no-op dvc repro ran stages)")
         times.append(seconds)
@@ -69,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noop-only", type=Path, default=None, metavar="DIR")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run dvc exp run -S KEY=VALUE")
+    parser.add_argument("--target", action="append", default=[], metavar="STAGE",
+                        help="only these stages and what they need (default: the whole pipeline)")
     args = parser.parse_args()
     if args.noop_only:
         noops = noop_times(args.noop_only.resolve())
@@ -77,8 +79,9 @@ def main() -> None:
             ENV["FEDREPRO_CELL_STORE"] = str(Path(folder) / "cells")  # empty, as a fresh clone's user has it
             project = fresh_copy(Path(folder))
             command = ["dvc", "exp", "run", *(f"-S{kv}" for kv in args.set)] if args.set else ["dvc", "repro"]
+            command += args.target
             full, stages = timed_stages(command, project)
-            noops = noop_times(project)
+            noops = noop_times(project, args.target)
         for stage, seconds in stages.items():
             print(f"  {stage:32s} {seconds:7.1f} s")
         print(f"embedded {' '.join(command)}: {full:.1f} s ({full / 60:.2f} min; target for dvc repro <= 12 min)")
