@@ -158,6 +158,11 @@ class FlowerDeployment(Engine):
                 raise FederationError(f"the SuperNode of client {client_id} could not rejoin within {within:g} s")
             time.sleep(5)
 
+    def _lost_a_node(self, federation: LocalFederation) -> bool:
+        """Whether a node this cell needs died during an earlier cell (a shared federation is then started afresh)."""
+        nodes = [federation.processes.get(self.node_name(client_id)) for client_id in self.train_ids]
+        return any(node is not None and node.poll() is not None for node in nodes)
+
     @contextlib.contextmanager
     def _federation(self) -> Iterator[LocalFederation]:
         """The federation this cell runs on, with a running node per client: the open ``shared_federation``'s (started
@@ -170,9 +175,7 @@ class FlowerDeployment(Engine):
             raise FederationError("a cell whose nodes each get a data directory of their own cannot run on a shared "
                                   "federation: its numbered nodes serve other cells' clients too")
         running = SharedFederation.running if shared is not None else None
-        if running is not None and (running.setup != setup or any(
-                running.local.processes.get(self.node_name(c)) is not None
-                and running.local.processes[self.node_name(c)].poll() is not None for c in self.train_ids)):
+        if running is not None and (running.setup != setup or self._lost_a_node(running.local)):
             SharedFederation.stop()
             running = None
         if running is None:
