@@ -358,6 +358,31 @@ def test_a_superlink_killed_mid_run_stops_the_stage_naming_it_and_leaves_no_proc
     assert 1 <= killed["rounds_checkpointed"] < KILL_ROUNDS
 
 
+def test_a_superlink_that_dies_while_flwr_ls_asks_it_is_named_as_the_cause(tmp_path, monkeypatch):
+    """The race the drill above can hit: the SuperLink is alive when the run's status is polled and dies while
+    ``flwr ls`` asks it, so the CLI answers ``"success": false``. The stage names the SuperLink's exit, not a run
+    Flower did not list."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from fedrepro.errors import FederationError
+    from fedrepro.fl.flower.federation import LocalFederation
+
+    federation = LocalFederation(tmp_path)
+    superlink = subprocess.Popen(["sleep", "60"])
+    federation.processes["superlink"] = superlink
+
+    def flwr(*args, check=True, timeout=120):
+        if args[0] == "run":
+            return SimpleNamespace(stdout=json.dumps({"run-id": 7}))
+        superlink.kill()  # dies while the CLI asks; its exit is not yet reaped
+        return SimpleNamespace(stdout=json.dumps({"success": False, "error-message": "SuperLink is unavailable"}))
+
+    monkeypatch.setattr(federation, "flwr", flwr)
+    with pytest.raises(FederationError, match=r"the SuperLink exited \(code -9\) during Flower run 7.*resumes"):
+        federation.run(tmp_path / "app", timeout=30, looks_done=lambda: True)
+
+
 # ----- a node that fails, on the simulation and on a deployment -------------------------------------------------
 @pytest.mark.parametrize("case", FAULT_CASES)
 def test_a_node_whose_own_training_diverges_stops_the_run_naming_client_round_and_step(faults, case):

@@ -50,6 +50,9 @@ MARK = "FEDREPRO_FEDERATION_PROCESS"
 everything that process starts (see the module docstring)."""
 STATUS_EVERY_SECONDS = 10.0
 """While the run's checkpoint is not final, ask Flower for the run's status this often (each ask is a CLI process)."""
+SUPERLINK_EXIT_GRACE = 5.0
+"""When ``flwr ls`` gets no answer, wait this long for the SuperLink to exit before blaming anything else: one killed
+while the CLI asked closes its port a moment before its exit can be seen."""
 APP_TOML = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -354,7 +357,12 @@ class LocalFederation:
 
         def listing() -> dict[str, Any]:
             self.check_superlink(run_id)
-            return listed_run(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout, run_id)
+            answer = self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json").stdout
+            try:
+                return listed_run(answer, run_id)
+            except FederationError:
+                self.check_superlink(run_id, grace=SUPERLINK_EXIT_GRACE)  # one dying as `flwr ls` asked is the cause
+                raise
 
         def log() -> str:
             shown = self.flwr("log", run_id, CONNECTION, "--show", check=False)
@@ -366,9 +374,13 @@ class LocalFederation:
 
         return wait_for_run(run_id, listing, log, timeout, looks_done, on_poll, f"train.run_timeout = {timeout:g} s")
 
-    def check_superlink(self, run_id: str) -> None:
-        """Raise ``FederationError`` if the SuperLink has exited (the run cannot go on without it)."""
-        code = self.processes["superlink"].poll()
+    def check_superlink(self, run_id: str, grace: float = 0.0) -> None:
+        """Raise ``FederationError`` if the SuperLink has exited (the run cannot go on without it), waiting up to
+        ``grace`` seconds for one that may be exiting."""
+        try:
+            code = self.processes["superlink"].wait(timeout=grace) if grace else self.processes["superlink"].poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is not None:
             raise FederationError(f"the SuperLink exited (code {code}) during Flower run {run_id}: see "
                                   f"{self.logs / 'superlink.log'}; the server's checkpoints are kept, so running the "
