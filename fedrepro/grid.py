@@ -2,9 +2,9 @@
 of this very run from any other, and the main table's rows.
 
 A stage imports torch once (seconds a process, more than a small cell's training) and trains its cells in that
-process, or, with more than one worker (``cell_workers``), each cell in a child forked from it, that many at a time:
-the networks are small, so one torch thread a cell and two cells on two cores train about 1.4-1.6x as many sequences
-a second as one cell on both cores (``bench/README.md``). Each cell seeds itself and keeps its own checkpoint and
+process, or, with more than one worker (``cell_workers``), in that many children forked from it, each training one
+cell at a time: the networks are small, so one torch thread a cell and two cells on two cores train about 1.4-1.6x as
+many sequences a second as one cell on both cores (``bench/README.md``). Each cell seeds itself and keeps its own checkpoint and
 output folder, so its result does not depend on the process it ran in, a killed run resumes where it stopped, and a
 new grid point trains only the new cells (the others resume from their finished checkpoints and are only re-scored).
 """
@@ -54,8 +54,8 @@ def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str,
 
 def cell_workers(threads: int, runtime: str = "engine") -> int:
     """Cells a stage trains at once: ``$FEDREPRO_CELL_WORKERS``, else the cores this process may use over the torch
-    threads of a cell. One on a Flower runtime, whose cell already runs a federation of processes."""
-    if runtime != "engine":
+    threads of a cell. One on a Flower deployment, whose cells share the stage's SuperLink and SuperNodes."""
+    if runtime == "flower-deployment":
         return 1
     raw = os.environ.get(WORKERS_ENV, "").strip()
     if not raw:
@@ -120,34 +120,40 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
 
 def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
                 finish: Callable[[_Job, dict], None], workers: int) -> None:
-    """Each job in a child forked from this process (which has run no torch op, so no thread pool is copied half
-    made), at most ``workers`` at a time. A child's stderr (its progress bars and warnings) goes to a log file named
-    in the line that starts it (``tail -f`` it to watch the cell); its lines other than progress bars are repeated
-    here when it ends, above its error if it failed. The first cell to fail stops the stage: the running ones are
-    ended, and their checkpoints resume on the next run."""
+    """The jobs on ``workers`` children forked once from this process (which has run no torch op, so no thread pool is
+    copied half made), each training the cells handed to it one after another, so what a runtime keeps for a
+    process's later cells (Flower's Ray workers) serves each child's. A cell's stderr (its progress bars and warnings)
+    goes to a log file named in the line that starts it (``tail -f`` it to watch the cell); its lines other than
+    progress bars are repeated here when it ends, above its error if it failed. The first cell to fail stops the
+    stage: the children are ended, and the running cells' checkpoints resume on the next run."""
     context = multiprocessing.get_context("fork")
-    pending, running = deque(jobs), {}
+    pending, idle, busy, children = deque(jobs), [], {}, []
     with tempfile.TemporaryDirectory(prefix="fedrepro-cells-") as logs:
         try:
-            while pending or running:
-                while pending and len(running) < workers:
+            for number in range(min(workers, len(jobs))):
+                ours, theirs = context.Pipe()
+                child = context.Process(target=_worker, args=(theirs, run_cell), name=f"cell-worker-{number}")
+                child.start()
+                theirs.close()
+                children.append((ours, child))
+                idle.append((ours, child))
+            while pending or busy:
+                while pending and idle:
+                    ours, child = idle.pop()
                     job = pending.popleft()
                     job.started = time.perf_counter()
                     job.restored = store.restore(job.run, job.checkpoint_dir)
                     log = Path(logs) / f"{job.cell.name}.log"
-                    receiver, sender = context.Pipe(duplex=False)
-                    child = context.Process(target=_child, args=(sender, log, run_cell, job), name=job.cell.name)
-                    child.start()
-                    sender.close()
-                    running[receiver] = (job, child, log)
+                    ours.send((job, log))
+                    busy[ours] = (job, child, log)
                     print(f"started {job.cell.name} (log: {log})", file=sys.stderr, flush=True)
-                for receiver in wait(list(running)):
-                    job, child, log = running.pop(receiver)
+                for ours in wait(list(busy)):
+                    job, child, log = busy.pop(ours)
                     try:
-                        outcome = receiver.recv()
+                        outcome = ours.recv()
                     except EOFError:  # it died before sending
                         outcome = None
-                    child.join()
+                        child.join()
                     lines = log.read_bytes().decode(errors="replace").split("\n") if log.exists() else []
                     said = [line for line in lines if line.strip() and "\r" not in line]  # not its progress bars
                     if outcome is None or outcome[0] == "error":
@@ -157,26 +163,35 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                     if said:
                         print(*said, sep="\n", file=sys.stderr)
                     finish(job, outcome[1])
-        finally:
-            for job, child, _ in running.values():
-                child.terminate()
+                    idle.append((ours, child))
+            for ours, child in children:
+                ours.send(None)
                 child.join()
+        finally:
+            for _, child in children:
+                if child.is_alive():
+                    child.terminate()
+                    child.join()
 
 
-def _child(sender: Connection, log: Path, run_cell: Callable[[Any, Path, Path, str], dict], job: _Job) -> None:
-    """A forked child's work: one cell, its stderr into ``log``, its metrics or its error sent back."""
-    with open(log, "w") as stream:
-        os.dup2(stream.fileno(), sys.stderr.fileno())
-    try:
-        sender.send(("done", run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)))
-    except BaseException as error:
-        try:
-            sender.send(("error", error, traceback.format_exc()))
-        except Exception:  # an error that does not pickle travels as its text
-            sender.send(("error", None, traceback.format_exc()))
-    finally:
+def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict]) -> None:
+    """A forked child's work: each cell it is sent (``None`` ends it), its stderr into the cell's log, its metrics or
+    its error sent back."""
+    while (sent := connection.recv()) is not None:
+        job, log = sent
         sys.stderr.flush()
-        sender.close()
+        with open(log, "w") as stream:
+            os.dup2(stream.fileno(), sys.stderr.fileno())
+        try:
+            connection.send(("done", run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)))
+        except BaseException as error:
+            try:
+                connection.send(("error", error, traceback.format_exc()))
+            except Exception:  # an error that does not pickle travels as its text
+                connection.send(("error", None, traceback.format_exc()))
+        finally:
+            sys.stderr.flush()
+    connection.close()
 
 
 def _child_error(job: _Job, child: Any, outcome: tuple | None) -> BaseException:

@@ -4,6 +4,7 @@ own process; a failed child stops the stage with its error and leaves no half-wr
 import json
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,23 @@ def test_cells_trained_two_at_a_time_in_children_equal_the_cells_trained_in_proc
     assert "fedprox rounds" not in err.split("[1/4]")[-1], "the children's progress bars go to their logs"
 
 
+def test_each_child_trains_cells_one_after_another_so_what_a_process_keeps_serves_its_later_cells(tmp_path, capfd):
+    """A Flower simulation keeps Ray and its workers per process: two children for six cells, not six, and each
+    cell's log holds its own lines only."""
+    def run_in_child(cell, out, checkpoint_dir, digest):
+        print(f"training {cell.name}", file=sys.stderr)
+        metrics = train_toy(cell, out, checkpoint_dir, digest)
+        (out / "pid").write_text(str(os.getpid()))
+        return metrics
+
+    cells = [ToyCell(f"cell-{seed}", seed) for seed in range(6)]
+    grid(tmp_path, run_in_child, workers=2, cells=cells)
+    pids = {path.read_text() for path in (tmp_path / "out" / "tables").glob("*/pid")}
+    assert len(pids) == 2 and str(os.getpid()) not in pids
+    err = capfd.readouterr().err
+    assert all(err.count(f"training cell-{seed}") == 1 for seed in range(6)), "each cell's lines repeated once"
+
+
 def failing(error: BaseException):
     def run_cell(cell, out, checkpoint_dir, digest):
         if cell.seed == 2:
@@ -90,7 +108,8 @@ def test_how_many_cells_train_at_once(monkeypatch):
     monkeypatch.delenv(WORKERS_ENV, raising=False)
     cores = len(os.sched_getaffinity(0))
     assert cell_workers(1) == cores and cell_workers(2) == max(1, cores // 2)
-    assert cell_workers(1, "flower-simulation") == 1, "a Flower cell runs a federation of processes already"
+    assert cell_workers(1, "flower-simulation") == cores, "each child keeps its own Ray workers for its cells"
+    assert cell_workers(1, "flower-deployment") == 1, "a deployment's cells share the stage's SuperLink and nodes"
     monkeypatch.setenv(WORKERS_ENV, "3")
     assert cell_workers(1) == 3
     for wrong in ("0", "two", "-1"):
