@@ -16,7 +16,6 @@ afresh. Outside a ``shared_federation`` (a single cell, the drills of the tests)
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -37,8 +36,6 @@ from fedrepro.fl.flower.node_state import NODES, collect_node_states
 from fedrepro.fl.recipe import CellRecipe, write_recipe_spec
 from fedrepro.io import read_json
 
-NODE_KEYS = "node-keys"
-"""In the federation's folder: each numbered SuperNode's key pair, registered with the SuperLink once."""
 
 
 class RunningFederation:
@@ -48,7 +45,6 @@ class RunningFederation:
 
     def __init__(self, folder: Path, setup: tuple[int, tuple[str, ...], int | None]) -> None:
         self.setup = setup
-        shutil.rmtree(folder / NODE_KEYS, ignore_errors=True)  # a key on file is one this SuperLink registered
         self.local = LocalFederation(folder).__enter__()
         try:
             threads, preload, slots = setup
@@ -130,7 +126,7 @@ class FlowerDeployment(Engine):
         """The numbered SuperNode that serves ``client_id``: its key (made and registered the first time that number
         starts), its number as node config (and on silo-local data given ``data_dirs``, that client's directory)."""
         number = str(self.train_ids.index(client_id))
-        keys = federation.folder / NODE_KEYS
+        keys = federation.node_keys
         if not (keys / number).exists():
             _, public = make_node_key(keys, number)
             federation.register(public)

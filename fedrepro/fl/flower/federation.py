@@ -206,6 +206,9 @@ class LocalFederation:
         self.ended: set[int] = set()
         """The pids of SuperNodes that died unasked and whose SuperExec and ClientApps were ended."""
         self.certificates: dict[str, Path] = {}
+        self.node_keys = self.folder / "node-keys"
+        """Each SuperNode's key pair (``certificates.make_node_key``), emptied when the SuperLink starts: a key on file
+        is one this SuperLink registered."""
         self.launcher_socket = Path(tempfile.mkdtemp(prefix="fedrepro-launcher-")) / "socket"
         """In a short temporary folder: a Unix socket's path may not exceed about 100 bytes."""
         launcher.shim_script(self.folder / "bin")
@@ -242,6 +245,7 @@ class LocalFederation:
 
     def start_superlink(self) -> None:
         self.certificates = make_certificates(self.folder / "certificates")
+        shutil.rmtree(self.node_keys, ignore_errors=True)
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n'

@@ -127,7 +127,7 @@ class VerticalDeployment:
                 wait_until(lambda: socket_path.exists() or service.poll() is not None, 120, f"{party_name(j)}'s service")
                 if service.poll() is not None:
                     raise FederationError(f"{party_name(j)}'s service failed: see {federation.logs}/party-{j}.log")
-                private, public = make_node_key(federation.folder / "node-keys", party_name(j))
+                private, public = make_node_key(federation.node_keys, party_name(j))
                 federation.register(public)
                 federation.start_supernode(party_name(j), private, {
                     PARTY_ID_KEY: str(j), PARTY_SOCKET_KEY: str(socket_path),
