@@ -33,8 +33,8 @@ MESSAGE_POLL_SECONDS = 0.005
 class KeptRayBackend(raybackend.RayBackend):
     """Flower's Ray backend, kept for the process's later simulations instead of shut down after each, and stopped
     at the process's exit: a stage's forked cell workers end without running ``atexit`` hooks, Ray's own included
-    (its agents outlived them by a minute), so ``build`` registers ``drop`` with multiprocessing's exit finalizers,
-    which they do run. Flower 1.42 builds its backend from ``raybackend.RayBackend`` when a simulation starts;
+    (its agents outlived them by a minute), so ``build`` registers ``ray.shutdown`` (which stops the workers with Ray,
+    and does nothing where Ray's own hook ran first) with multiprocessing's exit finalizers, which they do run. Flower 1.42 builds its backend from ``raybackend.RayBackend`` when a simulation starts;
     ``kept_ray_backend`` puts this class there for the length of one run. A run that asks for other resources per
     ClientApp (another cell's threads) gets workers of its own."""
 
@@ -49,7 +49,7 @@ class KeptRayBackend(raybackend.RayBackend):
         if KeptRayBackend.kept_pool is None:
             super().build(app_fn)
             KeptRayBackend.kept_pool, KeptRayBackend.kept_for = self.pool, dict(self.client_resources)
-            multiprocessing.util.Finalize(None, KeptRayBackend.drop, exitpriority=0)
+            multiprocessing.util.Finalize(None, raybackend.ray.shutdown, exitpriority=0)
         else:
             self.pool, self.app_fn = KeptRayBackend.kept_pool, app_fn
 
