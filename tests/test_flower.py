@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ import torch
 
 from fedrepro.errors import ConfigError
 from fedrepro.fl.engine import FIT, Engine
-from fedrepro.fl.flower.common import CPUS
+from fedrepro.fl.flower.common import CPUS, STORED, StoreSignal
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
+from fedrepro.fl.flower.ray_backend import kept_ray_backend
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
                           SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_SILO_CASES, SUPERLINK_KILL_CASE, all_cases,
@@ -207,6 +210,41 @@ def expected_flower_messages(case: str, engine: dict) -> list:
         expected += this_round + [[round_index, "server", client, upload[3], upload[4]]
                                   for _split in (FIT, "valid") for client in QA_SIZES]
     return expected
+
+
+def test_a_waiter_on_the_message_store_wakes_as_a_message_is_stored_not_at_its_next_look():
+    """SS-VFNAS's parties exchange several times a step: each exchange waiting out a poll cost a third of a cell."""
+    signal = StoreSignal()
+    seen = signal.count
+    threading.Timer(0.05, signal.signal).start()
+    started = time.monotonic()
+    signal.wait_after(seen, timeout=30)
+    assert time.monotonic() - started < 10 and signal.count == seen + 1
+
+    seen = signal.count
+    signal.signal()  # stored between reading the count and waiting: not missed
+    started = time.monotonic()
+    signal.wait_after(seen, timeout=30)
+    assert time.monotonic() - started < 10
+
+    started = time.monotonic()
+    signal.wait_after(signal.count, timeout=0.2)  # nothing stored (a deployment's store is in another process)
+    assert time.monotonic() - started >= 0.2
+
+
+def test_during_a_simulated_run_the_message_store_signals_each_message_it_stores_and_not_after(monkeypatch):
+    from flwr.server.superlink.linkstate import InMemoryLinkState
+
+    stored = []
+    monkeypatch.setattr(InMemoryLinkState, "store_message_ins", lambda state, message: stored.append(message) or "in")
+    monkeypatch.setattr(InMemoryLinkState, "store_message_res", lambda state, message: stored.append(message) or "res")
+    flowers = InMemoryLinkState.store_message_ins, InMemoryLinkState.store_message_res
+    with kept_ray_backend():
+        before = STORED.count
+        assert InMemoryLinkState.store_message_ins(None, "to a node") == "in"
+        assert InMemoryLinkState.store_message_res(None, "a reply") == "res"
+        assert STORED.count == before + 2 and stored == ["to a node", "a reply"]
+    assert (InMemoryLinkState.store_message_ins, InMemoryLinkState.store_message_res) == flowers
 
 
 def test_every_simulated_cell_of_a_process_ran_on_the_kept_ray_workers(runs):

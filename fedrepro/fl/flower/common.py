@@ -7,6 +7,7 @@ the algorithms): SS-VFNAS's stage then depends on this module, not on every fede
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ RECIPE_KEY, CHECKPOINT_KEY, REPLY_TIMEOUT_KEY = "recipe", "checkpoint-dir", "rep
 NODES_TIMEOUT_KEY = "nodes-timeout"
 """A run's config keys (``apps``' module docstring says what each holds)."""
 POLL_SECONDS = 0.02
-"""How often the server asks the Grid for replies it is still waiting for."""
+"""How often the server asks the Grid for replies it is still waiting for, unless ``STORED`` wakes it first."""
 NODES_TIMEOUT = 120.0
 """Seconds the run waits, before its first round, for one node per client to connect."""
 CPUS = 2
@@ -27,21 +28,50 @@ OBJECT_STORE_BYTES = 1024 * 2**20
 """Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD sends two)."""
 
 
+class StoreSignal:
+    """Counts the messages stored in this process's message store and wakes whoever waits for the next one.
+
+    Flower's simulation keeps its message store in this process, and ``ray_backend`` signals here every message the
+    server or a node stores in it, so a waiter wakes the moment its message is there rather than at its next poll:
+    SS-VFNAS's parties exchange several times a step, and waiting out a poll on each exchange cost about a third of
+    an embedded SS-VFNAS cell on the simulation. A deployment's store is in the SuperLink's process: nothing signals,
+    and a waiter polls every ``timeout``."""
+
+    def __init__(self) -> None:
+        self._stored = threading.Condition()
+        self.count = 0
+
+    def signal(self) -> None:
+        with self._stored:
+            self.count += 1
+            self._stored.notify_all()
+
+    def wait_after(self, count: int, timeout: float) -> None:
+        """Until a message is stored after the ``count``-th, or ``timeout`` s."""
+        with self._stored:
+            self._stored.wait_for(lambda: self.count != count, timeout)
+
+
+STORED = StoreSignal()
+
+
 def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None) -> list[Message]:
     """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
 
     Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
-    made a small round wait seconds for replies already there; this polls every ``POLL_SECONDS``."""
+    made a small round wait seconds for replies already there; this looks again as soon as ``STORED`` says a message
+    was stored, or every ``POLL_SECONDS``."""
     pending = set(grid.push_messages(outgoing)) if outgoing else set()
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
     while pending:
+        stored = STORED.count
         arrived = list(grid.pull_messages(pending))
         replies += arrived
         pending -= {reply.metadata.reply_to_message_id for reply in arrived}
         if not pending or (deadline is not None and time.monotonic() >= deadline):
             break
-        time.sleep(POLL_SECONDS)
+        STORED.wait_after(stored, POLL_SECONDS)
     return replies
 
 

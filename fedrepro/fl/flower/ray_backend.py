@@ -9,15 +9,17 @@ module imports nothing of either.
   rebuild their trainer for each run's fingerprint and keep their private state on disk; a party's worker is replaced
   when another run's first message arrives), and a cell that fails drops them, so the next one starts afresh.
 - Flower 1.42's simulation moves the server's messages from its message store to the workers' queue in a loop that
-  sleeps 0.1 s between looks. A horizontal round sends a few messages, but SS-VFNAS's parties exchange activations
-  and gradients several times a step, each exchange waiting 50 ms on average for that loop: an embedded SS-VFNAS
-  cell took about a minute on Flower against a few seconds in process. ``MESSAGE_POLL_SECONDS`` replaces the sleep
-  for the length of a run.
+  sleeps 0.1 s between looks, and the server looks for replies in the store on a timer too. A horizontal round sends
+  a few messages, but SS-VFNAS's parties exchange activations and gradients several times a step, each exchange
+  waiting out both timers: an embedded SS-VFNAS cell took about a minute on Flower against a few seconds in process.
+  For the length of a run, the store signals every message stored in it (``common.STORED``), and the feed and the
+  server's wait for replies (``common.send_and_receive``) wake on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing.util
 import threading
 from queue import Queue
@@ -25,9 +27,12 @@ from typing import Any, Callable, Iterator
 
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.fleet.vce.backend import raybackend
+from flwr.server.superlink.linkstate import InMemoryLinkState
 
-MESSAGE_POLL_SECONDS = 0.005
-"""How often the simulation looks for messages the server sent (Flower's own loop: every 0.1 s)."""
+from fedrepro.fl.flower.common import STORED
+
+MESSAGE_POLL_SECONDS = 0.1
+"""How often the feed looks for messages the server sent when no store wakes it (Flower's own loop's interval)."""
 
 
 class KeptRayBackend(raybackend.RayBackend):
@@ -66,23 +71,43 @@ class KeptRayBackend(raybackend.RayBackend):
 
 
 def _feed_messages_promptly(state: Any, queue: Queue, nodes_mapping: dict, f_stop: threading.Event) -> None:
-    """The simulation's feed from its message store to its workers' queue, looking every ``MESSAGE_POLL_SECONDS``."""
+    """The simulation's feed from its message store to its workers' queue, woken by every message stored."""
     while not f_stop.is_set():
+        stored, fed = STORED.count, False
         for node_id in nodes_mapping:
             for message in state.get_message_ins(node_id=node_id, limit=1):
                 queue.put(message)
-        f_stop.wait(MESSAGE_POLL_SECONDS)
+                fed = True
+        if not fed:
+            STORED.wait_after(stored, MESSAGE_POLL_SECONDS)
+
+
+def _signalling(store: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``store`` (a message store's method), then ``STORED.signal()``."""
+
+    @functools.wraps(store)
+    def store_and_signal(state: Any, message: Any) -> Any:
+        stored = store(state, message)
+        STORED.signal()
+        return stored
+
+    return store_and_signal
 
 
 @contextlib.contextmanager
 def kept_ray_backend() -> Iterator[None]:
-    """Run one simulation on the process's kept Ray backend, its messages fed promptly; a run that fails drops it."""
-    flowers_backend, flowers_feed = raybackend.RayBackend, vce_api.add_messages_to_queue
+    """Run one simulation on the process's kept Ray backend, its messages handed on as soon as they are stored; a run
+    that fails drops it."""
+    flowers = raybackend.RayBackend, vce_api.add_messages_to_queue, InMemoryLinkState.store_message_ins, \
+        InMemoryLinkState.store_message_res
     raybackend.RayBackend, vce_api.add_messages_to_queue = KeptRayBackend, _feed_messages_promptly
+    InMemoryLinkState.store_message_ins = _signalling(flowers[2])
+    InMemoryLinkState.store_message_res = _signalling(flowers[3])
     try:
         yield
     except BaseException:
         KeptRayBackend.drop()
         raise
     finally:
-        raybackend.RayBackend, vce_api.add_messages_to_queue = flowers_backend, flowers_feed
+        (raybackend.RayBackend, vce_api.add_messages_to_queue, InMemoryLinkState.store_message_ins,
+         InMemoryLinkState.store_message_res) = flowers
