@@ -213,7 +213,8 @@ def expected_flower_messages(case: str, engine: dict) -> list:
 
 
 def test_a_waiter_on_the_message_store_wakes_as_a_message_is_stored_not_at_its_next_look():
-    """SS-VFNAS's parties exchange several times a step: each exchange waiting out a poll cost a third of a cell."""
+    """SS-VFNAS's parties exchange several times a step: waiting out a poll on each exchange cost the embedded
+    ssvfnas_table on the simulation about a quarter of its time (135.5 s against 103.8 s)."""
     signal = StoreSignal()
     seen = signal.count
     threading.Timer(0.05, signal.signal).start()
