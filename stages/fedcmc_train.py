@@ -36,11 +36,12 @@ def main() -> None:
     else:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
-    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation"):
+    workers = cell_workers(params.train.threads, params.train.runtime)
+    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", workers * params.train.threads):
         run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=cell_workers(params.train.threads, params.train.runtime))
+                 workers=workers)
 
 
 if __name__ == "__main__":

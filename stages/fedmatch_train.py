@@ -34,12 +34,13 @@ def main() -> None:
         rows = {folder: [c for c in sweep_cells(params) if c.sweep == args.sweep]}
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
-    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation"):
+    workers = cell_workers(params.train.threads, params.train.runtime)
+    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", workers * params.train.threads):
         run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
                  headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=cell_workers(params.train.threads, params.train.runtime))
+                 workers=workers)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.grid import cell_workers, run_grid, table_rows
 from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
+from fedrepro.ssvfnas.parties import stage_parties
 from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell, run_fingerprint
 
 PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/checkpoints/ssvfnas"), Path("data/ssvfnas")
@@ -33,11 +34,12 @@ def main() -> None:
                               BASELINE if args.baseline else args.method)
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process (each
     # child a stage forks to train cells at once runs its own, to the same result)
-    run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
-             lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache),
-             headline,
-             lambda cell, digest: run_fingerprint(params, cell, digest),
-             workers=cell_workers(params.ssvfnas.threads, params.train.runtime))
+    workers = cell_workers(params.ssvfnas.threads, params.train.runtime)
+    with stage_parties(params.train, workers * params.ssvfnas.threads):
+        run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
+                 lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest,
+                                                                 presearch_cache),
+                 headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ import argparse
 import functools
 import hashlib
 import json
+import multiprocessing
+import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -29,7 +32,7 @@ from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
-from fedrepro.fl.flower.ray_backend import KeptRayBackend  # noqa: E402
+from fedrepro.fl.flower.ray_head import STAGE_RAY_ENV, stage_ray  # noqa: E402
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
@@ -63,6 +66,10 @@ STAGE_SILO_CASES = ("stage-silo/fedcmc", "stage-silo/fedmatch")
 """A paper's own ``run_cell`` (the train stage's) on a tiny embedded-scale cell, in the engine and with
 ``train.silo_local`` on the Flower simulation: the silos laid out under the cell's checkpoint folder, each client's
 final evaluation on its own directory's task."""
+STAGE_RAY_CASE = "stage-ray"
+STAGE_RAY_CELLS = ("relation/fedavg", "relation/scaffold")
+"""Two cells of one seed, trained at once by two forked children of one process, as a stage's cell workers train
+them (``fedrepro.grid``), both on the stage's one Ray (``stage_ray``)."""
 FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
 SUPERLINK_KILL_CASE = "superlink-kill-relation/fedavg"
 CRASHES, DIVERGES = "c", "a"
@@ -153,13 +160,70 @@ def run_case(case: str, work: Path) -> dict:
         return run_silo_local(case, work)
     if case in STAGE_SILO_CASES:
         return run_stage_silo_local(case, work)
+    if case == STAGE_RAY_CASE:
+        return run_stage_ray(work)
     result = {}
     for runtime in ("engine", "flower-simulation"):
         engine = build_runtime(recipe(case), runtime, work / case / runtime, progress=False)
         engine.run()
         result[runtime] = outcome(engine)
+    from fedrepro.fl.flower.ray_backend import KeptRayBackend  # not before: the stage-ray case forks without Ray
+
     result["ray_workers"] = sorted(actor._actor_id.hex() for actor in KeptRayBackend.kept_pool.pool)
     return result
+
+
+def run_stage_ray(work: Path) -> dict:
+    """``STAGE_RAY_CELLS`` on the simulation in forked children inside ``stage_ray``, then each on the engine: what
+    each gave, the Ray each joined (the address of its cluster, its job), and what the stage's Ray left behind."""
+    context, replies = multiprocessing.get_context("fork"), multiprocessing.get_context("fork").Queue()
+    loaded_ray = "ray" in sys.modules  # as a stage's process: not before it forks its cell workers (``ray_head``)
+    with stage_ray(cpus=2):
+        folder = Path(os.environ[STAGE_RAY_ENV])
+        children = [context.Process(target=simulate_on_stage_ray, args=(case, work, replies))
+                    for case in STAGE_RAY_CELLS]
+        for child in children:
+            child.start()
+        simulated = dict(replies.get(timeout=600) for _ in children)
+        for child in children:
+            child.join()
+    host, port = simulated[STAGE_RAY_CELLS[0]]["cluster"].rsplit(":", 1)
+    result = {"forked_with_ray": loaded_ray, "folder_left": folder.exists(),
+              "cluster_answers": _answers(host, int(port)),
+              "processes_left": [pid for pid in os.listdir("/proc") if pid.isdigit() and _names(pid, folder)]}
+    for case in STAGE_RAY_CELLS:
+        engine = build_runtime(recipe(case), "engine", work / "stage-ray" / case / "engine", progress=False)
+        engine.run()
+        result[case] = {"engine": outcome(engine), **simulated[case]}
+    return result
+
+
+def simulate_on_stage_ray(case: str, work: Path, replies) -> None:
+    """One cell on the simulation in a forked child, its outcome and the Ray it ran on put in ``replies``."""
+    import ray
+
+    cell = build_runtime(recipe(case), "flower-simulation", work / "stage-ray" / case / "flower", progress=False)
+    cell.run()
+    context = ray.get_runtime_context()
+    replies.put((case, {"flower-simulation": outcome(cell), "cluster": context.gcs_address, "job": context.get_job_id(),
+                        "cpus": ray.cluster_resources()["CPU"]}))
+
+
+def _answers(host: str, port: int) -> bool:
+    """Whether anything still accepts connections at ``host:port``."""
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _names(pid: str, folder: Path) -> bool:
+    """Whether process ``pid``'s command line names ``folder``."""
+    try:
+        return str(folder) in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
 
 
 def run_resume(work: Path) -> dict:

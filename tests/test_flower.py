@@ -9,7 +9,10 @@ cases compared with the engine, one for the fault cases.
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -18,15 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedrepro.errors import ConfigError
+from fedrepro.errors import ConfigError, FederationError
 from fedrepro.fl.engine import FIT, Engine
 from fedrepro.fl.flower.common import STORED, StoreSignal
+from fedrepro.fl.flower.ray_head import stage_ray_address
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
-from fedrepro.fl.flower.ray_backend import kept_ray_backend
+from fedrepro.fl.flower.ray_backend import KeptRayBackend, kept_ray_backend, raybackend
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
-                          SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_SILO_CASES, SUPERLINK_KILL_CASE, all_cases,
-                          federated_algorithms, recipe)
+                          SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_RAY_CASE, STAGE_RAY_CELLS, STAGE_SILO_CASES,
+                          SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -253,6 +257,57 @@ def test_every_simulated_cell_of_a_process_ran_on_the_kept_ray_workers(runs):
     round's clients train one after another, as in the engine), and the identical runs below were on it."""
     workers = {case: tuple(runs[case]["ray_workers"]) for case in EQUIVALENCE_CASES}
     assert len(set(workers.values())) == 1 and len(next(iter(workers.values()))) == 1, workers
+
+
+@pytest.fixture(scope="module")
+def stage_ray_run(tmp_path_factory):
+    """Two cells of one seed at once in forked children on one stage's Ray, in a process of their own (forking a
+    process whose Ray is up, as ``runs``' is, would copy it half made)."""
+    return flower_cells(tmp_path_factory.mktemp("stage-ray"), [STAGE_RAY_CASE], timeout=600)[STAGE_RAY_CASE]
+
+
+def test_a_stages_forked_cells_join_its_one_ray_and_each_equals_the_engine(stage_ray_run):
+    """One Ray per stage (issue 19): both children joined the stage's cluster (one address, sized as the stage asked,
+    a job each) instead of starting their own, ran bit-identical to the engine, and nothing of it outlived the stage."""
+    assert not stage_ray_run["forked_with_ray"]
+    cells = [stage_ray_run[case] for case in STAGE_RAY_CELLS]
+    assert len({cell["cluster"] for cell in cells}) == 1 and len({cell["job"] for cell in cells}) == 2, cells
+    assert {cell["cpus"] for cell in cells} == {2.0}
+    for case, cell in zip(STAGE_RAY_CELLS, cells):
+        for key in ("history", "global", "clients", "messages"):
+            assert cell["flower-simulation"][key] == cell["engine"][key], (case, key)
+    assert not stage_ray_run["folder_left"] and not stage_ray_run["processes_left"]
+    assert not stage_ray_run["cluster_answers"], "the stage's Ray stopped with it"
+
+
+def test_joining_ray_names_its_subscriptions_from_the_os_and_leaves_the_cells_draws_as_they_were(monkeypatch):
+    """Ray names a driver's subscriptions to its cluster with Python's ``random``, which every cell seeds: two cells of
+    one seed on a stage's Ray took each other's replies under one name and polled in a loop, a core's worth of CPU
+    (issue 19). Joining draws from the OS, and the cell's own draws go on as if it had not joined."""
+    drawn = []
+    monkeypatch.setattr(raybackend.RayBackend, "init_ray", lambda self, config: drawn.append(random.getrandbits(64)))
+    random.seed(0)
+    seeded = random.getrandbits(64)
+    random.seed(0)
+    KeptRayBackend.init_ray(KeptRayBackend.__new__(KeptRayBackend), {})
+    assert drawn and drawn[0] != seeded
+    assert random.getrandbits(64) == seeded
+
+
+def test_a_cell_waiting_for_a_stages_ray_that_ended_says_so_with_its_last_lines(tmp_path):
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "pid").write_text(ended.stdout.strip())
+    (tmp_path / "head.log").write_text("ValueError: no room for the object store\n")
+    with pytest.raises(FederationError, match=r"(?s)the stage's Ray .* ended before it was up:.*no room for the"):
+        stage_ray_address(tmp_path, timeout=30)
+
+
+def test_a_cell_waits_for_a_stages_ray_no_longer_than_its_timeout(tmp_path):
+    (tmp_path / "pid").write_text(str(os.getpid()))  # running, never up
+    started = time.monotonic()
+    with pytest.raises(FederationError, match=r"the stage's Ray .* is not up after 0 s"):
+        stage_ray_address(tmp_path, timeout=0.2)
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("case", EQUIVALENCE_CASES)

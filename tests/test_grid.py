@@ -108,7 +108,7 @@ def test_how_many_cells_train_at_once(monkeypatch):
     monkeypatch.delenv(WORKERS_ENV, raising=False)
     cores = len(os.sched_getaffinity(0))
     assert cell_workers(1) == cores and cell_workers(2) == max(1, cores // 2)
-    assert cell_workers(1, "flower-simulation") == cores, "each child keeps its own Ray workers for its cells"
+    assert cell_workers(1, "flower-simulation") == cores, "each child: one Ray worker"
     assert cell_workers(1, "flower-deployment") == 1, "a deployment's cells share the stage's SuperLink and nodes"
     monkeypatch.setenv(WORKERS_ENV, "3")
     assert cell_workers(1) == 3

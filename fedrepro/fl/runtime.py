@@ -42,10 +42,14 @@ def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, 
     return FlowerDeployment(recipe, task, algorithm, checkpoint_dir, progress, run_timeout, reply_timeout)
 
 
-def stage_federation(runtime: str, folder: str | Path) -> ContextManager[None]:
+def stage_federation(runtime: str, folder: str | Path, cpus: int) -> ContextManager[None]:
     """Wrap a stage's cells: on flower-deployment they all run on one federation under ``folder``
-    (``fedrepro.fl.flower.deployment.shared_federation``), each cell its own ``flwr run``. The simulation keeps its
-    Ray worker for the process anyway, and the engine needs nothing."""
+    (``fedrepro.fl.flower.deployment.shared_federation``), each cell its own ``flwr run``; on flower-simulation they
+    all join one Ray of ``cpus`` cores (``fedrepro.fl.flower.ray_head.stage_ray``). The engine needs nothing."""
+    if runtime == "flower-simulation":
+        from fedrepro.fl.flower.ray_head import stage_ray
+
+        return stage_ray(cpus)
     if runtime != "flower-deployment":
         return contextlib.nullcontext()
     from fedrepro.fl.flower.deployment import shared_federation

@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+
+from fedrepro.fl.flower.ray_head import OBJECT_STORE_BYTES, QUIET_ENVIRONMENT, STAGE_RAY_ENV, stage_ray_address
 
 CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY, DATA_DIR_KEY = "client-id", "partition-id", "state-dir", "data-dir"
 """A node's config keys: the client it serves, its simulated partition, its private state's and its data's folders."""
@@ -23,9 +26,6 @@ POLL_SECONDS = 0.02
 """How often the server asks the Grid for replies it is still waiting for, unless ``STORED`` wakes it first."""
 NODES_TIMEOUT = 120.0
 """Seconds the run waits, before its first round, for one node per client to connect."""
-CPUS = 2
-OBJECT_STORE_BYTES = 1024 * 2**20
-"""Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD sends two)."""
 
 
 class StoreSignal:
@@ -77,15 +77,21 @@ def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None)
 
 def quiet_environment() -> None:
     """No usage statistics or telemetry from Ray or Flower (they would try the network)."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    for name, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
 
 
-def ray_backend_config(cpus: int = CPUS) -> dict[str, Any]:
-    """Flower's Ray backend on loopback only, no dashboard, one ClientApp worker using ``cpus`` cores."""
+def ray_backend_config(cpus: int) -> dict[str, Any]:
+    """Flower's Ray backend for a cell whose one ClientApp worker (``ray_backend.KeptRayBackend``) uses ``cpus`` cores:
+    the stage's Ray where one runs (``ray_head.stage_ray``), else a Ray of this process's own, on loopback, no
+    dashboard."""
+    resources = {"num_cpus": cpus, "num_gpus": 0.0}
+    folder = os.environ.get(STAGE_RAY_ENV)
+    if folder:
+        return {"client_resources": resources,
+                "init_args": {"address": stage_ray_address(Path(folder)), "_node_ip_address": "127.0.0.1"}}
     return {
-        "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
+        "client_resources": resources,
         "init_args": {"num_cpus": cpus, "num_gpus": 0, "_node_ip_address": "127.0.0.1", "include_dashboard": False,
                       "object_store_memory": OBJECT_STORE_BYTES},
     }

@@ -4,8 +4,9 @@ messages handed to the workers as soon as the server sends them.
 Both horizontal cells (``simulation``) and SS-VFNAS's parties (``vertical``) run through ``kept_ray_backend``; this
 module imports nothing of either.
 
-- Starting Ray and its workers took 7-9 s, most of a small cell's time on Flower, so the first cell starts them and
-  every later cell runs on them (``KeptRayBackend``). A worker keeps no cell's state between cells (horizontal nodes
+- Starting Ray and its workers took 7-9 s, most of a small cell's time on Flower, so a process's first cell starts
+  its one worker (on the stage's Ray, ``ray_head``, or a Ray of its own) and every later cell runs on it
+  (``KeptRayBackend``). A worker keeps no cell's state between cells (horizontal nodes
   rebuild their trainer for each run's fingerprint and keep their private state on disk; a party's worker is replaced
   when another run's first message arrives), and a cell that fails drops them, so the next one starts afresh.
 - Flower 1.42's simulation moves the server's messages from its message store to the workers' queue in a loop that
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import multiprocessing.util
+import random
 import threading
 from queue import Queue
 from typing import Any, Callable, Iterator
@@ -36,34 +38,50 @@ MESSAGE_POLL_SECONDS = 0.1
 
 
 class KeptRayBackend(raybackend.RayBackend):
-    """Flower's Ray backend, kept for the process's later simulations instead of shut down after each, and stopped
-    at the process's exit: a stage's forked cell workers end without running ``atexit`` hooks, Ray's own included
-    (its agents outlived them by a minute), so ``build`` registers ``ray.shutdown`` (which stops the workers with Ray,
-    and does nothing where Ray's own hook ran first) with multiprocessing's exit finalizers, which they do run. Flower 1.42 builds its backend from ``raybackend.RayBackend`` when a simulation starts;
-    ``kept_ray_backend`` puts this class there for the length of one run. A run that asks for other resources per
-    ClientApp (another cell's threads) gets workers of its own."""
+    """Flower's Ray backend with one ClientApp worker (Flower's fills every core of the Ray it joins, a stage's Ray
+    shared by all its cells included), kept for the process's later simulations instead of shut down after each.
+
+    Stopped at the process's exit: a stage's forked cell workers end without running ``atexit`` hooks, Ray's own
+    included (its agents outlived them by a minute), so ``build`` registers ``ray.shutdown`` (which stops the worker,
+    and does nothing where Ray's own hook ran first) with multiprocessing's exit finalizers, which they do run.
+    Flower 1.42 builds its backend from ``raybackend.RayBackend`` when a simulation starts; ``kept_ray_backend`` puts
+    this class there for the length of one run. A run that asks for other resources per ClientApp (another cell's
+    threads) gets a worker of its own."""
 
     kept_pool: raybackend.BasicActorPool | None = None
     kept_for: dict[str, float] | None = None
     """The resources per ClientApp the kept workers were started with."""
+
+    def init_ray(self, backend_config: dict[str, Any]) -> None:
+        """Flower's, with Python's ``random`` seeded from the OS for it and then put back as the cell left it: Ray names
+        a driver's subscriptions to its cluster with ``random``, which every cell seeds, and two cells of one seed that
+        joined a stage's Ray under one name took each other's replies, polling it in a loop (a core's worth of CPU)."""
+        cell_draws = random.getstate()
+        random.seed()
+        try:
+            super().init_ray(backend_config)
+        finally:
+            random.setstate(cell_draws)
 
     def build(self, app_fn: Callable[[], Any]) -> None:
         if KeptRayBackend.kept_pool is not None and KeptRayBackend.kept_for != self.client_resources:
             KeptRayBackend.kept_pool.terminate_all_actors()
             KeptRayBackend.kept_pool = None
         if KeptRayBackend.kept_pool is None:
-            super().build(app_fn)
-            KeptRayBackend.kept_pool, KeptRayBackend.kept_for = self.pool, dict(self.client_resources)
+            pool = raybackend.BasicActorPool(actor_type=raybackend.ClientAppActor,
+                                             client_resources=self.client_resources, actor_kwargs=self.actor_kwargs)
+            pool.add_actors_to_pool(1)
+            KeptRayBackend.kept_pool, KeptRayBackend.kept_for = pool, dict(self.client_resources)
             multiprocessing.util.Finalize(None, raybackend.ray.shutdown, exitpriority=0)
-        else:
-            self.pool, self.app_fn = KeptRayBackend.kept_pool, app_fn
+        self.pool, self.app_fn = KeptRayBackend.kept_pool, app_fn
 
     def terminate(self) -> None:
         """Kept for the next simulation; ``drop`` stops it."""
 
     @classmethod
     def drop(cls) -> None:
-        """Stop the kept workers and Ray (after a failed run, whose workers may be broken or busy)."""
+        """Stop the kept worker and leave Ray (after a failed run, whose worker may be broken or busy, and before a
+        stage's Ray stops)."""
         if cls.kept_pool is not None:
             cls.kept_pool.terminate_all_actors()
             cls.kept_pool = None

@@ -1,14 +1,15 @@
 """A cell on Flower's simulation engine: the ServerApp in this process, one virtual node per client, Ray
 workers running the ClientApp, everything bound to loopback.
 
-Sized as the engine's cell: Ray gets the cell's torch threads as its cores and each ClientApp asks for all of them, so
-one worker trains a round's clients one after another, as the engine does, while the server's side of the round
-(aggregation and its evaluation) runs in this process. A stage trains as many cells at once as the machine has cores
+Sized as the engine's cell: its one ClientApp worker asks Ray for the cell's torch threads and trains a round's clients
+one after another, as the engine does, while the server's side of the round (aggregation and its evaluation) runs in
+this process. A stage trains as many cells at once as the machine has cores
 for their threads (``fedrepro.grid``): with two workers a cell, two cells' four workers and two servers shared the
 2 cores, and the embedded ``fedcmc_table`` took 161 s against 142 s with one (2026-12-05).
 
-Ray and its workers are started once per process, by the first cell, and every later cell of the stage runs on them
-(``ray_backend.kept_ray_backend``, which also hands the workers each message as soon as the server sends it).
+A stage's cells all join one Ray the stage starts (``ray_head.stage_ray``; a cell run on its own starts a Ray of its
+own), and each of the stage's processes keeps one worker for its cells (``ray_backend.kept_ray_backend``, which also
+hands the worker each message as soon as the server sends it).
 
 Ray's and Flower's usage reporting is switched off; tests also run this inside a network namespace of
 their own with only loopback up, so nothing can leave the machine whatever a library does.
@@ -44,7 +45,8 @@ class FlowerSimulation(FlowerServer):
         self.nodes_root = (self.checkpoint_dir / NODES).resolve()
 
     def backend_config(self) -> dict[str, Any]:
-        """Ray on the cell's torch threads, which its one ClientApp worker asks for (the module docstring says why)."""
+        """One ClientApp worker on the cell's torch threads (the module docstring says why), on the stage's Ray if one
+        runs."""
         return ray_backend_config(self.recipe.threads)
 
     def run(self) -> TrainingState:

@@ -9,7 +9,7 @@ string in ``messages.CONFIG``, logged on the channel's scalar log.
 
 A party keeps its networks, optimizers and the graph of its last forward in its ClientApp's process memory between
 messages (one ``PartyWorker`` per run and party): Flower's simulation runs the ClientApps in a long-lived Ray actor
-(``ray_backend_config`` gives exactly one: each ClientApp asks for every core Ray has), so that memory lasts the run
+(``ray_backend.KeptRayBackend`` starts exactly one), so that memory lasts the run
 (the actor is kept for the process's later cells, ``ray_backend``; a run's first message replaces the last run's);
 with more than two parties the other parties' workers share that one process (each built from, and reading, only its
 own files). A node whose backward finds no forward (an actor restarted, or several actors splitting a party's messages)
@@ -208,7 +208,7 @@ class VerticalSimulation:
             nodes = party_client_app(PartyNodeHandlers(self.recipe, self.nodes_root))
             with kept_ray_backend():
                 run_simulation(server_app=app, client_app=nodes, num_supernodes=len(self.recipe.others),
-                               backend_config=ray_backend_config())
+                               backend_config=ray_backend_config(self.recipe.threads))
         except RuntimeError:
             if "failure" not in done:
                 raise

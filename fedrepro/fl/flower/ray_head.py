@@ -1,0 +1,105 @@
+"""One Ray for a stage's simulated cells (``stage_ray``), in a process of its own that the stage's forked cell workers
+join, where each used to start a Ray of its own.
+
+Nothing here imports Ray, and a stage's process must not either before it forks its cell workers: they would inherit
+its Ray library's state, random generator included, and two of them joined to one Ray then named objects alike (Ray
+stopped one: "Trying to put an object that already existed in plasma").
+
+``python -m fedrepro.fl.flower.ray_head CPUS STORE_BYTES FOLDER`` is that process: Ray on loopback with CPUS cores, no
+dashboard and a STORE_BYTES object store, its address written to FOLDER/address once it is up, kept up until its
+stdin closes (the stage ended, or died without a word).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from fedrepro.errors import FederationError
+
+STAGE_RAY_ENV = "FEDREPRO_STAGE_RAY"
+"""Set while a stage's Ray runs: the folder its process writes its address to (``stage_ray_address`` reads it)."""
+STAGE_RAY_TIMEOUT = 120.0
+"""Seconds a cell waits for its stage's Ray to come up."""
+STOP_SECONDS = 30.0
+"""How long a stage's Ray may take to stop before it is killed."""
+OBJECT_STORE_BYTES = 1024 * 2**20
+"""Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD
+sends two)."""
+QUIET_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+"""No usage statistics or telemetry from Ray or Flower (they would try the network)."""
+
+
+@contextlib.contextmanager
+def stage_ray(cpus: int) -> Iterator[None]:
+    """One Ray with ``cpus`` cores (a stage's cells at once x their threads) for the cells of the stage: started as
+    the stage sets out its cells, so that it comes up while the stage still reads its inputs, and joined by every cell
+    the stage's processes run (``STAGE_RAY_ENV``); stopped with the stage, or when the stage's process dies."""
+    folder = Path(tempfile.mkdtemp(prefix="fedrepro-ray-"))
+    with (folder / "head.log").open("w") as log:
+        head = subprocess.Popen([sys.executable, "-m", __name__, str(cpus), str(OBJECT_STORE_BYTES), str(folder)],
+                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **QUIET_ENVIRONMENT})
+    (folder / "pid").write_text(str(head.pid))
+    os.environ[STAGE_RAY_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        del os.environ[STAGE_RAY_ENV]
+        joined = sys.modules.get("fedrepro.fl.flower.ray_backend")
+        if joined is not None:  # this process ran cells itself: leave the Ray before it stops
+            joined.KeptRayBackend.drop()
+        head.stdin.close()
+        try:
+            head.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def stage_ray_address(folder: Path, timeout: float = STAGE_RAY_TIMEOUT) -> str:
+    """The address of the stage's Ray whose process writes to ``folder``, once it is up; a clear error, with its last
+    lines, if that process ended first or it is not up within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (folder / "address").exists():
+        ended = not _running(int((folder / "pid").read_text()))
+        if ended or time.monotonic() > deadline:
+            log = folder / "head.log"
+            said = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            why = "ended before it was up" if ended else f"is not up after {timeout:.0f} s"
+            raise FederationError(f"the stage's Ray ({folder}) {why}:\n{said}")
+        time.sleep(0.05)
+    return (folder / "address").read_text()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (one that ended but is not yet reaped by its parent does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def main() -> None:
+    import ray
+
+    cpus, store_bytes, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    context = ray.init(num_cpus=cpus, num_gpus=0, _node_ip_address="127.0.0.1", include_dashboard=False,
+                       object_store_memory=store_bytes)
+    written = folder / "address.tmp"
+    written.write_text(context.address_info["gcs_address"])
+    written.replace(folder / "address")
+    sys.stdin.read()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
