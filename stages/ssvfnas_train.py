@@ -13,9 +13,9 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
+from fedrepro.fl.flower.ray_head import simulated_stage
 from fedrepro.grid import cell_workers, run_grid, table_rows
 from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
-from fedrepro.ssvfnas.parties import stage_parties
 from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell, run_fingerprint
 
 PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/checkpoints/ssvfnas"), Path("data/ssvfnas")
@@ -35,7 +35,7 @@ def main() -> None:
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process (each
     # child a stage forks to train cells at once runs its own, to the same result)
     workers = cell_workers(params.ssvfnas.threads, params.train.runtime)
-    with stage_parties(params.train, workers * params.ssvfnas.threads):
+    with simulated_stage(params.train.runtime, workers * params.ssvfnas.threads):
         run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest,
                                                                  presearch_cache),

@@ -5,7 +5,6 @@ runtimes are subclasses with the same evaluation methods, histories and checkpoi
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -13,6 +12,7 @@ from fedrepro.config import RUNTIMES
 from fedrepro.errors import ConfigError
 from fedrepro.fl.algorithms import REGISTRY
 from fedrepro.fl.engine import Engine
+from fedrepro.fl.flower.ray_head import simulated_stage
 from fedrepro.fl.recipe import CellRecipe
 
 
@@ -46,12 +46,8 @@ def stage_federation(runtime: str, folder: str | Path, cpus: int) -> ContextMana
     """Wrap a stage's cells: on flower-deployment they all run on one federation under ``folder``
     (``fedrepro.fl.flower.deployment.shared_federation``), each cell its own ``flwr run``; on flower-simulation they
     all join one Ray of ``cpus`` cores (``fedrepro.fl.flower.ray_head.stage_ray``). The engine needs nothing."""
-    if runtime == "flower-simulation":
-        from fedrepro.fl.flower.ray_head import stage_ray
-
-        return stage_ray(cpus)
     if runtime != "flower-deployment":
-        return contextlib.nullcontext()
+        return simulated_stage(runtime, cpus)
     from fedrepro.fl.flower.deployment import shared_federation
 
     return shared_federation(folder)

@@ -15,11 +15,10 @@ Each phase (search, retraining) is one run of the parties (``PartyRunner``): in 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -285,15 +284,6 @@ def deployment_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], An
     party a SuperNode with its own service process (``fedrepro.fl.flower.vertical_deployment``)."""
     from fedrepro.fl.flower.vertical_deployment import VerticalDeployment
     return VerticalDeployment(recipe, root, drive, timeout, reply_timeout).run()
-
-
-def stage_parties(train: Any, cpus: int) -> ContextManager[None]:
-    """Wrap a stage's cells: on flower-simulation they all join one Ray of ``cpus`` cores
-    (``fedrepro.fl.flower.ray_head.stage_ray``); a deployment starts each cell's federation itself."""
-    if train.runtime != "flower-simulation":
-        return contextlib.nullcontext()
-    from fedrepro.fl.flower.ray_head import stage_ray
-    return stage_ray(cpus)
 
 
 def runtime_parties(train: Any) -> PartyRunner:

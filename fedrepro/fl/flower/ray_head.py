@@ -65,6 +65,11 @@ def stage_ray(cpus: int) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def simulated_stage(runtime: str, cpus: int) -> contextlib.AbstractContextManager[None]:
+    """``stage_ray(cpus)`` for a stage on ``train.runtime`` flower-simulation; nothing on another runtime."""
+    return stage_ray(cpus) if runtime == "flower-simulation" else contextlib.nullcontext()
+
+
 def stage_ray_address(folder: Path, timeout: float = STAGE_RAY_TIMEOUT) -> str:
     """The address of the stage's Ray whose process writes to ``folder``, once it is up; a clear error, with its last
     lines, if that process ended first or it is not up within ``timeout`` s."""
