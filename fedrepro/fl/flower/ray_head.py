@@ -86,7 +86,14 @@ def stage_ray_address(folder: Path, timeout: float = STAGE_RAY_TIMEOUT) -> str:
 
 
 def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs (one that ended but is not yet reaped by its parent does not)."""
+    """Whether process ``pid`` runs: on Linux, one that ended but is not yet reaped by its parent does not; elsewhere
+    (no ``/proc``) only whether it exists."""
+    if not Path("/proc/self").exists():
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
