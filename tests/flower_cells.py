@@ -176,7 +176,8 @@ def run_case(case: str, work: Path) -> dict:
 def run_stage_ray(work: Path) -> dict:
     """``STAGE_RAY_CELLS`` on the simulation in forked children inside ``stage_ray``, then each on the engine: what
     each gave, the Ray each joined (the address of its cluster, its job), and what the stage's Ray left behind."""
-    context, replies = multiprocessing.get_context("fork"), multiprocessing.get_context("fork").Queue()
+    context = multiprocessing.get_context("fork")
+    replies = context.Queue()
     loaded_ray = "ray" in sys.modules  # as a stage's process: not before it forks its cell workers (``ray_head``)
     with stage_ray(cpus=2):
         folder = Path(os.environ[STAGE_RAY_ENV])

@@ -24,9 +24,9 @@ import torch
 from fedrepro.errors import ConfigError, FederationError
 from fedrepro.fl.engine import FIT, Engine
 from fedrepro.fl.flower.common import STORED, StoreSignal
-from fedrepro.fl.flower.ray_head import stage_ray_address
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.flower.ray_backend import KeptRayBackend, kept_ray_backend, raybackend
+from fedrepro.fl.flower.ray_head import stage_ray_address
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
                           SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_RAY_CASE, STAGE_RAY_CELLS, STAGE_SILO_CASES,
