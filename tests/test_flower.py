@@ -673,3 +673,36 @@ def test_train_silo_local_runs_a_papers_cell_to_the_engines_outputs(stage_silo_r
         assert all(files == ["candidates.parquet", "silo.json", "triples.parquet"] for files in silos.values()), silos
         assert flower["metrics"]["patch_norms"] == engine["metrics"]["patch_norms"]
         assert flower["metrics"]["history"] == engine["metrics"]["history"], "silo-local FedMatch is the same run"
+
+
+TELEMETRY_PROBE = """
+import urllib.error
+import urllib.request
+import fedrepro.fl.flower.{module}
+from flwr.supercore import telemetry
+
+tried = []
+
+
+def refuse(request, **kwargs):
+    tried.append(request.full_url)
+    raise urllib.error.URLError("the probe reaches no network")
+
+
+urllib.request.urlopen = refuse
+telemetry.create_event(telemetry.EventType.START_SIMULATION_ENTER, {{}})
+print(tried)
+"""
+
+
+@pytest.mark.parametrize("module", ["simulation", "deployment", "vertical", "vertical_deployment"])
+def test_flower_sends_no_telemetry_from_a_process_that_runs_it_through_fedrepro(module):
+    """Flower reads ``FLWR_TELEMETRY_ENABLED`` once, as it is imported, and then posts an event to its server at every
+    simulation it starts: a stage whose process imported Flower before switching it off posted them (a user with a
+    network would have sent them; here they failed). Checked in a fresh process with nothing set beforehand."""
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("FLWR_TELEMETRY_ENABLED", "RAY_USAGE_STATS_ENABLED")}
+    probe = subprocess.run([sys.executable, "-c", TELEMETRY_PROBE.format(module=module)], capture_output=True,
+                           text=True, env=environment, timeout=120)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.strip().splitlines()[-1] == "[]", probe.stdout

@@ -5,3 +5,12 @@ federation (``federation.py``: the SuperLink and SuperNode processes, ``certific
 the apps ``flwr run`` loads). ``vertical.py`` and ``vertical_deployment.py`` (with ``party_service.py``) run
 SS-VFNAS's parties as nodes; ``common.py`` holds what both kinds share, so the vertical ones import none of the
 engine. Needs the ``flower`` extra (flwr[simulation])."""
+
+import os
+
+from fedrepro.fl.flower.ray_head import QUIET_ENVIRONMENT
+
+# Here, before any module of this package imports Flower: Flower reads FLWR_TELEMETRY_ENABLED once, as it is imported,
+# and posts an event to its server at every run it starts unless it was "0" then (set later, it changed nothing).
+for _name, _value in QUIET_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)

@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fedrepro.fl.flower.ray_head import OBJECT_STORE_BYTES, QUIET_ENVIRONMENT, STAGE_RAY_ENV, stage_ray_address
+from fedrepro.fl.flower.ray_head import OBJECT_STORE_BYTES, STAGE_RAY_ENV, stage_ray_address
 
 CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY, DATA_DIR_KEY = "client-id", "partition-id", "state-dir", "data-dir"
 """A node's config keys: the client it serves, its simulated partition, its private state's and its data's folders."""
@@ -73,12 +73,6 @@ def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None)
             break
         STORED.wait_after(stored, POLL_SECONDS)
     return replies
-
-
-def quiet_environment() -> None:
-    """No usage statistics or telemetry from Ray or Flower (they would try the network)."""
-    for name, value in QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
 
 
 def ray_backend_config(cpus: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
 from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower.apps import DIVERGED_FILE
 from fedrepro.fl.flower.certificates import make_node_key
-from fedrepro.fl.flower.common import DATA_DIR_KEY, NODES_TIMEOUT, PARTITION_ID_KEY, quiet_environment
+from fedrepro.fl.flower.common import DATA_DIR_KEY, NODES_TIMEOUT, PARTITION_ID_KEY
 from fedrepro.fl.flower.federation import LocalFederation, stopped_cleanly_on_sigterm
 from fedrepro.fl.flower.node_state import NODES, collect_node_states
 from fedrepro.fl.recipe import CellRecipe, write_recipe_spec
@@ -201,7 +201,6 @@ class FlowerDeployment(Engine):
 
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
-            quiet_environment()
             spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint})
             diverged = self.checkpoint_dir / DIVERGED_FILE
             diverged.unlink(missing_ok=True)  # a previous run's

@@ -29,7 +29,7 @@ from flwr.simulation import run_simulation
 from fedrepro.fl.algorithm import Algorithm, FederatedTask
 from fedrepro.fl.checkpoint import TrainingState
 from fedrepro.fl.flower.client import NodeHandlers, client_app
-from fedrepro.fl.flower.common import quiet_environment, ray_backend_config
+from fedrepro.fl.flower.common import ray_backend_config
 from fedrepro.fl.flower.node_state import NODES, collect_node_states
 from fedrepro.fl.flower.ray_backend import kept_ray_backend
 from fedrepro.fl.flower.server import FlowerServer
@@ -51,7 +51,6 @@ class FlowerSimulation(FlowerServer):
 
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
-            quiet_environment()
             with kept_ray_backend():
                 try:
                     run_simulation(server_app=self.server_app(),

@@ -36,7 +36,7 @@ from flwr.simulation import run_simulation
 
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import messages as m
-from fedrepro.fl.flower.common import PARTITION_ID_KEY, STATE_DIR_KEY, quiet_environment, ray_backend_config, send_and_receive
+from fedrepro.fl.flower.common import PARTITION_ID_KEY, STATE_DIR_KEY, ray_backend_config, send_and_receive
 from fedrepro.fl.flower.ray_backend import kept_ray_backend
 from fedrepro.vfl.nodes import NODES, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import party_name
@@ -203,7 +203,6 @@ class VerticalSimulation:
                 done["failure"] = error
                 raise
 
-        quiet_environment()
         try:
             nodes = party_client_app(PartyNodeHandlers(self.recipe, self.nodes_root))
             with kept_ray_backend():

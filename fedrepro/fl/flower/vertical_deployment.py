@@ -30,7 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrepro.errors import FederationError
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.certificates import make_node_key
-from fedrepro.fl.flower.common import NODES_TIMEOUT, quiet_environment
+from fedrepro.fl.flower.common import NODES_TIMEOUT
 from fedrepro.fl.flower.federation import LocalFederation, stopped_cleanly_on_sigterm, wait_until, write_flower_app
 from fedrepro.fl.flower.party_service import ask, load_recipe
 from fedrepro.fl.flower.vertical import COMMAND, OP, PARTY, PARTY_ID_KEY, FlowerTransport
@@ -97,7 +97,6 @@ class VerticalDeployment:
         self.timeout, self.reply_timeout, self.nodes_timeout = timeout, reply_timeout, nodes_timeout
 
     def run(self) -> Any:
-        quiet_environment()
         self.root.mkdir(parents=True, exist_ok=True)
         result = self.root / RESULT_FILE
         result.unlink(missing_ok=True)
