@@ -369,6 +369,31 @@ def test_the_parties_on_their_own_sides_write_the_in_process_cells_outputs(toy_p
     assert all((tmp_path / "engine" / f).read_bytes() == (tmp_path / "parties" / f).read_bytes() for f in files)
 
 
+def test_each_party_of_its_own_presearches_once_for_the_cells_of_a_partition_and_seed(toy_partition, tmp_path,
+                                                                                       monkeypatch):
+    """As in the in-process run, a later cell of one partition and seed (here the next DP level) loads each party's
+    pre-search from the process's ``PRESEARCHED``, and both cells still write the in-process outputs byte for byte."""
+    from fedrepro.ssvfnas import parties
+    monkeypatch.setattr(parties, "PRESEARCHED", {})
+    presearched, presearch = [], parties.presearch_party
+
+    def counted(params, seed, dataset, k, bottom, rows):
+        presearched.append(k)
+        return presearch(params, seed, dataset, k, bottom, rows)
+
+    monkeypatch.setattr(parties, "presearch_party", counted)
+    params = tiny_params()
+    for sigma in (0.0, 1.0):
+        cell = Cell("ss_vfnas1", "toy", 2, sigma, sigma, 0)
+        engine, own = tmp_path / f"engine-{sigma}", tmp_path / f"parties-{sigma}"
+        _run(params, cell, toy_partition, engine, tmp_path / f"engine_ckpt-{sigma}")
+        runs.run_cell(params, cell, toy_partition.parent, own, tmp_path / f"parties_ckpt-{sigma}", "inputs",
+                      parties=parties.local_parties)
+        files = [p.relative_to(engine) for p in engine.rglob("*") if p.is_file()]
+        assert files and all((engine / f).read_bytes() == (own / f).read_bytes() for f in files)
+    assert sorted(presearched) == [0, 1]  # each party once, though two cells pre-searched
+
+
 @pytest.mark.parametrize("killed_at", [2, 5])
 def test_a_cell_with_its_parties_on_their_own_sides_resumes_to_the_engines_outputs(toy_partition, tmp_path, monkeypatch,
                                                                                    killed_at):

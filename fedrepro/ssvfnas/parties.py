@@ -30,15 +30,20 @@ from fedrepro.io import atomic_dir, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed
 from fedrepro.ssvfnas.cells import Cell
 from fedrepro.ssvfnas.runs import (EVAL_BATCH, HELD_OUT, PartitionData, PartyRunner, _curve_point, baseline_networks,
-                                   build_supernets, build_top, combine_alpha_summaries, count_parameters,
-                                   derived_network, load_party_columns, mechanisms, party_alpha_summary,
-                                   presearch_party, retrain_metrics, run_fingerprint, run_steps, search_metrics,
-                                   validation_point)
+                                   baseline_targets, build_supernets, build_top, combine_alpha_summaries,
+                                   count_parameters, derived_network, load_party_columns, mechanisms,
+                                   party_alpha_summary, presearch_party, retrain_metrics, run_fingerprint, run_steps,
+                                   search_metrics, validation_point)
 from fedrepro.vfl.nodes import LocalTransport, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import Party, party_name
 from fedrepro.vfl.search import rule_cost
 
 GENOTYPE, REPORTS = "genotype.json", "reports.json"
+
+PRESEARCHED: dict[tuple, tuple[dict[str, torch.Tensor], list[float]]] = {}
+"""This process's pre-searches, by (params, seed, dataset, party, rows): a party's pre-search depends on nothing else,
+so the later cells of a partition and seed (DARTS and MiLeNAS, each DP level) load it, as the in-process run shares
+one pre-search between a process's cells (``runs.run_presearch``'s cache)."""
 
 
 def layout(partition: Path) -> PartitionData:
@@ -106,17 +111,22 @@ class CellTasks:
 
     def _presearch(self, party: Party, directory: Path | None, rows: list[int]) -> list[float]:
         """Its MoCo pre-search (``runs.presearch_party``) on its own rows, kept in its directory once done, so a
-        resumed cell loads it."""
+        resumed cell loads it, and in ``PRESEARCHED``, so a later cell of this process does."""
         folder = Path(directory) / "presearch"
         if (folder / "presearch.json").exists():
             party.bottom.load_state_dict(load_file(str(folder / f"{party.name}.safetensors")))
             return read_json(folder / "presearch.json")["losses"]
-        rows_tensor = torch.tensor(rows, dtype=torch.long)
-        losses = presearch_party(self.params, self.seed, self.dataset, party.index, party.bottom,
-                                 party.features[rows_tensor])
+        key = (self.params.model_dump_json(), self.seed, self.dataset, party.index, tuple(rows))
+        if key in PRESEARCHED:
+            state, losses = PRESEARCHED[key]
+            party.bottom.load_state_dict(state)
+        else:
+            losses = presearch_party(self.params, self.seed, self.dataset, party.index, party.bottom,
+                                     party.features[torch.tensor(rows, dtype=torch.long)])
+            state = {n: t.detach().clone() for n, t in party.bottom.state_dict().items()}
+            PRESEARCHED[key] = (state, losses)
         with atomic_dir(folder) as tmp:
-            save_file({n: t.detach().contiguous() for n, t in party.bottom.state_dict().items()},
-                      str(tmp / f"{party.name}.safetensors"))
+            save_file({n: t.contiguous() for n, t in state.items()}, str(tmp / f"{party.name}.safetensors"))
             write_json(tmp / "presearch.json", {"losses": losses})
         return losses
 
@@ -248,7 +258,7 @@ def run_on_parties(params: Params, cell: Cell, data: PartitionData, partition: P
         measured |= found
         parameters: dict[str, Any] = {"supernet": sizes}
     else:
-        parameters = {"baseline_target": baseline_networks(params, data, cell.seed)[1]}
+        parameters = {"baseline_target": baseline_targets(params, data)}
     recipe = cell_recipe(params, cell, data, partition, "retrain", fingerprint, root / "search")
     trained, predicted = parties(recipe, RetrainPhase(params, data, search_ledger, root / "retrain", _cost(recipe),
                                                       parameters), root / "retrain")

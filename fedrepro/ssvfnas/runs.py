@@ -200,14 +200,20 @@ def reference_parameters(kind: str, skeleton: dict[str, Any], overrides: dict[st
     return int(round(sum(counts) / len(counts)))
 
 
-def baseline_networks(params: Params, data: PartitionData, seed: int) -> tuple[list[nn.Module], list[int]]:
-    """Each party's hand-designed bottom network and the parameter count it was sized to (``reference_parameters``)."""
+def baseline_targets(params: Params, data: PartitionData) -> list[int]:
+    """The parameter count each party's hand-designed network is sized to (``reference_parameters``)."""
     s, overrides = params.ssvfnas.search, retrain_overrides(params)
     targets = []
     for k in range(data.parties):
         skeleton = {"in_features": data.in_features(k), "out_dim": s.out_dim, "width": s.width, "cells": s.cells,
                     "nodes": s.nodes, "stem_multiplier": 1}
         targets.append(reference_parameters(data.kind(k), skeleton, overrides))
+    return targets
+
+
+def baseline_networks(params: Params, data: PartitionData, seed: int) -> tuple[list[nn.Module], list[int]]:
+    """Each party's hand-designed bottom network and the parameter count it was sized to (``baseline_targets``)."""
+    s, targets = params.ssvfnas.search, baseline_targets(params, data)
     torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
     nets = [hand_designed(data.kind(k), data.in_features(k), s.out_dim, depth=params.ssvfnas.retrain.baseline_depth,
                           target_params=targets[k]) for k in range(data.parties)]

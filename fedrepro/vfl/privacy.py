@@ -46,12 +46,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis import rdp as rdp_analysis
 
 # Opacus' clipping guard: divide by (norm + EPS) so that the clipped norm is strictly <= clip.
 EPS = 1e-6
@@ -113,11 +111,21 @@ class GaussianMechanism:
         return out
 
 
+@functools.cache
+def _accountant() -> tuple[Any, list[float]]:
+    """opacus' RDP analysis and its accountant's default orders, imported on first use: importing opacus loads its
+    whole package (the PrivacyEngine, torch.distributed's tensor code, sympy: about 1.7 s of CPU), which only a
+    process that computes an epsilon needs, not a party's node that only adds noise."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp
+    return rdp, RDPAccountant.DEFAULT_ALPHAS
+
+
 @functools.lru_cache(maxsize=4096)
 def _unit_rdp(noise_multiplier: float, sample_rate: float) -> tuple[float, ...]:
     """RDP of one subsampled Gaussian release at opacus' default orders (the costly part: fractional orders)."""
-    return tuple(rdp_analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
-                                          orders=RDPAccountant.DEFAULT_ALPHAS).tolist())
+    rdp, orders = _accountant()
+    return tuple(rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders).tolist())
 
 
 def compose_epsilon(history: Iterable[tuple[float, float, int]], delta: float) -> float:
@@ -132,7 +140,8 @@ def compose_epsilon(history: Iterable[tuple[float, float, int]], delta: float) -
     if any(s == 0 for s, _, _ in history):
         return math.inf
     rdp = sum([np.array(_unit_rdp(s, q)) * n for s, q, n in history])
-    eps, _ = rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    analysis, orders = _accountant()
+    eps, _ = analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
     return float(eps)
 
 

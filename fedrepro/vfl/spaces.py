@@ -33,6 +33,7 @@ softmax weight is largest (ties: lower input index first) and on each the strong
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -365,17 +366,23 @@ def hand_designed(kind: str, in_features: int, out_dim: int = 16, width: int | N
     if (width is None) == (target_params is None):
         raise ValueError("give exactly one of width and target_params")
     if width is None:
+        size = functools.partial(hand_designed_parameters, kind, in_features, out_dim, depth=depth)
         lo, hi = 1, 4096  # parameter count grows with width: binary search for the first width >= target
         while lo < hi:
             mid = (lo + hi) // 2
-            if count_parameters(HandDesigned(kind, in_features, out_dim, mid, depth)) < target_params:
+            if size(mid) < target_params:
                 lo = mid + 1
             else:
                 hi = mid
-        candidates = [w for w in (lo - 1, lo) if w >= 1]
-        width = min(candidates, key=lambda w: (abs(count_parameters(HandDesigned(kind, in_features, out_dim, w,
-                                                                                    depth)) - target_params), w))
+        width = min((w for w in (lo - 1, lo) if w >= 1), key=lambda w: (abs(size(w) - target_params), w))
     return HandDesigned(kind, in_features, out_dim, width, depth)
+
+
+def hand_designed_parameters(kind: str, in_features: int, out_dim: int, width: int, depth: int = 3) -> int:
+    """The baseline's parameter count at ``width``, from meta tensors: no weights allocated or initialised, so sizing
+    the baseline neither costs a network per tried width (up to 2048 channels) nor draws from the random generator."""
+    with torch.device("meta"):
+        return count_parameters(HandDesigned(kind, in_features, out_dim, width, depth))
 
 
 def count_parameters(module: nn.Module) -> int:
