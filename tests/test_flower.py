@@ -252,6 +252,41 @@ def test_during_a_simulated_run_the_message_store_signals_each_message_it_stores
     assert (InMemoryLinkState.store_message_ins, InMemoryLinkState.store_message_res) == flowers
 
 
+def test_once_a_simulated_run_stops_its_runtimes_threads_stop_waiting_on_their_queues():
+    """Flower's simulation waits for its worker and reply threads, each blocked up to 1 s on a queue before it looks
+    whether the run stopped (every simulated run ended about 1 s after its work): during a run those queues are the
+    run's, and the feed, once the run stops, wakes whoever waits on them."""
+    from queue import Empty
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    flowers_queue = vce_api.Queue
+    with kept_ray_backend():
+        queues = [vce_api.Queue() for _ in range(2)]
+        outcomes = []
+
+        def wait(queue):
+            try:
+                outcomes.append(queue.get(timeout=60))
+            except Empty:
+                outcomes.append("woken empty")
+
+        waiters = [threading.Thread(target=wait, args=(queue,)) for queue in queues]
+        for waiter in waiters:
+            waiter.start()
+        queues[0].put("a message")  # still handed over as a plain queue's get would
+        stop = threading.Event()
+        stop.set()
+        vce_api.add_messages_to_queue(None, queues[0], {}, stop)  # the feed of a run that has stopped
+        for waiter in waiters:
+            waiter.join(timeout=10)
+        assert not any(waiter.is_alive() for waiter in waiters)
+        assert sorted(outcomes) == ["a message", "woken empty"]
+        with pytest.raises(Empty):
+            queues[1].get(timeout=60)  # a stopped queue's get does not wait for its timeout
+    assert vce_api.Queue is flowers_queue
+
+
 def test_every_simulated_cell_of_a_process_ran_on_the_kept_ray_workers(runs):
     """Ray and its worker start once per process, not per cell (issue 19), one worker for the cells' one thread (a
     round's clients train one after another, as in the engine), and the identical runs below were on it."""

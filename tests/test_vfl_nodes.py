@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedrepro.errors import FederationError
-from fedrepro.vfl.nodes import BACKWARD, LocalTransport, PartyWorker, VerticalHub
+from fedrepro.vfl.nodes import BACKWARD, FORWARD, SAVE, SEQUENCE, LocalTransport, PartyWorker, VerticalHub
 from fedrepro.vfl.search import batch_at
 from loopback import run_on_loopback
 from vertical_cells import (BATCH, CASES, STEPS, TRAIN, VAL, drive, in_process, learning_rate, local_hub, local_nodes,
@@ -115,6 +115,44 @@ def test_a_wrong_reply_or_a_party_that_lost_its_forward_is_named():
     restarted = PartyWorker(recipe, recipe.build_party(0))  # a node that lost its memory between forward and backward
     with pytest.raises(FederationError, match="party_0: a gradient for split 'train' without its forward pass"):
         restarted.handle(BACKWARD, {"splits": ["train"], "updates": []}, {"gradient/party_0/train": torch.zeros(8, 4)})
+
+
+class Counting(LocalTransport):
+    """``LocalTransport`` that keeps the op of each message it carries."""
+
+    def __init__(self, workers):
+        super().__init__(workers)
+        self.ops = []
+
+    def exchange(self, op, commands):
+        self.ops.append(op if op != SEQUENCE else "+".join(inner for inner, _ in
+                                                          next(iter(commands.values()))[0]["ops"]))
+        return super().exchange(op, commands)
+
+
+@pytest.mark.parametrize("case, per_step", [("milenas", 1), ("train", 1), ("darts", 2), ("milenas_unbundled", 2)])
+def test_a_backward_travels_with_the_next_message_to_its_party(tmp_path, case, per_step):
+    """A step of MiLeNAS or split training is one message to each party (each backward rides ahead of the next
+    forward), DARTS first order two; the run, its logs and its ledger are the in-process run's."""
+    recipe = tiny_recipe(case)
+    transport = Counting({j: PartyWorker(recipe, recipe.build_party(j), tmp_path / f"party_{j}")
+                          for j in recipe.others})
+    hub = VerticalHub(recipe, recipe.build_party(recipe.label), transport)
+    evaluation = drive(hub)  # STEPS steps, then an evaluation of TEST in batches of 5: two forwards
+    hub.save_parties()
+    outcome, reference = local_outcome(hub, evaluation), in_process(recipe)
+    for key in RESULTS:
+        assert outcome[key] == reference[key], key
+    assert transport.ops == [FORWARD] + [f"{BACKWARD}+{FORWARD}"] * (STEPS * per_step) + [FORWARD, SAVE]
+    assert not hub.waiting
+
+
+def test_a_command_before_the_last_of_a_sequence_may_not_reply():
+    recipe = tiny_recipe("darts2")
+    worker = PartyWorker(recipe, recipe.build_party(0))
+    forward = {"batches": {"train": TRAIN[:8].tolist()}, "grad": True, "training": True, "noise_key": ["step", 0, 1]}
+    with pytest.raises(FederationError, match=r"party_0: command 0 \('forward'\) of a sequence replied"):
+        worker.handle(SEQUENCE, {"ops": [[FORWARD, forward], [FORWARD, forward]]}, {})
 
 
 def test_parties_as_flower_nodes_give_the_in_process_run(tmp_path):
