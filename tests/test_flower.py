@@ -396,6 +396,33 @@ def test_an_upload_that_crossed_flower_is_checked_as_the_engine_checks_it():
         "client b: upload field 'head.b' holds 1 non-finite values (NaN or Inf) of 1"
 
 
+def test_a_messages_tensors_travel_packed_in_one_array_bit_for_bit_in_their_order():
+    """Flower moves each Array of a message as objects of its own (a request each way at the SuperLink), so a
+    message's tensors go as one Array: every dtype (bf16 too), shape and bit comes back, in the sender's order, each a
+    copy of its own (views of one tensor included); a record packed another way is refused by name."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from flwr.app import Array, ArrayRecord
+
+    from fedrepro.errors import FederationError
+    from fedrepro.fl.flower.messages import PACKED, to_record, to_tensors
+
+    weight = torch.randn(3, 4)
+    tensors = {"z.weight": weight, "a.row": weight[1], "count": torch.tensor(7), "empty": torch.zeros(0, 5),
+               "half": torch.randn(6).to(torch.bfloat16), "nan": torch.tensor([float("nan"), -0.0])}
+    record = to_record(tensors)
+    assert list(record) == [PACKED]
+    back = to_tensors(record)
+    assert list(back) == list(tensors)
+    for name, tensor in tensors.items():
+        assert back[name].dtype == tensor.dtype and back[name].shape == tensor.shape
+        assert back[name].reshape(-1).view(torch.uint8).tolist() == tensor.reshape(-1).view(torch.uint8).tolist()
+    weight.zero_()
+    assert back["z.weight"].abs().sum() > 0, "a message must hold a copy, not the sender's live tensor"
+    assert to_tensors(to_record({})) == {}
+    with pytest.raises(FederationError, match="expected one array 'safetensors'"):
+        to_tensors(ArrayRecord({"z.weight": Array(weight.numpy())}))
+
+
 # ----- on a real deployment: SuperLink and SuperNodes as processes, TLS, node authentication ------------------
 @pytest.mark.parametrize("case", DEPLOY_CASES)
 def test_engine_and_a_flower_deployment_give_identical_runs(runs, case):

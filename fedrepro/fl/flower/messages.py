@@ -1,8 +1,11 @@
 """What travels in Flower messages (the server checks what arrives with ``fedrepro.fl.channel.upload_problem``).
 
 Every message holds named tensors in one ``ArrayRecord`` (``TENSORS``) and scalars in a ``ConfigRecord``
-(``CONFIG``, server to node) or a ``MetricRecord`` (``METRICS``, node to server). Tensors cross as float
-arrays in NumPy's format, so they arrive bit for bit as they were sent.
+(``CONFIG``, server to node) or a ``MetricRecord`` (``METRICS``, node to server). The tensors of a message cross
+packed, as one ``Array`` holding the safetensors bytes of them all (their names, dtypes, shapes and order inside), so
+they arrive bit for bit as they were sent. Packed, because Flower moves every ``Array`` of a message as objects of its
+own, each one HTTP request to push and one to pull at the SuperLink: a small BERT sent tensor by tensor cost hundreds
+of requests a message, and on a deployment the SuperLink and SuperNodes spent most of a round in their HTTP stack.
 
 A node whose client's own training diverged answers with an error whose reason starts with ``DIVERGED``. Any
 other failure of a node reaches the server as an error reply Flower writes itself (its reason names the exception
@@ -11,11 +14,17 @@ or the lost node, never with that prefix), so the prefix alone tells the two apa
 
 from __future__ import annotations
 
+import json
+import struct
+
 import torch
 from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
 
-from fedrepro.errors import TrainingDiverged
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from fedrepro.errors import FederationError, TrainingDiverged
 
 TENSORS, CONFIG, METRICS = "tensors", "config", "metrics"
 ROUND, FINGERPRINT, SPLIT, CLIENT_ID = "round", "fingerprint", "split", "client_id"
@@ -25,13 +34,34 @@ NUM_SAMPLES, TRAIN_LOSS = "num_samples", "train_loss"
 DIVERGED = "fedrepro: training diverged: "
 
 
+PACKED = "safetensors"
+"""The name, and the ``stype``, of the one ``Array`` a record's tensors travel in."""
+ORDER = "order"
+"""The packed bytes' metadata key holding the tensors' names in the sender's order (safetensors sorts them)."""
+
+
+def safetensors_metadata(blob: bytes) -> dict[str, str]:
+    """The metadata of safetensors bytes (an 8-byte little-endian header length, then the JSON header); ``blob`` may
+    be the header alone."""
+    (length,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8:8 + length]).get("__metadata__", {})
+
+
 def to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
-    """A copy of the tensors in Flower's serialised form (name order kept)."""
-    return ArrayRecord({name: Array(tensor.detach().cpu().numpy()) for name, tensor in tensors.items()})
+    """A copy of the tensors, packed in one ``Array`` (name order kept)."""
+    copies = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}  # none share memory
+    blob = save_tensors(copies, metadata={ORDER: json.dumps(list(copies))})
+    return ArrayRecord({PACKED: Array(dtype="uint8", shape=(len(blob),), stype=PACKED, data=blob)})
 
 
 def to_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(array.numpy()) for name, array in record.items()}
+    """The tensors ``to_record`` packed, in the sender's order."""
+    if list(record) != [PACKED] or record[PACKED].stype != PACKED:
+        raise FederationError(f"a message's {TENSORS!r} record holds {[(k, a.stype) for k, a in record.items()]}: "
+                              f"expected one array {PACKED!r} of stype {PACKED!r} (both ends must run this fedrepro)")
+    blob = record[PACKED].data
+    tensors = load_tensors(blob)
+    return {name: tensors[name] for name in json.loads(safetensors_metadata(blob)[ORDER])}
 
 
 def diverged_reply(error: TrainingDiverged, message: Message) -> Message:

@@ -16,7 +16,6 @@ ones go.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from fedrepro.fl.flower.messages import safetensors_metadata
 from fedrepro.io import atomic_file
 
 PREFIX, SUFFIX = "round-", ".safetensors"
@@ -49,15 +49,9 @@ def encode(state: NodeState, fingerprint: str) -> bytes:
     return save_tensors({k: v.contiguous() for k, v in state.tensors.items()}, metadata=metadata)
 
 
-def _metadata(header: bytes) -> dict[str, str]:
-    """The metadata of safetensors bytes (an 8-byte little-endian header length, then the JSON header)."""
-    (length,) = struct.unpack("<Q", header[:8])
-    return json.loads(header[8:8 + length]).get("__metadata__", {})
-
-
 def decode(blob: bytes) -> tuple[NodeState, str]:
     """A state and the fingerprint of the run that wrote it."""
-    metadata = _metadata(blob)
+    metadata = safetensors_metadata(blob)
     return NodeState(int(metadata["round"]), load_tensors(blob)), metadata["fingerprint"]
 
 
@@ -80,7 +74,7 @@ class NodeStateStore:
         with open(self._path(round_index), "rb") as handle:
             head = handle.read(8)
             head += handle.read(struct.unpack("<Q", head)[0])
-        return _metadata(head).get("fingerprint") == self.fingerprint
+        return safetensors_metadata(head).get("fingerprint") == self.fingerprint
 
     def newest_round_until(self, round_index: int) -> int | None:
         """The newest round up to and including ``round_index`` this run wrote a state for (file headers only)."""
