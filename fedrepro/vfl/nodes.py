@@ -353,9 +353,9 @@ class VerticalHub:
         self.history: list[dict[str, Any]] = []
         self.step = self.evaluations = self._exchange = 0
         self.checkpointed: int | None = None
+        """The step of the last complete ``save_state`` (every party's file and the label party's written)."""
         self.waiting: dict[int, list[tuple[str, dict[str, Any], dict[str, torch.Tensor]]]] = {}
         """Commands (a backward's) that travel with the next message to their party (``SEQUENCE``)."""
-        """The step of the last complete ``save_state`` (every party's file and the label party's written)."""
 
     def _rate(self, split: str, batch: torch.Tensor) -> float:
         size = self.split_sizes.get(split)
@@ -485,8 +485,9 @@ class VerticalHub:
         """The global norm's total to every party, with ``updates`` for each (and the label party) to apply."""
         command = {"updates": updates}
         self._command(self.channel, UPDATE, command)
-        self._send(UPDATE, {j: (command, self.channel.send(self.step, self.hub, party_name(j), {f"{GRADNORM}total": total}))
-                            for j in self.others}, wait=False)
+        totals = {j: self.channel.send(self.step, self.hub, party_name(j), {f"{GRADNORM}total": total})
+                  for j in self.others}
+        self._send(UPDATE, {j: (command, totals[j]) for j in self.others}, wait=False)
         for update in updates:
             self.own.apply(update)
 
@@ -587,7 +588,8 @@ class VerticalHub:
             self.report_channel.send_scalars(self.step, self.hub, party_name(j),
                                              {f"{LOCAL}/{key}": value for key, value in command_of[j].items()})
         replies = self._send(LOCAL, {j: (command_of[j], {}) for j in self.others})
-        reports = {self.recipe.label: self.recipe.local(task, self.party, self.directory, command_of[self.recipe.label])}
+        label = self.recipe.label
+        reports = {label: self.recipe.local(task, self.party, self.directory, command_of[label])}
         for j in self.others:
             if REPORT not in replies.get(j, {}):
                 raise FederationError(f"{party_name(j)}: its reply to local task {task!r} lacks {REPORT!r}")

@@ -149,8 +149,8 @@ def _signalling(store: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 def kept_ray_backend() -> Iterator[None]:
     """Run one simulation on the process's kept Ray backend, its messages handed on as soon as they are stored; a run
     that fails drops it."""
-    flowers = raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue, InMemoryLinkState.store_message_ins, \
-        InMemoryLinkState.store_message_res
+    flowers = (raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue,
+               InMemoryLinkState.store_message_ins, InMemoryLinkState.store_message_res)
     raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue = KeptRayBackend, _feed_messages_promptly, \
         _StoppableQueue
     _StoppableQueue.made = []
