@@ -4,8 +4,9 @@ Every message holds named tensors in one ``ArrayRecord`` (``TENSORS``) and scala
 (``CONFIG``, server to node) or a ``MetricRecord`` (``METRICS``, node to server). The tensors of a message cross
 packed, as one ``Array`` holding the safetensors bytes of them all (their names, dtypes, shapes and order inside), so
 they arrive bit for bit as they were sent. Packed, because Flower moves every ``Array`` of a message as objects of its
-own, each one HTTP request to push and one to pull at the SuperLink: a small BERT sent tensor by tensor cost hundreds
-of requests a message, and on a deployment the SuperLink and SuperNodes spent most of a round in their HTTP stack.
+own, each one HTTP request to push and one to pull at the SuperLink: the embedded FedCMC model sent tensor by tensor
+was about 80 objects a message, and on a deployment the SuperLink and SuperNodes spent most of a round in their HTTP
+stack.
 
 A node whose client's own training diverged answers with an error whose reason starts with ``DIVERGED``. Any
 other failure of a node reaches the server as an error reply Flower writes itself (its reason names the exception
@@ -20,7 +21,6 @@ import struct
 import torch
 from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
-
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
@@ -32,7 +32,6 @@ COUNTED = "counted_round"
 """In a message to a node: the last round whose update from its client the server counted (``node_state``)."""
 NUM_SAMPLES, TRAIN_LOSS = "num_samples", "train_loss"
 DIVERGED = "fedrepro: training diverged: "
-
 
 PACKED = "safetensors"
 """The name, and the ``stype``, of the one ``Array`` a record's tensors travel in."""
