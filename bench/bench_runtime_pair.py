@@ -3,8 +3,8 @@
 Two whole-default runs one after the other (``bench_pipeline.py`` then ``bench_pipeline.py --set ...``) measure the
 machine twice: on a shared 2-core host one run's half-hour can be 10-15% slower than the next, which is the size of
 the margin issue 19's ratio is judged by. Here two fresh copies, one with ``params.yaml`` as it is and one with the
-``--set`` values written into it, run each stage of ``dvc repro``'s order in turn (copy A's stage, then copy B's),
-so every stage's pair meets the same minutes of the machine. Prints each stage's two times and their ratio, the
+``--set`` values written into it, run the stages one by one, each after those it needs, copy A's stage then copy
+B's, so every stage's pair meets the same minutes of the machine. Prints each stage's two times and their ratio, the
 sums, and the no-op ``dvc repro`` median of both copies.
 
 Usage: scripts/loopback.sh python bench/bench_runtime_pair.py --set train.runtime=flower-simulation [--target STAGE ...]
