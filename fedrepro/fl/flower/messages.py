@@ -48,7 +48,9 @@ def safetensors_metadata(blob: bytes) -> dict[str, str]:
 
 def to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
     """A copy of the tensors, packed in one ``Array`` (name order kept)."""
-    copies = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}  # none share memory
+    # safetensors refuses tensors that share memory (views of one parameter): one contiguous copy of each
+    copies = {name: tensor.detach().cpu().clone(memory_format=torch.contiguous_format)
+              for name, tensor in tensors.items()}
     blob = save_tensors(copies, metadata={ORDER: json.dumps(list(copies))})
     return ArrayRecord({PACKED: Array(dtype="uint8", shape=(len(blob),), stype=PACKED, data=blob)})
 
