@@ -54,6 +54,23 @@ def timed_stages(command, cwd) -> tuple[float, dict[str, float]]:
 NOOP_RUNS = 5
 
 
+def machine_speed() -> float:
+    """GFLOP/s of one thread multiplying 512 x 512 fp32 matrices (best of 3). The shared 2-core host's speed moves
+    from one run to the next (the same code's embedded repro took 9-18 min on different days): printed before and
+    after a timed run, it tells a slow machine from a slower pipeline."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(100):
+            a @ b
+        best = min(best, time.perf_counter() - started)
+    return 100 * 2 * 512**3 / best / 1e9
+
+
 def noop_times(project: Path, targets: list[str] = ()) -> list[float]:
     """Wall times of ``NOOP_RUNS`` no-op ``dvc repro [targets]`` runs; exits if any reran a stage."""
     times = []
@@ -75,6 +92,7 @@ def main() -> None:
     if args.noop_only:
         noops = noop_times(args.noop_only.resolve())
     else:
+        speed_before = machine_speed()
         with tempfile.TemporaryDirectory() as folder:
             ENV["FEDREPRO_CELL_STORE"] = str(Path(folder) / "cells")  # empty, as a fresh clone's user has it
             project = fresh_copy(Path(folder))
@@ -82,9 +100,11 @@ def main() -> None:
             command += args.target
             full, stages = timed_stages(command, project)
             noops = noop_times(project, args.target)
+        speed_after = machine_speed()
         for stage, seconds in stages.items():
             print(f"  {stage:32s} {seconds:7.1f} s")
         print(f"embedded {' '.join(command)}: {full:.1f} s ({full / 60:.2f} min; target for dvc repro <= 12 min)")
+        print(f"machine: one thread's fp32 matmul {speed_before:.1f} GFLOP/s before, {speed_after:.1f} after")
     print(f"no-op dvc repro:    median {statistics.median(noops):.2f} s of {NOOP_RUNS} ("
           f"{', '.join(f'{s:.2f}' for s in noops)}; target < 2 s)")
 

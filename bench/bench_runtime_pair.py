@@ -20,7 +20,7 @@ import networkx
 from dvc.repo import Repo
 from ruamel.yaml import YAML
 
-from bench_pipeline import noop_times, timed_stages
+from bench_pipeline import machine_speed, noop_times, timed_stages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipeline_copy import ENV, fresh_copy, run  # noqa: E402
@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--target", action="append", default=[], metavar="STAGE",
                         help="only these stages and what they need (default: the whole pipeline)")
     args = parser.parse_args()
+    speed_before = machine_speed()
     with tempfile.TemporaryDirectory() as folder:
         copies = {}
         for name in ("A", "B"):
@@ -90,9 +91,11 @@ def main() -> None:
             a, b = times["A"][stage], times["B"][stage]
             print(f"  {stage:32s} A {a:7.1f} s   B {b:7.1f} s   B/A {b / a:5.2f}x", flush=True)
         noops = {name: noop_times(project, args.target) for name, project in copies.items()}
+    speed_after = machine_speed()
     total_a, total_b = sum(times["A"].values()), sum(times["B"].values())
     print(f"sum of stages: A {total_a:.1f} s ({total_a / 60:.2f} min), B {total_b:.1f} s ({total_b / 60:.2f} min), "
           f"B/A {total_b / total_a:.2f}x")
+    print(f"machine: one thread's fp32 matmul {speed_before:.1f} GFLOP/s before, {speed_after:.1f} after")
     for name, runs in noops.items():
         print(f"no-op dvc repro in {name}: median {statistics.median(runs):.2f} s of {len(runs)} "
               f"({', '.join(f'{s:.2f}' for s in runs)}; target < 2 s)")
