@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fedrepro.fl.channel import SERVER  # noqa: E402
 from fedrepro.fl.engine import Engine  # noqa: E402
 from fedrepro.fl.flower import launcher  # noqa: E402
+from fedrepro.fl.flower.deployment import rounds_checkpointed  # noqa: E402
 from fedrepro.fl.flower.federation import CONNECTION, wait_until, write_app  # noqa: E402
 from fedrepro.fl.flower.server import NO_NODE  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
@@ -80,7 +81,7 @@ def reference(case: str, rounds: int, folder: Path, history: list[dict]) -> dict
 
 def checkpointed(deployment) -> int:
     """Rounds the deployment's server has checkpointed so far."""
-    return deployment._rounds_checkpointed()
+    return rounds_checkpointed(deployment.checkpoint_dir)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

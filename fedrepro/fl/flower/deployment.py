@@ -86,6 +86,28 @@ def shared_federation(folder: str | Path) -> Iterator[None]:
         SharedFederation.folder = None
 
 
+def rounds_checkpointed(checkpoint_dir: Path) -> int:
+    """Rounds the ServerApp has checkpointed in ``checkpoint_dir`` so far (it runs in a process of its own)."""
+    state = checkpoint_dir / LATEST / "state.json"
+    try:
+        return read_json(state).get("next_round", 0) if state.exists() else 0
+    except (OSError, ValueError):  # replaced while being read
+        return 0
+
+
+def watch_rounds(checkpoint_dir: Path, rounds: int, bar: tqdm) -> Callable[[], bool]:
+    """The run's ``looks_done`` (``wait_for_run``): moves ``bar`` to the rounds checkpointed so far, True once the last
+    one is. It counts the checkpoint's rounds, not the bar's: a disabled bar (``progress=False``) never moves, and a
+    run watched through the bar's count waited out Flower's status poll (``STATUS_EVERY_SECONDS``, up to 10 s) after
+    its last round."""
+    def last_round_checkpointed() -> bool:
+        done = rounds_checkpointed(checkpoint_dir)
+        if done > bar.n:
+            bar.update(done - bar.n)
+        return done >= rounds
+    return last_round_checkpointed
+
+
 class FlowerDeployment(Engine):
     """``run()`` trains the cell on a local SuperLink and SuperNodes and returns the same ``TrainingState`` as the engine.
 
@@ -191,14 +213,6 @@ class FlowerDeployment(Engine):
             if shared is None:
                 running.close()
 
-    def _rounds_checkpointed(self) -> int:
-        """Rounds the ServerApp has checkpointed so far (it runs in a process of its own)."""
-        state = self.checkpoint_dir / LATEST / "state.json"
-        try:
-            return read_json(state).get("next_round", 0) if state.exists() else 0
-        except (OSError, ValueError):  # replaced while being read
-            return 0
-
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
             spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint})
@@ -209,15 +223,10 @@ class FlowerDeployment(Engine):
                     self.on_federation_up(federation)
                 with tqdm(desc=f"{self.algorithm.name} rounds on Flower", total=self.settings.rounds,
                           initial=self.state.next_round, disable=not self.progress) as bar:
-                    def last_round_checkpointed() -> bool:
-                        done = self._rounds_checkpointed()
-                        if done > bar.n:
-                            bar.update(done - bar.n)
-                        return bar.n >= self.settings.rounds
-
                     try:
                         self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
-                                                       last_round_checkpointed, self.nodes_timeout)["network-traffic"]
+                                                       watch_rounds(self.checkpoint_dir, self.settings.rounds, bar),
+                                                       self.nodes_timeout)["network-traffic"]
                     except FederationError:
                         if diverged.exists():  # the error the engine would raise, not "the Flower run failed"
                             raise TrainingDiverged(diverged.read_text()) from None
