@@ -163,19 +163,16 @@ def test_waiting_for_a_flower_run_names_its_timeout_and_a_failed_runs_log(monkey
 
 
 @pytest.mark.parametrize("progress", [False, True])
-def test_a_deployment_sees_its_last_round_checkpointed_whether_or_not_its_progress_bar_shows(tmp_path, progress,
-                                                                                             monkeypatch):
+def test_a_deployment_sees_its_last_round_checkpointed_whether_or_not_its_progress_bar_shows(tmp_path, progress):
     """The deployment's ``looks_done`` counts the server's checkpointed rounds, not its bar's: a disabled bar
     (``progress=False``: the tests, the benches) never moves, and a run watched through it waited out Flower's status
-    poll (up to 10 s) after its last round. (A shown bar would start tqdm's monitor thread in this process, and a
-    later test's forked child could inherit tqdm's lock held by it and hang: the monitor is kept off.)"""
+    poll (up to 10 s) after its last round."""
     from tqdm import tqdm
 
     from fedrepro.fl.checkpoint import LATEST
     from fedrepro.fl.flower.deployment import watch_rounds
     from fedrepro.io import write_json
 
-    monkeypatch.setattr(tqdm, "monitor_interval", 0)
     with tqdm(total=3, disable=not progress) as bar:
         last_round_checkpointed = watch_rounds(tmp_path, 3, bar)
         assert not last_round_checkpointed()
@@ -185,7 +182,6 @@ def test_a_deployment_sees_its_last_round_checkpointed_whether_or_not_its_progre
         write_json(tmp_path / LATEST / "state.json", {"next_round": 3})
         assert last_round_checkpointed()
         assert bar.n == (3 if progress else 0)
-    assert tqdm.monitor is None
 
 
 def test_an_unknown_runtime_names_the_param_and_the_choices(tmp_path):
