@@ -18,9 +18,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedrepro.errors import ConfigError
-from fedrepro.fedcmc.methods import VECTORS as FEDCMC_VECTORS
-from fedrepro.fedmatch.methods import METHODS as FEDMATCH_METHODS
-from fedrepro.ssvfnas.methods import METHODS as SSVFNAS_METHODS
 from fedrepro.hardware import resolve_precision
 
 RE_CORPORA = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
@@ -208,11 +205,7 @@ class FedMatchParams(_Strict):
     settings: FedMatchSettings
 
     @model_validator(mode="after")
-    def _known_methods(self) -> "FedMatchParams":
-        for key, names in (("methods", self.methods), ("sweeps.data_ratio_methods", self.sweeps.data_ratio_methods)):
-            for index, name in enumerate(names):
-                if name not in FEDMATCH_METHODS:
-                    raise ValueError(f"fedmatch.{key}.{index} = {name!r}: allowed {sorted(FEDMATCH_METHODS)}")
+    def _tables_within_methods(self) -> "FedMatchParams":
         for key in ("table2", "table3"):
             missing = [m for m in getattr(self, key) if m not in self.methods]
             if missing:
@@ -256,7 +249,7 @@ class FedCMCSweeps(_Strict):
     methods: list[str] = Field(min_length=1, description="methods of the clients and local-epochs sweeps (fedcmc.methods' names)")
     clients: list[int]
     local_epochs: list[int]
-    vectors: list[Literal[FEDCMC_VECTORS]]  # type: ignore[valid-type]
+    vectors: list[str] = Field(description="FedCMC's vector rules (checked with the method names, by fedcmc.cells)")
     vectors_alpha: float = Field(gt=0)
     subset_dataset: str
     subset_size: int = Field(ge=1)
@@ -349,7 +342,8 @@ class SSVFNASDP(_Strict):
 
 
 class SSVFNASParams(_Strict):
-    methods: list[Literal[tuple(SSVFNAS_METHODS)]] = Field(min_length=1)  # type: ignore[valid-type]
+    methods: list[str] = Field(min_length=1, description="rows of the main table (checked by ssvfnas.cells: config "
+                               "imports no paper's method list, which every stage would then depend on)")
     datasets: list[str] = Field(min_length=1, description="digits and/or FATE classification sets of data.vertical_sets")
     parties: list[int] = Field(min_length=1, description="K values; each dataset runs at every K it allows")
     dp_levels: list[list[float]] = Field(min_length=1, description="(sigma1, sigma2) noise multipliers; [0, 0] = no DP")
@@ -510,6 +504,14 @@ def _fill(target: dict[str, Any], presets: dict[str, Any], file: str, where: str
             if not isinstance(target[key], dict):
                 raise ConfigError(f"params: {file}: {name} names no group of params.yaml")
             _fill(target[key], value, file, name)
+
+
+def check_names(key: str, names: list[str], allowed: Any) -> None:
+    """Each of ``names`` (params' ``key``) is one of ``allowed``, or a ConfigError names the first that is not. The
+    papers' method lists are checked so, by the paper's own cells module, when its grid is built."""
+    for index, name in enumerate(names):
+        if name not in allowed:
+            raise ConfigError(f"params: {key}.{index} = {name!r}: allowed {sorted(allowed)}")
 
 
 def one_line(error: ValidationError, prefix: str = "") -> str:

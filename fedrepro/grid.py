@@ -20,14 +20,14 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fedrepro.cell_store import CellStore
 from fedrepro.errors import ConfigError, FedreproError
-from fedrepro.io import atomic_dir, code_digest, tree_digest
+from fedrepro.io import atomic_dir, tree_digest
 
 TABLES = Path("tables")
 WORKERS_ENV = "FEDREPRO_CELL_WORKERS"
@@ -35,10 +35,12 @@ WORKERS_ENV = "FEDREPRO_CELL_WORKERS"
 not rerun a stage."""
 
 
-def fingerprint(cell: Any, inputs_digest: str, shaping: dict[str, Any]) -> str:
-    """Changes whenever anything that shapes a cell's run changes: the cell, ``shaping`` (the settings it runs
-    under, not the grid's lists), the digest of its inputs and the code."""
-    payload = {"cell": asdict(cell), **shaping, "inputs": inputs_digest, "code": code_digest()}
+def fingerprint(identity: dict[str, Any], inputs_digest: str, shaping: dict[str, Any], code: str) -> str:
+    """Changes whenever anything that shapes a cell's run changes, and nothing else: what the cell is (``identity``:
+    its method, seed and grid point, never the name of the table or sweep that lists it, so a sweep point equal to
+    a table cell is one run), ``shaping`` (the settings it runs under, not the grid's lists), the digest of its
+    inputs and of the code it runs (``fedrepro.code_closure.cell_code``)."""
+    payload = {"cell": identity, **shaping, "inputs": inputs_digest, "code": code}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -127,6 +129,7 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
     progress bars are repeated here when it ends, above its error if it failed. The first cell to fail stops the
     stage: the children are ended, and the running cells' checkpoints resume on the next run."""
     context = multiprocessing.get_context("fork")
+    _stop_tqdm_monitor()
     pending, idle, busy, children = deque(jobs), [], {}, []
     with tempfile.TemporaryDirectory(prefix="fedrepro-cells-") as logs:
         try:
@@ -172,6 +175,16 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                 if child.is_alive():
                     child.terminate()
                     child.join()
+
+
+def _stop_tqdm_monitor() -> None:
+    """End tqdm's monitor thread if a progress bar shown in this process started it: a child forked while it holds
+    tqdm's lock inherits the lock held and hangs at its first bar (seen in CI, in test_grid)."""
+    from tqdm import tqdm
+
+    if tqdm.monitor is not None:
+        tqdm.monitor.exit()
+        tqdm.monitor = None
 
 
 def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict]) -> None:

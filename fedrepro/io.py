@@ -99,7 +99,3 @@ def tree_digest(*folders: Path, pattern: str = "*") -> str:
             digest.update(path.read_bytes())
     return digest.hexdigest()
 
-
-def code_digest() -> str:
-    """sha256 over fedrepro's Python sources: a checkpoint written by other code is never resumed."""
-    return tree_digest(Path(__file__).resolve().parent, pattern="*.py")

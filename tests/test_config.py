@@ -80,7 +80,6 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeyp
 
 
 @pytest.mark.parametrize("path, value, expected", [
-    ("fedmatch.methods", ["fedavg", "fedsgd"], "fedmatch.methods.1 = 'fedsgd'"),
     ("fedmatch.table2", ["fedmatch_h_lr", "fedmatch_x_lr"], "fedmatch.table2 lists ['fedmatch_x_lr'], which fedmatch.methods does not run"),
     ("fedmatch.settings.fidelity", "authors", "fedmatch.settings.fidelity = 'authors'"),
     ("model.keep_layers", -1, "model.keep_layers = -1"),
@@ -113,6 +112,27 @@ def test_bad_params_name_the_key_and_value(path, value, expected):
         parse_params(with_change(path, value))
     message = str(error.value)
     assert expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize("path, build", [("fedmatch.methods", "fedrepro.fedmatch.cells:table_cells"),
+                                         ("fedmatch.sweeps.data_ratio_methods", "fedrepro.fedmatch.cells:sweep_cells"),
+                                         ("fedcmc.sweeps.vectors", "fedrepro.fedcmc.cells:all_cells"),
+                                         ("ssvfnas.methods", "fedrepro.ssvfnas.cells:all_cells")])
+def test_a_papers_method_names_are_checked_by_its_own_cells_when_its_grid_is_built(path, build):
+    """config imports no paper's method list (every stage would depend on all three papers); the paper's cells
+    module refuses an unknown name, naming the key, its position and what is allowed."""
+    import importlib
+
+    *parents, last = path.split(".")
+    names = RAW
+    for key in parents:
+        names = names[key]
+    names = [*names[last], "nonesuch"]
+    params = parse_params(with_change(path, names))
+    module, function = build.split(":")
+    with pytest.raises(ConfigError) as error:
+        getattr(importlib.import_module(module), function)(params)
+    assert str(error.value).startswith(f"params: {path}.{len(names) - 1} = 'nonesuch': allowed [")
 
 
 @pytest.mark.parametrize("key, layouts", [("qa_layouts", {"bank_faq": "fiqa"}), ("re_layouts", {"my_genes": "pgr"})])

@@ -232,10 +232,9 @@ def test_a_cell_sets_the_knobs_a_figure_sweeps_over_the_params_entry():
     assert algorithm_settings("fedavg", entries) == FedAvg.Settings()
 
 
-def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
+def test_run_fingerprint_changes_with_params_and_inputs_not_with_the_grid_that_lists_the_cell():
     import yaml
 
-    from fedrepro import grid
     from fedrepro.config import parse_params
     from fedrepro.fedmatch import runs
     from fedrepro.fedmatch.cells import Cell
@@ -257,8 +256,13 @@ def test_run_fingerprint_changes_with_params_inputs_and_code(monkeypatch):
     knob = params.model_copy(update={"algorithms": {**params.algorithms, "fedprox": {"mu": 0.5}}})
     assert runs.run_fingerprint(knob, Cell("fedprox", 0), "inputs") != runs.run_fingerprint(params, Cell("fedprox", 0), "inputs")
     assert runs.run_fingerprint(knob, Cell("fedavg", 0), "inputs") == base, "another algorithm's knob leaves this run as it was"
-    monkeypatch.setattr(grid, "code_digest", lambda: "edited code")
-    assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "inputs")
+    table = params.fedmatch.settings.patch_size
+    h_lr = runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0), "inputs")
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "patch_size", str(table)), "inputs") == h_lr, \
+        "Fig 6's point at the table's patch size is the table cell: one run, trained once"
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "patch_size", str(2 * table)), "inputs") != h_lr
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "data_ratio", "1.0"), "inputs") == h_lr
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "data_ratio", "0.4"), "inputs") != h_lr
 
 
 def test_memory_accounting_follows_what_each_algorithm_keeps(tmp_path):

@@ -122,3 +122,16 @@ def test_torch_in_a_forked_child_after_the_parent_ran_torch(tmp_path):
     """A test process has run torch ops before it forks (a stage has not); the children must still train."""
     torch.ones(64, 64) @ torch.ones(64, 64)
     assert len(grid(tmp_path, train_toy, workers=2, cells=[ToyCell("x", 0), ToyCell("y", 1)])) == 2
+
+
+def test_no_tqdm_monitor_thread_is_running_when_the_cells_children_are_forked(tmp_path, monkeypatch):
+    """A child forked while tqdm's monitor thread holds tqdm's lock inherits it held and hangs at its first progress
+    bar; a stage that showed a bar before its grid (a pipeline stage does) has such a thread, so the grid ends it."""
+    from tqdm import tqdm
+
+    monkeypatch.setattr(tqdm, "monitor_interval", 10)  # the conftest keeps it off in tests; a stage's process has it on
+    with tqdm(total=1, file=sys.stderr) as bar:
+        bar.update()
+    assert tqdm.monitor is not None and tqdm.monitor.is_alive()
+    assert len(grid(tmp_path, train_toy, workers=2)) == 4
+    assert tqdm.monitor is None, "the monitor was left running across the fork"

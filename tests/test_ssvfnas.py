@@ -148,7 +148,6 @@ def test_cells_of_the_grid_from_params():
     ({"datasets": ["modelnet40"]}, "ssvfnas.datasets.0 = 'modelnet40': data.modelnet40_dir is not set"),
     ({"datasets": ["breast"], "parties": [4]}, "ssvfnas.datasets.0 = 'breast': runs at K in [2]"),
     ({"parties": [1, 2]}, "ssvfnas.parties.0 = 1"),
-    ({"methods": ["vfnas1", "vfnas3"]}, "ssvfnas.methods.1 = 'vfnas3'"),
     ({"fidelity": "authors"}, "ssvfnas.fidelity = 'authors'"),
     ({"seeds": [0, 0]}, "ssvfnas.seeds = [0, 0]"),
     ({"steps_total": 3}, "ssvfnas.steps_total is not a known key"),

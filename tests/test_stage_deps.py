@@ -1,52 +1,20 @@
-"""Every fedrepro module a stage script imports (directly or through other fedrepro modules) is one of the
-stage's declared deps: otherwise editing it leaves `dvc repro` thinking the stage's outputs are current."""
+"""Each stage's fedrepro deps in dvc.yaml are exactly the modules its script can run (its import closure,
+``fedrepro.code_closure``): one missing leaves `dvc repro` thinking the stage's outputs are current after an edit to
+it; one extra reruns the stage for an edit that cannot change it. ``python scripts/stage_deps.py --write`` mends it."""
 
 from __future__ import annotations
 
-import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fedrepro.code_closure import import_closure, runs_nothing
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module_file(name: str) -> Path | None:
-    path = ROOT / Path(*name.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.exists():
-            return candidate
-    return None
-
-
-def _imports(path: Path) -> set[Path]:
-    """The fedrepro files ``path`` imports, one level (package __init__ files included)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        for name in names:
-            if not name.startswith("fedrepro"):
-                continue
-            parts = name.split(".")
-            for depth in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
-                file = _module_file(".".join(parts[:depth]))
-                if file is not None:
-                    found.add(file)
-    return found
-
-
-def transitive_imports(script: Path) -> set[Path]:
-    seen, todo = set(), [script]
-    while todo:
-        for file in _imports(todo.pop()) - seen:
-            seen.add(file)
-            todo.append(file)
-    return seen
+PACKAGE = ROOT / "fedrepro"
 
 
 def _stages():
@@ -56,10 +24,45 @@ def _stages():
         yield pytest.param(name, stage, id=name)
 
 
+def _declared_modules(deps: list[str]) -> set[Path]:
+    """The fedrepro modules (that run something) the deps name, a folder standing for every module under it."""
+    modules = set()
+    for dep in deps:
+        path = ROOT / dep
+        if PACKAGE in path.parents:
+            modules |= set(path.rglob("*.py")) if path.is_dir() else {path} if path.suffix == ".py" else set()
+    return {module for module in modules if not runs_nothing(module)}
+
+
 @pytest.mark.parametrize("name,stage", list(_stages()))
-def test_every_imported_fedrepro_module_is_a_declared_dep(name, stage):
+def test_a_stages_fedrepro_deps_are_its_scripts_import_closure(name, stage):
     script = ROOT / stage["cmd"].split()[1]
-    deps = [ROOT / d for d in stage.get("deps", [])]
-    missing = sorted(str(f.relative_to(ROOT)) for f in transitive_imports(script)
-                     if f.name != "__init__.py" and not any(f == d or d in f.parents for d in deps))
+    closure = {f for f in import_closure(script) if PACKAGE in f.parents and not runs_nothing(f)}
+    declared = _declared_modules(stage.get("deps", []))
+    missing = sorted(str(f.relative_to(ROOT)) for f in closure - declared)
+    extra = sorted(str(f.relative_to(ROOT)) for f in declared - closure)
     assert not missing, f"stage {name} imports {missing} without declaring them in dvc.yaml"
+    assert not extra, f"stage {name} declares {extra}, which its script never imports: an edit there reruns it for nothing"
+
+
+def test_the_deps_script_finds_dvc_yaml_in_order():
+    result = subprocess.run([sys.executable, "scripts/stage_deps.py"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_closure_follows_imports_inside_functions_and_packages_inits(tmp_path, monkeypatch):
+    import fedrepro.code_closure as closure
+
+    package = tmp_path / "fedrepro"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""prose only"""\n')
+    (package / "sub" / "__init__.py").write_text("FLAG = 1\n")
+    (package / "sub" / "lazy.py").write_text("import numpy\n")
+    (package / "sub" / "unused.py").write_text("")
+    (package / "entry.py").write_text("def run():\n    from fedrepro.sub.lazy import numpy\n    return numpy\n")
+    monkeypatch.setattr(closure, "ROOT", tmp_path)
+    found = closure.import_closure(package / "entry.py")
+    assert found == {package / "entry.py", package / "__init__.py", package / "sub" / "__init__.py", package / "sub" / "lazy.py"}
+    assert closure.runs_nothing(package / "__init__.py") and not closure.runs_nothing(package / "sub" / "__init__.py")
+    assert "numpy" in closure.third_party(found)
+    assert closure.import_closure(package / "entry.py", leave_out=[package / "sub"]) == {package / "entry.py", package / "__init__.py"}

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedrepro.config import Params
+from fedrepro.config import Params, check_names
+from fedrepro.fedcmc.methods import VECTORS
 
 SWEEPS = {
     "clients": "the clients table: 10 / 20 / 50 clients",
@@ -48,6 +49,7 @@ def table_cells(params: Params) -> list[Cell]:
 def sweep_points(params: Params, sweep: str) -> list[Cell]:
     """Every point of a sweep, as the report shows it (some may be main-table cells)."""
     sweeps, settings = params.fedcmc.sweeps, params.fedcmc.settings
+    check_names("fedcmc.sweeps.vectors", sweeps.vectors, VECTORS)
     base = dict(dataset=sweeps.dataset, alpha=sweeps.alpha, clients=settings.clients, local_epochs=settings.local_epochs)
     cells = []
     for seed in sweeps.seeds:

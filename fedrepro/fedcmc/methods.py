@@ -2,7 +2,7 @@
 (``fedrepro.fl.algorithms.REGISTRY``; ``fedcmc.runs.check_methods`` checks ``fedcmc.methods`` against it), so an
 algorithm added there joins this grid by being named in ``fedcmc.methods``.
 
-Plain names that import nothing, so the params (``fedrepro.config``) can check a run's lists against them.
+Plain names that import nothing; each paper's cells module checks a run's lists against them when it builds the grid.
 """
 
 PAPER_METHODS = ("fedavg", "fedprox", "scaffold", "moon", "fedrs", "fedlc", "fedcmc")

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 from torch import nn
 
+from fedrepro.code_closure import cell_code, code_digest
 from fedrepro.config import Params
 from fedrepro.errors import ConfigError, DataError
 from fedrepro.fedcmc.cells import Cell
@@ -34,9 +36,11 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes; a checkpoint of another run is never resumed."""
     train = {k: getattr(params.train, k)
              for k in ("warmup_fraction", "max_grad_norm", "threads", "precision", "runtime", "silo_local")}
-    return fingerprint(cell, inputs_digest, {"settings": params.fedcmc.settings.model_dump(),
-                                             "tiny": params.model.tiny.model_dump(), "train": train,
-                                             "algorithm": algorithm_settings(params, cell).model_dump(mode="json")})
+    code = code_digest(cell_code(__name__, params.train.runtime, algorithms.REGISTRY[cell.method].__module__))
+    return fingerprint(asdict(cell), inputs_digest, {"settings": params.fedcmc.settings.model_dump(),
+                                                     "tiny": params.model.tiny.model_dump(), "train": train,
+                                                     "algorithm": algorithm_settings(params, cell).model_dump(mode="json")},
+                       code)
 
 
 def relation_tokenizer(params: Params, tokenizer_dir: Path):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedrepro.config import Params
-from fedrepro.fedmatch.methods import FIGURE_METHOD
+from fedrepro.config import Params, check_names
+from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.fl.health import Health, cell_health, training_losses
 
 SWEEPS = {
@@ -40,11 +40,19 @@ class Cell:
         return f"{self.sweep}-{self.value}-{self.method}-{self.seed}"
 
 
+def check_methods(params: Params) -> None:
+    """Every method FedMatch's params name is one of ``METHODS`` (a ConfigError names the first that is not)."""
+    check_names("fedmatch.methods", params.fedmatch.methods, METHODS)
+    check_names("fedmatch.sweeps.data_ratio_methods", params.fedmatch.sweeps.data_ratio_methods, METHODS)
+
+
 def table_cells(params: Params) -> list[Cell]:
+    check_methods(params)
     return [Cell(m, s) for m in params.fedmatch.methods for s in params.fedmatch.seeds]
 
 
 def sweep_cells(params: Params) -> list[Cell]:
+    check_methods(params)
     sweeps = params.fedmatch.sweeps
     cells = []
     for sweep in SWEEPS:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedrepro.code_closure import cell_code, code_digest
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell, cell_params, history_health
 from fedrepro.fedmatch.methods import METHODS
@@ -37,9 +38,13 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     # the timeouts only say how long a deployment waits, and silo-local data only where each node reads its client's
     # rows from: a run whose every client answers in time is the same, number for number (tests/test_flower.py)
     train = params.train.model_dump(exclude={"reply_timeout", "run_timeout", "silo_local"})
-    return fingerprint(cell, inputs_digest, {"model": params.model.model_dump(), "train": train,
-                                             "fedmatch": params.fedmatch.settings.model_dump(),
-                                             "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")})
+    method = METHODS[cell.method]
+    identity = {"method": cell.method, "seed": cell.seed, "data_ratio": data_ratio(cell)}
+    code = code_digest(cell_code(__name__, params.train.runtime, algorithms.REGISTRY[method.algorithm].__module__))
+    return fingerprint(identity, inputs_digest, {"model": params.model.model_dump(), "train": train,
+                                                 "fedmatch": params.fedmatch.settings.model_dump(),
+                                                 "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")},
+                       code)
 
 
 def build_model_factory(params: Params, tokenizer, model: str):
@@ -90,11 +95,16 @@ def cell_task(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path) 
     return with_cell_sweep(params, cell, build_qa_task(params, mined_dir, tokenizer_dir, METHODS[cell.method].model))
 
 
+def data_ratio(cell: Cell) -> float:
+    """The share of each client's training questions the cell trains on: Fig 8's point, else all of them."""
+    return float(cell.value) if cell.sweep == "data_ratio" else 1.0
+
+
 def with_cell_sweep(params: Params, cell: Cell, task: QAMatchingTask) -> QAMatchingTask:
-    """Fig 8's data ratio, which each client applies to its own questions (seeded by its id)."""
-    if cell.sweep == "data_ratio":
-        task = task.with_train_fraction(float(cell.value), params.data.seed)
-    return task
+    """Fig 8's data ratio, which each client applies to its own questions (seeded by its id). At 1.0 the task is
+    the table's, untouched: the cell is the table cell (the same fingerprint), trained once."""
+    ratio = data_ratio(cell)
+    return task if ratio == 1.0 else task.with_train_fraction(ratio, params.data.seed)
 
 
 def write_cell_silos(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, root: Path) -> Manifest:

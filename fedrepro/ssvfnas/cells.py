@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedrepro.config import Params
+from fedrepro.config import Params, check_names
 from fedrepro.data.vertical import vertical_views
 from fedrepro.fl.health import Health, cell_health
 from fedrepro.ssvfnas.methods import BASELINE, LABEL_ALONE, METHODS
@@ -91,6 +91,7 @@ def _cells(params: Params, methods: list[str]) -> list[Cell]:
 
 def table_cells(params: Params) -> list[Cell]:
     """The main table: method x (dataset, K) x DP level x seed."""
+    check_names("ssvfnas.methods", params.ssvfnas.methods, METHODS)
     return _cells(params, list(params.ssvfnas.methods))
 
 

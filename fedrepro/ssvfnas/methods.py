@@ -1,7 +1,7 @@
 """SS-VFNAS's methods: the rows of its main table, each a search rule with or without the self-supervised pre-search,
 the hand-designed baseline they are compared with, and the label party alone (a trivial row).
 
-Plain names that import nothing, so the params (``fedrepro.config``) can check a run's lists against them.
+Plain names that import nothing; each paper's cells module checks a run's lists against them when it builds the grid.
 """
 
 METHODS = {

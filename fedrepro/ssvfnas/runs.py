@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
+from fedrepro.code_closure import cell_code, code_digest
 from fedrepro.config import Params
 from fedrepro.errors import DataError
 from fedrepro.hardware import machine_fingerprint
@@ -351,10 +352,10 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the cell changes (not the grid's lists); a checkpoint of another run
     is never resumed."""
     ss = params.ssvfnas
-    return fingerprint(cell, inputs_digest, {
+    return fingerprint(asdict(cell), inputs_digest, {
         "fidelity": ss.fidelity, "split": ss.split.model_dump(), "search": ss.search.model_dump(), "moco": ss.moco.model_dump(),
         "retrain": ss.retrain.model_dump(), "dp": ss.dp.model_dump(), "held_out_seed": params.data.seed, "threads": ss.threads,
-        "runtime": params.train.runtime})
+        "runtime": params.train.runtime}, code_digest(cell_code(__name__, params.train.runtime)))
 
 
 def prepare_checkpoints(folder: Path, fingerprint: str) -> None:

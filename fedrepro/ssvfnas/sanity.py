@@ -36,7 +36,8 @@ import pandas as pd
 import torch
 
 from fedrepro.config import Params
-from fedrepro.io import code_digest, read_json, write_json
+from fedrepro.code_closure import cell_code, code_digest
+from fedrepro.io import read_json, write_json
 from fedrepro.report.sanity import SanityResult, render_sanity
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
@@ -161,7 +162,7 @@ def sanity_partition(params: Params, data: PartitionData, settings: SanitySettin
     work.mkdir(parents=True, exist_ok=True)
     base_key = {"ssvfnas": params.ssvfnas.model_dump(), "data_seed": params.data.seed, "partition": data.summary,
                 "held_out": settings.held_out_fraction, "eval_every": settings.eval_every, "seed": settings.seed,
-                "code": code_digest()}
+                "code": code_digest(cell_code(__name__, "engine"))}
     everyone, label = list(range(data.parties)), [data.label_party]
     runs: dict[str, list[dict]] = {"pooled": [], "label": []}
     for lr in settings.lrs:
