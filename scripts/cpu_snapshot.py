@@ -5,6 +5,7 @@
     python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # 192 cells, about an hour on 2 cores
     python scripts/cpu_snapshot.py collect fedcmc WORKDIR                      # copy WORKDIR's report into reports/cpu/fedcmc
     python scripts/cpu_snapshot.py status [--mark]                            # which snapshots are stale against HEAD
+    python scripts/cpu_snapshot.py canary ssvfnas                             # a stale one carried forward, or marked
     python scripts/cpu_snapshot.py plan [fedmatch]                            # the cells a snapshot trains, by table and figure
 
 The clone keeps this checkout's data untouched; its report is written by the paper's own report stage and
@@ -12,7 +13,8 @@ copied with a SNAPSHOT.md that records the commit, the date, the params and the 
 clone's dvc.lock (SNAPSHOT.lock): the hash of every file and the value of every param its cells depended on.
 `status` lets DVC compare that lock with HEAD's code and the params HEAD would run the snapshot with; `--mark`
 puts a banner at the top of each stale snapshot's report (and takes it off a fresh one), which
-tests/test_cpu_snapshot.py requires.
+tests/test_cpu_snapshot.py requires. A change of code that leaves the results as they were (a refactor) need not
+cost a retrain: `canary` retrains a sample of the snapshot's cells at HEAD and compares them bit for bit (``canary``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -30,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +56,11 @@ PAPERS = {
         # with the hand-designed baseline and the label party alone
         "grid": {},
         "targets": ["ssvfnas_partition", "ssvfnas_table", "ssvfnas_report"],
+        # every method, the baseline and the label party alone, on the cheapest tabular set and on digits (MLP and
+        # conv search spaces), without and with DP: 22 of the 192 cells, about 3 min
+        "canary": {"ssvfnas.datasets": ["breast", "digits"], "ssvfnas.parties": [2],
+                   "ssvfnas.dp_levels": [[0, 0], [1.0, 1.0]], "ssvfnas.seeds": [0]},
+        "cell_key": "cell",
     },
 }
 
@@ -139,6 +148,7 @@ def collect(paper: str, workdir: Path) -> None:
     (target / "scales").mkdir(exist_ok=True)
     shutil.copy(workdir / "scales" / "cpu.yaml", target / "scales" / "cpu.yaml")
     shutil.copy(workdir / "dvc.lock", target / "SNAPSHOT.lock")
+    (target / CELL_DIGESTS).write_text(json.dumps(cell_digests(workdir, paper), indent=1, sort_keys=True) + "\n")
     times_file = next((f for f in (workdir / f"stage_times_{paper}.txt", workdir / "stage_times.txt") if f.exists()), None)
     times = times_file.read_text() if times_file else "(not recorded)\n"
     (target / "SNAPSHOT.md").write_text(
@@ -149,6 +159,139 @@ def collect(paper: str, workdir: Path) -> None:
         f"- Reproduce: `python scripts/cpu_snapshot.py run {paper} --mirror <mirror>`.\n\n"
         f"Stage wall times:\n\n```\n{times}```\n")
     print(f"snapshot written to {target}")
+
+
+CELL_DIGESTS = "SNAPSHOT.cells.json"
+"""Beside a snapshot: each cell's output folder (under ``data/<paper>``) -> the sha256 of its files, what a canary
+compares bit for bit."""
+CODE_DEPS = ("fedrepro/", "stages/")
+
+
+def cell_digest(folder: Path) -> str:
+    """sha256 over a cell's output files (names and bytes), its metrics.json without the ``hardware`` it ran on (the
+    machine is compared apart: cells of another instruction set differ in their bits)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.name == "metrics.json":
+            metrics = json.loads(data)
+            metrics.pop("hardware", None)
+            data = json.dumps(metrics, sort_keys=True).encode()
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()
+
+
+def cell_digests(workdir: Path, paper: str) -> dict[str, str]:
+    """Every cell folder (one with a metrics.json) under the clone's ``data/<paper>`` -> its ``cell_digest``."""
+    base = workdir / "data" / paper
+    return {str(m.parent.relative_to(base)): cell_digest(m.parent) for m in sorted(base.rglob("metrics.json"))}
+
+
+def _is_code(dep: dict) -> bool:
+    return dep["path"].startswith(CODE_DEPS)
+
+
+def restamped_lock(old: dict, canary: dict, stages: list[str]) -> dict:
+    """``old`` (a snapshot's lock) with the code of ``stages`` as the canary's clone has it: each stage's command
+    and code deps (fedrepro modules, stage scripts) from ``canary``, its params, data deps and outputs as trained."""
+    new = copy.deepcopy(old)
+    for name in stages:
+        entry, ran = new["stages"][name], canary["stages"][name]
+        entry["cmd"] = ran["cmd"]
+        entry["deps"] = sorted([d for d in ran["deps"] if _is_code(d)] + [d for d in entry["deps"] if not _is_code(d)],
+                               key=lambda d: d["path"])
+    return new
+
+
+def canary(paper: str, workdir: Path) -> list[str]:
+    """Whether HEAD's code still trains ``paper``'s snapshot to the same bits, without retraining it: in a clone of
+    HEAD with the snapshot's params, the stages upstream of its cells must write outputs of the very hashes the
+    snapshot's lock holds, and a sample of its cells (``PAPERS[paper]["canary"]``: every method, the cheapest
+    settings) must come out as the snapshot's (each cell's files against ``SNAPSHOT.cells.json`` where the snapshot
+    has it, else its row of results.csv, every column as written). All identical: the snapshot is re-stamped (its
+    lock takes HEAD's code, SNAPSHOT.md says what was compared) and stays fresh. Anything else: it is marked stale.
+    Returns what differed (empty: carried forward)."""
+    spec, folder = PAPERS[paper], ROOT / "reports" / "cpu" / paper
+    if "canary" not in spec:
+        raise SystemExit(f"{paper}: no canary sample is defined (PAPERS['{paper}']['canary']); retrain it with `run`")
+    changes = status(paper)
+    if not changes:
+        print(f"{paper}: fresh against HEAD, nothing to compare")
+        return []
+    moved_params = [line for line in changes if ": param " in line]
+    if moved_params:
+        mark(paper, True)
+        return [f"params changed, which no canary can carry forward: {moved_params}"]
+    if workdir.exists() and any(workdir.iterdir()):
+        sys.exit(f"--workdir {workdir} is not empty: remove it or name a new folder")
+    old_lock = yaml.safe_load((folder / "SNAPSHOT.lock").read_text())
+    mirror = yaml.safe_load((folder / "params.yaml").read_text())["data"]["mirror"]
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
+    (workdir / "dvc.lock").unlink()  # the embedded run's: the clone's lock is to hold only what the canary ran
+    env = {**ENV, "PYTHONPATH": str(workdir)}
+    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), mirror)
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+    upstream = spec["targets"][0]
+    subprocess.run(["dvc", "repro", upstream], cwd=workdir, env=env, check=True)
+    ran = yaml.safe_load((workdir / "dvc.lock").read_text())
+    differences = [f"{name}: output {out['path']} is not the snapshot's"
+                   for name, entry in ran["stages"].items() for out in entry.get("outs", [])
+                   if out not in old_lock["stages"].get(name, {}).get("outs", [])]
+    upstream_stages = list(ran["stages"])
+    if not differences:
+        sampled = copy.deepcopy(params)
+        for key, value in spec["canary"].items():
+            set_key(sampled, key, value)
+        (workdir / "params.yaml").write_text(yaml.safe_dump(sampled, sort_keys=False, allow_unicode=True))
+        subprocess.run(["dvc", "repro", spec["targets"][-1]], cwd=workdir, env=env, check=True)
+        differences, compared, how = _compare_cells(paper, workdir, folder)
+    if differences:
+        mark(paper, True)
+        return differences
+    canary_lock = yaml.safe_load((workdir / "dvc.lock").read_text())
+    stamped = restamped_lock(old_lock, canary_lock, [s for s in spec["targets"] if s not in upstream_stages])
+    for name in upstream_stages:  # these ran with the snapshot's own params: their entries are the snapshot's now
+        stamped["stages"][name] = ran["stages"][name]
+    (folder / "SNAPSHOT.lock").write_text(yaml.safe_dump(stamped, sort_keys=False))
+    digests = json.loads((folder / CELL_DIGESTS).read_text()) if (folder / CELL_DIGESTS).exists() else {}
+    digests.update({cell: digest for cell, digest in cell_digests(workdir, paper).items()
+                    if cell.rsplit("/", 1)[-1] in compared})
+    (folder / CELL_DIGESTS).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
+    with (folder / "SNAPSHOT.md").open("a") as handle:
+        handle.write(f"\nCarried forward to commit `{commit}` on {dt.date.today().isoformat()} by a canary "
+                     f"(`python scripts/cpu_snapshot.py canary {paper}`): HEAD's code changed what these cells depend "
+                     f"on ({len(changes)} deps), and {len(compared)} cells retrained at it came out identical ({how}), "
+                     f"as did every output upstream of them: {', '.join(sorted(compared))}.\n")
+    remaining = status(paper)
+    mark(paper, bool(remaining))
+    return [f"still stale after the re-stamp: {line}" for line in remaining]
+
+
+def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], list[str], str]:
+    """The canary's cells against the snapshot's: (what differs, the cells compared, how they were compared)."""
+    recorded = json.loads((folder / CELL_DIGESTS).read_text()) if (folder / CELL_DIGESTS).exists() else {}
+    fresh = cell_digests(workdir, paper)
+    key = PAPERS[paper]["cell_key"]
+    ours = pd.read_csv(workdir / "reports" / paper / "results.csv", dtype=str, keep_default_na=False).set_index(key)
+    theirs = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False).set_index(key)
+    differences, by_bits = [], 0
+    for cell, row in ours.iterrows():
+        path = next((p for p in fresh if p.rsplit("/", 1)[-1] == cell), None)
+        if path is not None and path in recorded:
+            by_bits += 1
+            if fresh[path] != recorded[path]:
+                differences.append(f"{cell}: its output files differ from the snapshot's (sha256)")
+        elif cell not in theirs.index:
+            differences.append(f"{cell}: not in the snapshot's results.csv")
+            continue
+        else:
+            moved = [column for column in ours.columns if column in theirs.columns and row[column] != theirs.loc[cell, column]]
+            if moved:
+                differences.append(f"{cell}: " + ", ".join(f"{c} {theirs.loc[cell, c]} -> {row[c]}" for c in moved[:5]))
+    how = ("every output file's sha256" if by_bits == len(ours) else
+           f"{by_bits} by every output file's sha256, {len(ours) - by_bits} by their results.csv rows, every column as written")
+    return differences, list(ours.index), how
 
 
 def dependency_changes(lock: str, params: dict, targets: list[str], revision: str = "HEAD") -> list[str]:
@@ -226,12 +369,22 @@ def main() -> None:
     status_parser = commands.add_parser("status")
     status_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
     status_parser.add_argument("--mark", action="store_true", help="banner on each stale snapshot's report, none on a fresh one")
+    canary_parser = commands.add_parser("canary", help="carry a stale snapshot forward if a sample of its cells "
+                                        "retrained at HEAD comes out bit-identical; else mark it stale")
+    canary_parser.add_argument("paper", choices=sorted(p for p in PAPERS if "canary" in PAPERS[p]))
+    canary_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
     plan_parser = commands.add_parser("plan")
     plan_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
     args = parser.parse_args()
     if args.command == "run":
         run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}")
         return
+    if args.command == "canary":
+        differences = canary(args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-canary-{args.paper}")
+        for line in differences:
+            print(f"  {line}")
+        print(f"{args.paper}: {'marked stale' if differences else 'fresh against HEAD'}")
+        sys.exit(1 if differences else 0)
     if args.command == "collect":
         collect(args.paper, args.workdir)
         return
