@@ -206,7 +206,7 @@ def restamped_lock(old: dict, canary: dict, stages: list[str]) -> dict:
 def canary(paper: str, workdir: Path) -> list[str]:
     """Whether HEAD's code still trains ``paper``'s snapshot to the same bits, without retraining it: in a clone of
     HEAD with the snapshot's params, the stages upstream of its cells must write outputs of the very hashes the
-    snapshot's lock holds, and a sample of its cells (``PAPERS[paper]["canary"]``: every method, the cheapest
+    snapshot's lock holds for what its cells read, and a sample of its cells (``PAPERS[paper]["canary"]``: every method, the cheapest
     settings) must come out as the snapshot's (each cell's files against ``SNAPSHOT.cells.json`` where the snapshot
     has it, else its row of results.csv, every column as written). All identical: the snapshot is re-stamped (its
     lock takes HEAD's code, SNAPSHOT.md says what was compared) and stays fresh. Anything else: it is marked stale.
@@ -234,10 +234,8 @@ def canary(paper: str, workdir: Path) -> list[str]:
     upstream = spec["targets"][0]
     subprocess.run(["dvc", "repro", upstream], cwd=workdir, env=env, check=True)
     ran = yaml.safe_load((workdir / "dvc.lock").read_text())
-    differences = [f"{name}: output {out['path']} is not the snapshot's"
-                   for name, entry in ran["stages"].items() for out in entry.get("outs", [])
-                   if out not in old_lock["stages"].get(name, {}).get("outs", [])]
     upstream_stages = list(ran["stages"])
+    differences = _moved_inputs(workdir, env, ran, old_lock, spec["targets"][1])
     if not differences:
         sampled = copy.deepcopy(params)
         for key, value in spec["canary"].items():
@@ -266,6 +264,24 @@ def canary(paper: str, workdir: Path) -> list[str]:
     remaining = status(paper)
     mark(paper, bool(remaining))
     return [f"still stale after the re-stamp: {line}" for line in remaining]
+
+
+def _moved_inputs(workdir: Path, env: dict, ran: dict, old_lock: dict, stage: str) -> list[str]:
+    """The data ``stage`` (the cells' stage) reads, as the canary's clone has made it, against what the snapshot's
+    cells read (its lock's entry): DVC's own comparison, code deps left out (they are what moved). An upstream
+    output may differ where the cells never look (``data/prepared`` holds every paper's data)."""
+    (workdir / "dvc.lock").write_text(yaml.safe_dump({**ran, "stages": {**ran["stages"], stage: old_lock["stages"][stage]}},
+                                                     sort_keys=False))
+    status = subprocess.run(["dvc", "status", "--json", stage], cwd=workdir, env=env, capture_output=True, text=True)
+    if status.returncode != 0:
+        raise SystemExit(f"dvc status failed in {workdir}: {status.stderr.strip()}")
+    moved = []
+    for entry in json.loads(status.stdout or "{}").get(stage, []):
+        if isinstance(entry, dict):
+            moved += [f"{stage}: its input {path} is not what the snapshot's cells read ({state})"
+                      for path, state in entry.get("changed deps", {}).items() if not path.startswith(CODE_DEPS)]
+    (workdir / "dvc.lock").write_text(yaml.safe_dump(ran, sort_keys=False))
+    return moved
 
 
 def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], list[str], str]:

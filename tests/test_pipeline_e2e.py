@@ -1,6 +1,7 @@
 """One end-to-end `dvc repro` of the embedded default in a fresh copy, then no-op, kill-and-resume and `dvc exp run -S`."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -131,23 +132,29 @@ def test_a_killed_fedmatch_cell_resumes_to_identical_metrics(project):
     assert {p.name: (p / "metrics.json").read_bytes() for p in outputs.iterdir()} == reference
 
 
-def test_exp_run_with_a_changed_param(project):
-    result = run(["dvc", "exp", "run", "-S", "train.rounds=2", "-S", "fedmatch.methods=[fedavg,fedmatch_h_lr]",
-                  "-S", "fedmatch.table2=[fedmatch_h_lr]", "-S", "fedmatch.table3=[fedavg,fedmatch_h_lr]",
-                  "-S", "fedmatch.seeds=[0]", "-S", "fedmatch.sweeps.patch_size=[16,32]"], project)
+def test_exp_run_with_a_changed_param_retrains_only_the_cells_it_adds(project):
+    """`dvc exp run -S` on one figure's list: only that figure's stage and the report rerun, and of its cells only the
+    new point trains; the point equal to a table cell (patch 32, the table's size) is the table's run, restored from
+    the cell store. `dvc exp show` has the experiment."""
+    result = run(["dvc", "exp", "run", "-S", "fedmatch.sweeps.patch_size=[16,32]"], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = re.findall(r"Running stage '([^']+)'", result.stdout)
+    assert ran == ["fedmatch_sweep@patch_size", "fedmatch_report"], ran
+    said = result.stdout + result.stderr
+    assert re.search(r"\[\d/2\] patch_size-32-fedmatch_h_lr-0: .*finished run from the cell store", said), said[-3000:]
+    assert not re.search(r"\[\d/2\] patch_size-16-fedmatch_h_lr-0: .*finished run from the cell store", said)
+    figure = (project / "reports" / "fedmatch" / "figures" / "fig6_patch_size.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in figure[1:]] == ["16", "32"], figure
     shown = run(["dvc", "exp", "show", "--json"], project)
     assert shown.returncode == 0 and "fedmatch_h_lr" in shown.stdout
-    cell = project / "data" / "fedmatch" / "tables" / "fedmatch_h_lr" / "fedmatch_h_lr-0" / "metrics.json"
-    assert len(json.loads(cell.read_text())["history"]) == 2
-    result = run(["dvc", "exp", "run", "-S", "fedcmc.settings.rounds=2", "-S", "fedcmc.methods=[fedavg,fedcmc]",
-                  "-S", "fedcmc.alphas=[0.5]", "-S", "fedcmc.sweeps.clients=[]", "-S", "fedcmc.sweeps.local_epochs=[]",
-                  "-S", "fedcmc.sweeps.vectors=[major,none]", "-S", "fedcmc.sweeps.subset_modes=[]"], project)
+    assert "patch_size" in shown.stdout and "16" in shown.stdout
+    # fewer points of FedCMC's Fig 4: its stage reruns, trains nothing (both cells are in the store), the report follows
+    result = run(["dvc", "exp", "run", "-S", "fedcmc.sweeps.vectors=[major,none]"], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics = json.loads((project / "reports" / "fedcmc" / "metrics.json").read_text())
-    assert set(metrics["f1"]) == {"fedavg", "fedcmc"}
-    cell = project / "data" / "fedcmc" / "tables" / "fedcmc" / "synthetic-re-a0.5-k10-e1-fedcmc-s0" / "metrics.json"
-    assert len(json.loads(cell.read_text())["history"]) == 2
+    assert re.findall(r"Running stage '([^']+)'", result.stdout) == ["fedcmc_sweep@vectors", "fedcmc_report"]
+    assert (result.stdout + result.stderr).count("finished run from the cell store") == 2
+    figure = (project / "reports" / "fedcmc" / "figures" / "fig4_vectors.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in figure[1:]] == ["major", "none"], figure
 
 
 @pytest.mark.mirror

@@ -260,7 +260,10 @@ def _load_scibert(base: Path, cpr_base: Path) -> tuple[list[tuple], list[str]]:
                 run = lambda s: tuple(k for k, m in enumerate(matches) if s[0] <= m.start() < s[1])  # noqa: E731
                 ra, rb = run(span_a), run(span_b)
                 votes = Counter(j for t in set(tokens) for j in index.get(t, ()))
-                for j, _ in votes.most_common(3):
+                # ties go to the earlier candidate: most_common breaks them by insertion order, which set(tokens)
+                # makes hash order, so without this a run's typing depended on PYTHONHASHSEED (132 of ChemProt's
+                # 10,065 sentences flipped their argument types between runs)
+                for j, _ in sorted(votes.items(), key=lambda item: (-item[1], item[0]))[:3]:
                     if ra and rb:
                         kinds = _align_types(tokens, (ra[0], ra[-1] + 1), (rb[0], rb[-1] + 1), candidates[j])
                     if kinds:

@@ -167,3 +167,19 @@ def test_mirror_chemprot_cpr5_is_the_papers_five_groups():
     assert corpus.classes == ["CPR:3", "CPR:4", "CPR:5", "CPR:6", "CPR:9"]
     assert stats["sentences"].tolist() == [4169, 2427, 3469]  # the paper: 10,307 sentences in all
     assert stats["CPR:4"].tolist() == [1642 + 131 + 487, 812 + 21 + 270, 1255 + 72 + 340]
+
+
+@pytest.mark.mirror
+def test_mirror_chemprot_scibert_is_the_same_whatever_the_hash_seed():
+    """Argument typing once depended on the hash order of a set of tokens (PYTHONHASHSEED): 132 sentences flipped."""
+    import os
+    import subprocess
+    import sys
+
+    mirror = need_mirror("chemprot")
+    script = ("import hashlib; from pathlib import Path; from fedrepro.data.relation import load_chemprot; "
+              f"corpus = load_chemprot(Path({str(mirror)!r}), 'scibert'); "
+              "print(hashlib.sha256(corpus.table.to_csv(index=False).encode()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": seed},
+                              capture_output=True, text=True, check=True).stdout for seed in ("1", "2")}
+    assert len(digests) == 1, digests
