@@ -6,7 +6,8 @@ process, or, with more than one worker (``cell_workers``), in that many children
 cell at a time: the networks are small, so one torch thread a cell and two cells on two cores train about 1.4-1.6x as
 many sequences a second as one cell on both cores (``bench/README.md``). Each cell seeds itself and keeps its own checkpoint and
 output folder, so its result does not depend on the process it ran in, a killed run resumes where it stopped, and a
-new grid point trains only the new cells (the others resume from their finished checkpoints and are only re-scored).
+new grid point trains only the new cells (the others resume from their finished checkpoints, and their outputs, kept
+beside each checkpoint, are copied: ``scored_cell``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -27,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from fedrepro.cell_store import CellStore
 from fedrepro.errors import ConfigError, FedreproError
-from fedrepro.io import atomic_dir, tree_digest
+from fedrepro.io import atomic_dir, read_json, tree_digest, write_json
 
 TABLES = Path("tables")
 WORKERS_ENV = "FEDREPRO_CELL_WORKERS"
@@ -76,7 +78,30 @@ class _Job:
     inputs_digest: str
     run: str
     restored: bool = False
+    rescored: bool = True
     started: float = 0.0
+
+
+SCORED = "scored"
+"""In a cell's checkpoint folder: the outputs its finished run was scored to, and the run and cell they are of."""
+
+
+def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: _Job) -> dict:
+    """The job's outputs and metrics: copied from its checkpoint folder where this very run was already scored as this
+    very cell (a finished cell resumed, or restored from the cell store, is not scored again), else ``run_cell``'s,
+    then kept there. A run scored as another cell (a figure's point equal to a table cell) is scored anew: its
+    outputs name the cell."""
+    kept, stamp = job.checkpoint_dir / SCORED, {"run": job.run, "cell": job.cell.name}
+    if (kept / "stamp.json").is_file() and read_json(kept / "stamp.json") == stamp:
+        shutil.copytree(kept / "outputs", job.out)
+        job.rescored = False
+        return read_json(kept / "metrics.json")
+    metrics = run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)
+    with atomic_dir(kept) as folder:
+        shutil.copytree(job.out, folder / "outputs")
+        write_json(folder / "metrics.json", metrics)
+        write_json(folder / "stamp.json", stamp)
+    return metrics
 
 
 def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
@@ -88,7 +113,8 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
     folders a cell reads (``inputs``) are digested once per process, and a line per cell shows the progress. A cell
     that ``store`` (default: the environment's, ``fedrepro.cell_store``) holds under its ``fingerprint_of(cell,
-    inputs_digest)`` is restored finished and only re-scored; each finished cell is kept there. With ``workers`` > 1
+    inputs_digest)`` is restored finished, with its outputs if it was scored as this cell (``scored_cell``); each
+    finished cell is kept there. With ``workers`` > 1
     the cells train in forked children, that many at a time (``_run_forked``)."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     digests: dict[tuple[Path, ...], str] = {}
@@ -98,8 +124,9 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         nonlocal done
         store.keep(job.run, job.checkpoint_dir)
         done += 1
-        print(f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s"
-              f"{', finished run from the cell store' if job.restored else ''})", file=sys.stderr, flush=True)
+        came = (", finished run from the cell store" if job.restored else "") + ("" if job.rescored else ", outputs as scored before")
+        print(f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s{came})",
+              file=sys.stderr, flush=True)
 
     (checkpoints / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(out / folder) as tmp:
@@ -117,7 +144,7 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         for job in jobs:
             job.started = time.perf_counter()
             job.restored = store.restore(job.run, job.checkpoint_dir)
-            finish(job, run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest))
+            finish(job, scored_cell(run_cell, job))
 
 
 def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
@@ -165,6 +192,7 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                         raise _child_error(job, child, outcome)
                     if said:
                         print(*said, sep="\n", file=sys.stderr)
+                    job.rescored = outcome[2]
                     finish(job, outcome[1])
                     idle.append((ours, child))
             for ours, child in children:
@@ -196,7 +224,8 @@ def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], d
         with open(log, "w") as stream:
             os.dup2(stream.fileno(), sys.stderr.fileno())
         try:
-            connection.send(("done", run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)))
+            metrics = scored_cell(run_cell, job)
+            connection.send(("done", metrics, job.rescored))
         except BaseException as error:
             try:
                 connection.send(("error", error, traceback.format_exc()))

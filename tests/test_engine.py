@@ -262,6 +262,11 @@ def test_run_fingerprint_changes_with_params_and_inputs_not_with_the_grid_that_l
         "Fig 6's point at the table's patch size is the table cell: one run, trained once"
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "patch_size", str(2 * table)), "inputs") != h_lr
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "data_ratio", "1.0"), "inputs") == h_lr
+    layers = params.model.tiny.layers if params.model.keep_layers == 0 else params.model.keep_layers
+    assert params.model.backbone == "tiny" and params.fedmatch.settings.shared_layers is None
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "shared_layers", str(layers)), "inputs") == h_lr, \
+        "Fig 5's point sharing every layer is the table cell (shared_layers null: all)"
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "shared_layers", str(layers - 1)), "inputs") != h_lr
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "data_ratio", "0.4"), "inputs") != h_lr
 
 

@@ -3,6 +3,7 @@ own process; a failed child stops the stage with its error and leaves no half-wr
 
 import json
 import os
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -135,3 +136,25 @@ def test_no_tqdm_monitor_thread_is_running_when_the_cells_children_are_forked(tm
     assert tqdm.monitor is not None and tqdm.monitor.is_alive()
     assert len(grid(tmp_path, train_toy, workers=2)) == 4
     assert tqdm.monitor is None, "the monitor was left running across the fork"
+
+
+def test_a_finished_cell_run_again_is_neither_retrained_nor_scored_again_unless_it_is_another_cell(tmp_path, capfd):
+    calls = []
+
+    def counted(cell, out, checkpoint_dir, digest):
+        calls.append(cell.name)
+        return train_toy(cell, out, checkpoint_dir, digest)
+
+    first = grid(tmp_path, counted, workers=1)
+    shutil.rmtree(tmp_path / "out")
+    assert grid(tmp_path, counted, workers=1) == first and len(calls) == 4, "outputs copied, run_cell not called"
+    assert capfd.readouterr().err.count("outputs as scored before") == 4
+    # the same runs listed under other names (a figure's point equal to a table cell): scored as themselves
+    renamed = [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
+    fingerprint_of_seed = lambda cell, digest: f"cell-{cell.seed}-{digest}"  # noqa: E731
+    run_grid({Path("sweep"): [ToyCell(f"point-{c.seed}", c.seed) for c in renamed]}, Path("sweep"), tmp_path / "out",
+             tmp_path / "checkpoints", lambda cell: (tmp_path / "inputs",), counted, lambda m: "", fingerprint_of_seed,
+             CellStore(tmp_path / "store"), workers=1)
+    assert sorted(calls[4:]) == [f"point-{seed}" for seed in range(4)]
+    err = capfd.readouterr().err
+    assert err.count("finished run from the cell store") == 4 and "outputs as scored before" not in err

@@ -25,7 +25,7 @@ from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import write_json
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
-from fedrepro.models.backbone import build_encoder, load_tokenizer
+from fedrepro.models.backbone import build_encoder, encoder_layers, load_tokenizer
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.models.patches import patch_effect, patch_norms
 from fedrepro.tasks.qa import ClientQAData, QAMatchingTask, load_client_data, qrels_and_run
@@ -35,6 +35,12 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     """Changes whenever anything that shapes the run changes (params, inputs, code); a checkpoint from
     another run is never resumed. ``params`` as the grid has them: the cell's sweep point is applied here."""
     params = cell_params(params, cell)
+    settings = params.fedmatch.settings
+    if settings.shared_layers is not None and settings.shared_layers >= encoder_layers(
+            params.model.backbone, params.model.tiny.model_dump(), params.model.keep_layers):
+        # sharing at least every encoder layer is sharing all of them (null): Fig 5's top point is the table cell
+        settings = settings.model_copy(update={"shared_layers": None})
+        params = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
     # the timeouts only say how long a deployment waits, and silo-local data only where each node reads its client's
     # rows from: a run whose every client answers in time is the same, number for number (tests/test_flower.py)
     train = params.train.model_dump(exclude={"reply_timeout", "run_timeout", "silo_local"})

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from huggingface_hub import try_to_load_from_cache
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel, PreTrainedTokenizerFast
 
 from fedrepro.errors import ConfigError
 
@@ -120,6 +120,16 @@ def load_tokenizer(backbone: str, tokenizer_dir: str | Path | None = None, param
             raise ConfigError(f"{param} = 'tiny' needs a trained tokenizer in {tokenizer_dir}; run the tokenizer stage")
         return PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
     return AutoTokenizer.from_pretrained(pretrained_source(backbone, param))
+
+
+def encoder_layers(backbone: str, tiny: dict | None = None, keep_layers: int = 0, param: str = "model.backbone") -> int:
+    """How many encoder layers ``build_encoder`` gives with these arguments (a pretrained backbone's config is read,
+    not its weights)."""
+    if keep_layers:
+        return keep_layers
+    if backbone == "tiny":
+        return (tiny or {}).get("layers", 2)
+    return AutoConfig.from_pretrained(pretrained_source(backbone, param)).num_hidden_layers
 
 
 def build_encoder(backbone: str, vocab_size: int, tiny: dict | None = None, max_length: int = 512,
