@@ -252,15 +252,15 @@ def canary(paper: str, workdir: Path) -> list[str]:
         stamped["stages"][name] = ran["stages"][name]
     (folder / "SNAPSHOT.lock").write_text(yaml.safe_dump(stamped, sort_keys=False))
     digests = json.loads((folder / CELL_DIGESTS).read_text()) if (folder / CELL_DIGESTS).exists() else {}
-    digests.update({cell: digest for cell, digest in cell_digests(workdir, paper).items()
-                    if cell.rsplit("/", 1)[-1] in compared})
+    digests.update(cell_digests(workdir, paper))
     (folder / CELL_DIGESTS).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
     with (folder / "SNAPSHOT.md").open("a") as handle:
         handle.write(f"\nCarried forward to commit `{commit}` on {dt.date.today().isoformat()} by a canary "
                      f"(`python scripts/cpu_snapshot.py canary {paper}`): HEAD's code changed what these cells depend "
-                     f"on ({len(changes)} deps), and {len(compared)} cells retrained at it came out identical ({how}), "
-                     f"as did every output upstream of them: {', '.join(sorted(compared))}.\n")
+                     f"on ({len(changes)} deps), the data its cells read hashed as the snapshot's lock says, and "
+                     f"{len(compared)} cells retrained at HEAD came out identical ({how}): "
+                     f"{', '.join(sorted(compared))}.\n")
     remaining = status(paper)
     mark(paper, bool(remaining))
     return [f"still stale after the re-stamp: {line}" for line in remaining]
@@ -292,6 +292,13 @@ def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], 
     ours = pd.read_csv(workdir / "reports" / paper / "results.csv", dtype=str, keep_default_na=False).set_index(key)
     theirs = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False).set_index(key)
     differences, by_bits = [], 0
+    unlisted = sorted(path.rsplit("/", 1)[-1] for path in fresh if path.rsplit("/", 1)[-1] not in ours.index)
+    for cell in unlisted:  # a trivial row kept out of results.csv: its bits, once recorded
+        path = next(p for p in fresh if p.rsplit("/", 1)[-1] == cell)
+        if path in recorded:
+            by_bits += 1
+            if fresh[path] != recorded[path]:
+                differences.append(f"{cell}: its output files differ from the snapshot's (sha256)")
     for cell, row in ours.iterrows():
         path = next((p for p in fresh if p.rsplit("/", 1)[-1] == cell), None)
         if path is not None and path in recorded:
@@ -305,9 +312,12 @@ def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], 
             moved = [column for column in ours.columns if column in theirs.columns and row[column] != theirs.loc[cell, column]]
             if moved:
                 differences.append(f"{cell}: " + ", ".join(f"{c} {theirs.loc[cell, c]} -> {row[c]}" for c in moved[:5]))
-    how = ("every output file's sha256" if by_bits == len(ours) else
-           f"{by_bits} by every output file's sha256, {len(ours) - by_bits} by their results.csv rows, every column as written")
-    return differences, list(ours.index), how
+    not_compared = [cell for cell in unlisted if next(p for p in fresh if p.rsplit("/", 1)[-1] == cell) not in recorded]
+    compared = [cell for cell in [*ours.index, *unlisted] if cell not in not_compared]
+    how = (f"{by_bits} by every output file's sha256, {len(compared) - by_bits} by their results.csv rows, every column as "
+           "written" + (f"; not compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the "
+                        f"next canary: {', '.join(not_compared)}" if not_compared else ""))
+    return differences, compared, how
 
 
 def dependency_changes(lock: str, params: dict, targets: list[str], revision: str = "HEAD") -> list[str]:

@@ -38,3 +38,33 @@ def test_a_lock_is_fresh_until_a_file_or_a_param_its_cells_depend_on_changes():
     train_script["md5"] = "0" * 32
     changes = cpu_snapshot.dependency_changes(yaml.safe_dump(entries), yaml.safe_load(head("params.yaml")), targets)
     assert changes == ["ssvfnas_table: stages/ssvfnas_train.py (modified)"]
+
+
+def test_a_canarys_restamp_takes_heads_code_and_keeps_what_the_cells_read_and_wrote():
+    old = {"stages": {"table": {"cmd": "python stages/t.py", "deps": [
+        {"path": "data/partitions", "md5": "data-as-trained"}, {"path": "fedrepro/old.py", "md5": "old"},
+        {"path": "stages/t.py", "md5": "script-then"}], "params": {"params.yaml": {"k": 1}},
+        "outs": [{"path": "data/out", "md5": "as-trained"}]}}}
+    canary = {"stages": {"table": {"cmd": "python stages/t.py --tables", "deps": [
+        {"path": "data/partitions", "md5": "data-of-the-sample"}, {"path": "fedrepro/new.py", "md5": "new"},
+        {"path": "stages/t.py", "md5": "script-now"}], "params": {"params.yaml": {"k": "the sample's"}},
+        "outs": [{"path": "data/out", "md5": "the sample's"}]}}}
+    stamped = cpu_snapshot.restamped_lock(old, canary, ["table"])["stages"]["table"]
+    assert stamped["cmd"] == "python stages/t.py --tables"
+    assert stamped["deps"] == [{"path": "data/partitions", "md5": "data-as-trained"},
+                               {"path": "fedrepro/new.py", "md5": "new"}, {"path": "stages/t.py", "md5": "script-now"}]
+    assert stamped["params"] == {"params.yaml": {"k": 1}} and stamped["outs"] == [{"path": "data/out", "md5": "as-trained"}]
+    assert old["stages"]["table"]["deps"][1]["path"] == "fedrepro/old.py", "the snapshot's own lock is not edited"
+
+
+def test_a_cells_digest_is_its_files_bytes_without_the_machine_it_ran_on(tmp_path):
+    import json
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "curve.csv").write_text("1,2\n")
+    (tmp_path / "a" / "metrics.json").write_text(json.dumps({"accuracy": 0.5, "hardware": {"cpu": "one"}}))
+    first = cpu_snapshot.cell_digest(tmp_path / "a")
+    (tmp_path / "a" / "metrics.json").write_text(json.dumps({"hardware": {"cpu": "another"}, "accuracy": 0.5}))
+    assert cpu_snapshot.cell_digest(tmp_path / "a") == first
+    (tmp_path / "a" / "curve.csv").write_text("1,3\n")
+    assert cpu_snapshot.cell_digest(tmp_path / "a") != first
