@@ -107,7 +107,7 @@ def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: _Job) -> 
 def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
              headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
-             store: CellStore | None = None, workers: int = 1) -> None:
+             store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
@@ -115,7 +115,8 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     that ``store`` (default: the environment's, ``fedrepro.cell_store``) holds under its ``fingerprint_of(cell,
     inputs_digest)`` is restored finished, with its outputs if it was scored as this cell (``scored_cell``); each
     finished cell is kept there. With ``workers`` > 1
-    the cells train in forked children, that many at a time (``_run_forked``)."""
+    the cells train in forked children, that many at a time (``_run_forked``), those of the greatest ``weight`` (a cell's
+    training in table cells' worth) first: a sweep of a few cells otherwise leaves a worker idle while its longest ends."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     digests: dict[tuple[Path, ...], str] = {}
     store = store if store is not None else CellStore.from_environment()
@@ -139,6 +140,8 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
                 jobs.append(_Job(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
                                  digests[folders], fingerprint_of(cell, digests[folders])))
         if workers > 1 and len(jobs) > 1:
+            if weight is not None:  # the longest first, so the last cells to finish are short ones
+                jobs.sort(key=lambda job: -weight(job.cell))
             _run_forked(jobs, run_cell, store, finish, workers)
             return
         for job in jobs:

@@ -73,21 +73,18 @@ def plan(paper: str) -> list[tuple[str, int, float]]:
 
     params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
     if paper == "fedmatch":
-        from fedrepro.fedmatch.cells import SWEEPS, aggregation_epochs, sweep_cells, table_cells
+        from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells, training_weight
 
-        epochs = params.train.rounds * params.train.local_epochs
-        groups = [("Tables 2-3", table_cells(params), lambda cell: 1.0)]
-        length = {"aggregate_every": lambda cell: aggregation_epochs(params) / epochs, "data_ratio": lambda cell: float(cell.value)}
-        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", [c for c in sweep_cells(params) if c.sweep == sweep],
-                    length.get(sweep, lambda cell: 1.0)) for sweep in SWEEPS]
+        weight = lambda cell: training_weight(params, cell)  # noqa: E731
+        groups = [("Tables 2-3", table_cells(params), weight)]
+        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", [c for c in sweep_cells(params) if c.sweep == sweep], weight)
+                   for sweep in SWEEPS]
     elif paper == "fedcmc":
-        from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
+        from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells, training_weight
 
-        settings = params.fedcmc.settings
-        share = params.fedcmc.sweeps.subset_size / settings.max_train_sentences if settings.max_train_sentences else 1.0
-        length = lambda cell: cell.local_epochs / settings.local_epochs * (share if cell.subset else 1.0)
-        groups = [("Table 2", table_cells(params), length)]
-        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", sweep_cells(params, sweep), length) for sweep in SWEEPS]
+        weight = lambda cell: training_weight(params, cell)  # noqa: E731
+        groups = [("Table 2", table_cells(params), weight)]
+        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", sweep_cells(params, sweep), weight) for sweep in SWEEPS]
     else:
         from fedrepro.ssvfnas.cells import baseline_cells, label_alone_cells, table_cells
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
+from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells, training_weight
 from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
 from fedrepro.grid import cell_workers, run_grid, table_rows
@@ -41,7 +41,7 @@ def main() -> None:
         run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=workers)
+                 workers=workers, weight=lambda cell: training_weight(params, cell))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
-from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells
+from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells, training_weight
 from fedrepro.fedmatch.runs import cell_inputs, headline, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
 from fedrepro.grid import cell_workers, run_grid, table_rows
@@ -40,7 +40,7 @@ def main() -> None:
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
                  headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=workers)
+                 workers=workers, weight=lambda cell: training_weight(params, cell))
 
 
 if __name__ == "__main__":

@@ -158,3 +158,13 @@ def test_a_finished_cell_run_again_is_neither_retrained_nor_scored_again_unless_
     assert sorted(calls[4:]) == [f"point-{seed}" for seed in range(4)]
     err = capfd.readouterr().err
     assert err.count("finished run from the cell store") == 4 and "outputs as scored before" not in err
+
+
+def test_the_heaviest_cells_start_first(tmp_path, capfd):
+    cells = [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
+    (tmp_path / "inputs").mkdir()
+    run_grid({Path("tables"): cells}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
+             lambda cell: (tmp_path / "inputs",), train_toy, lambda metrics: "", lambda cell, digest: cell.name,
+             CellStore(None), workers=2, weight=lambda cell: {2: 3.0, 3: 2.0}.get(cell.seed, 1.0))
+    started = [line.split()[1] for line in capfd.readouterr().err.splitlines() if line.startswith("started ")]
+    assert started[:2] == ["cell-2", "cell-3"] and sorted(started[2:]) == ["cell-0", "cell-1"]

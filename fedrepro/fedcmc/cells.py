@@ -74,5 +74,13 @@ def sweep_cells(params: Params, sweep: str) -> list[Cell]:
     return [c for c in sweep_points(params, sweep) if c not in table]
 
 
+def training_weight(params: Params, cell: Cell) -> float:
+    """The cell's training in table cells' worth: its local epochs against the settings', on Table 3's subset the
+    subset's share of the training sentences. What a grid starts first (the longest) and a snapshot's plan counts."""
+    settings = params.fedcmc.settings
+    share = params.fedcmc.sweeps.subset_size / settings.max_train_sentences if settings.max_train_sentences else 1.0
+    return cell.local_epochs / settings.local_epochs * (share if cell.subset else 1.0)
+
+
 def all_cells(params: Params) -> list[Cell]:
     return table_cells(params) + [c for sweep in SWEEPS for c in sweep_cells(params, sweep)]

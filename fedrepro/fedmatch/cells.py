@@ -82,6 +82,16 @@ def aggregation_epochs(params: Params) -> int:
     return periods * math.ceil(params.train.rounds / periods)
 
 
+def training_weight(params: Params, cell: Cell) -> float:
+    """The cell's training in table cells' worth: Fig 7's points train ``aggregation_epochs`` local epochs, Fig 8's a
+    share of the questions. What a grid starts first (the longest) and a snapshot's plan counts."""
+    if cell.sweep == "aggregate_every":
+        return aggregation_epochs(params) / (params.train.rounds * params.train.local_epochs)
+    if cell.sweep == "data_ratio":
+        return float(cell.value)
+    return 1.0
+
+
 def history_health(history: list[dict]) -> Health:
     """A cell's health from its history: the evaluated models' loss on their training data (the round's mean local
     loss where none was evaluated), and the validation MRR averaged over the clients in the rounds that were
