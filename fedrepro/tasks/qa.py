@@ -22,6 +22,7 @@ from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import FederatedTask, TaskOutput
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import ranking_metrics
+from fedrepro.tasks.encodings import kept_encoding
 from fedrepro.seeding import derive_seed
 
 LOSSES = ("hinge", "cross_entropy")
@@ -99,10 +100,14 @@ class QAMatchingTask(FederatedTask):
     def _encode(self, questions: pd.Series, answers: pd.Series) -> list[dict[str, list[int]]]:
         if len(questions) == 0:
             return []
-        encoded = self.tokenizer(list(questions), list(answers), truncation="longest_first", max_length=self.max_length,
-                                 return_token_type_ids=True, return_attention_mask=True)
-        keys = ("input_ids", "token_type_ids", "attention_mask")
-        return [{k: encoded[k][i] for k in keys} for i in range(len(questions))]
+
+        def encode() -> list[dict[str, list[int]]]:
+            encoded = self.tokenizer(list(questions), list(answers), truncation="longest_first",
+                                     max_length=self.max_length, return_token_type_ids=True, return_attention_mask=True)
+            keys = ("input_ids", "token_type_ids", "attention_mask")
+            return [{k: encoded[k][i] for k in keys} for i in range(len(questions))]
+
+        return kept_encoding(self.tokenizer, ("pairs", self.max_length), (list(questions), list(answers)), encode)
 
     def _pad(self, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         return dict(self.tokenizer.pad(rows, return_tensors="pt"))

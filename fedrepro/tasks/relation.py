@@ -27,6 +27,7 @@ from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import ClientUpdate, FederatedTask, TaskOutput
 from fedrepro.fl.engine import GLOBAL
 from fedrepro.models.relation import CLASSIFIER, local_average_similarity
+from fedrepro.tasks.encodings import kept_encoding
 
 COUNT_KINDS = ("tp", "fp", "fn")
 """Per class: true positives, false positives, false negatives; a count crosses as ``<kind>/<class>``."""
@@ -34,7 +35,7 @@ SENTENCES = "sentences"
 """A client's silo table: its rows of the partition (every split) with their text."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class EncodedSentence:
     input_ids: list[int]
     e1: tuple[int, int]
@@ -45,7 +46,13 @@ class EncodedSentence:
 
 def encode_marked(tokenizer, texts: Sequence[str], max_length: int) -> list[EncodedSentence]:
     """Token ids of ``[CLS] sentence [SEP]``; a sentence longer than ``max_length`` keeps a window centred on its
-    two entities (plain truncation would often cut off the second entity), and is flagged ``truncated``."""
+    two entities (plain truncation would often cut off the second entity), and is flagged ``truncated``. An earlier
+    cell's encoding of the same texts is reused (``fedrepro.tasks.encodings``)."""
+    return kept_encoding(tokenizer, ("marked", max_length), (list(texts),),
+                         lambda: _encode_marked(tokenizer, texts, max_length))
+
+
+def _encode_marked(tokenizer, texts: Sequence[str], max_length: int) -> list[EncodedSentence]:
     markers = [tokenizer.convert_tokens_to_ids(m) for m in (E1_OPEN, E1_CLOSE, E2_OPEN, E2_CLOSE)]
     if tokenizer.unk_token_id in markers:
         raise DataError("the tokenizer does not know the entity markers; call add_entity_markers(tokenizer) first")
