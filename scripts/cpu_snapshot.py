@@ -288,28 +288,24 @@ def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], 
     key = PAPERS[paper]["cell_key"]
     ours = pd.read_csv(workdir / "reports" / paper / "results.csv", dtype=str, keep_default_na=False).set_index(key)
     theirs = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False).set_index(key)
-    differences, by_bits = [], 0
-    unlisted = sorted(path.rsplit("/", 1)[-1] for path in fresh if path.rsplit("/", 1)[-1] not in ours.index)
-    for cell in unlisted:  # a trivial row kept out of results.csv: its bits, once recorded
-        path = next(p for p in fresh if p.rsplit("/", 1)[-1] == cell)
+    path_of = {path.rsplit("/", 1)[-1]: path for path in fresh}  # cell name -> its folder under data/<paper>
+    unlisted = sorted(cell for cell in path_of if cell not in ours.index)  # trivial rows kept out of results.csv
+    differences, by_bits, not_compared = [], 0, []
+    for cell in [*unlisted, *ours.index]:
+        path = path_of.get(cell)
         if path in recorded:
             by_bits += 1
             if fresh[path] != recorded[path]:
                 differences.append(f"{cell}: its output files differ from the snapshot's (sha256)")
-    for cell, row in ours.iterrows():
-        path = next((p for p in fresh if p.rsplit("/", 1)[-1] == cell), None)
-        if path is not None and path in recorded:
-            by_bits += 1
-            if fresh[path] != recorded[path]:
-                differences.append(f"{cell}: its output files differ from the snapshot's (sha256)")
+        elif cell in unlisted:
+            not_compared.append(cell)
         elif cell not in theirs.index:
             differences.append(f"{cell}: not in the snapshot's results.csv")
-            continue
         else:
+            row = ours.loc[cell]
             moved = [column for column in ours.columns if column in theirs.columns and row[column] != theirs.loc[cell, column]]
             if moved:
                 differences.append(f"{cell}: " + ", ".join(f"{c} {theirs.loc[cell, c]} -> {row[c]}" for c in moved[:5]))
-    not_compared = [cell for cell in unlisted if next(p for p in fresh if p.rsplit("/", 1)[-1] == cell) not in recorded]
     compared = [cell for cell in [*ours.index, *unlisted] if cell not in not_compared]
     how = (f"{by_bits} by every output file's sha256, {len(compared) - by_bits} by their results.csv rows, every column as "
            "written" + (f"; not compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the "

@@ -68,3 +68,25 @@ def test_a_cells_digest_is_its_files_bytes_without_the_machine_it_ran_on(tmp_pat
     assert cpu_snapshot.cell_digest(tmp_path / "a") == first
     (tmp_path / "a" / "curve.csv").write_text("1,3\n")
     assert cpu_snapshot.cell_digest(tmp_path / "a") != first
+
+
+def test_a_canary_compares_each_cell_by_its_recorded_sha256_else_its_results_row(tmp_path):
+    work, snapshot = tmp_path / "clone", tmp_path / "snapshot"
+    for cell in ("a", "b", "alone"):
+        (work / "data" / "ssvfnas" / "tables" / "m" / cell).mkdir(parents=True)
+        (work / "data" / "ssvfnas" / "tables" / "m" / cell / "curve.csv").write_text(f"{cell}\n")
+        (work / "data" / "ssvfnas" / "tables" / "m" / cell / "metrics.json").write_text("{}")  # what marks a cell folder
+    (work / "reports" / "ssvfnas").mkdir(parents=True)
+    (work / "reports" / "ssvfnas" / "results.csv").write_text("cell,accuracy\na,0.5\nb,0.7\n")
+    snapshot.mkdir()
+    (snapshot / "results.csv").write_text("cell,accuracy\na,0.5\nb,0.6\n")  # b's row moved, but b has bits on record
+    b = cpu_snapshot.cell_digest(work / "data" / "ssvfnas" / "tables" / "m" / "b")
+    (snapshot / cpu_snapshot.CELL_DIGESTS).write_text(f'{{"tables/m/b": "{b}"}}')
+    assert cpu_snapshot._compare_cells("ssvfnas", work, snapshot) == (
+        [], ["a", "b"], "1 by every output file's sha256, 1 by their results.csv rows, every column as written; not "
+                        "compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the next "
+                        "canary: alone")
+    (work / "reports" / "ssvfnas" / "results.csv").write_text("cell,accuracy\na,0.4\nb,0.7\n")
+    (work / "data" / "ssvfnas" / "tables" / "m" / "b" / "curve.csv").write_text("other\n")
+    differences, _, _ = cpu_snapshot._compare_cells("ssvfnas", work, snapshot)
+    assert differences == ["a: accuracy 0.5 -> 0.4", "b: its output files differ from the snapshot's (sha256)"]
