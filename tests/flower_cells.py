@@ -31,6 +31,7 @@ from fedrepro.fl.algorithm import CommonSettings  # noqa: E402
 from fedrepro.fl.algorithms import REGISTRY  # noqa: E402
 from fedrepro.fl.checkpoint import load_checkpoint  # noqa: E402
 from fedrepro.fl.engine import EngineSettings  # noqa: E402
+from fedrepro.fl.flower.federation import LocalFederation, NodeTimings  # noqa: E402
 from fedrepro.fl.flower.node_state import NodeStateStore  # noqa: E402
 from fedrepro.fl.flower.ray_head import STAGE_RAY_ENV, stage_ray  # noqa: E402
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe  # noqa: E402
@@ -49,15 +50,25 @@ RESUME_CASE = "resume/scaffold"
 DEPLOY_CASES = ("deploy-relation/scaffold", "deploy-qa/fedper")
 """On a real local deployment (SuperLink + SuperNodes, TLS, node authentication): server and client state both
 (SCAFFOLD), and a private head with each node scoring its own model (FedPer)."""
+OUTSIDER_WAIT = 5.0
+"""How long the outsiders (``outsiders``) keep trying to join before they give up and exit: they must have exited
+before the deployment's run is over, which takes longer, so that their exit code is seen."""
 SHARED_CASE = "shared-deployment"
 SHARED_CELLS = (("shared-relation/fedavg", 4), ("shared-qa/fedper", 3), ("shared-relation/scaffold", 3))
 """Cells (case, clients) run one after another on one local deployment (``shared_federation``), as a stage runs its
 cells: the first starts four numbered nodes, the QA cell then has three clients and a spare node."""
 KILL_CASE = "kill-relation/scaffold"
-KILL_ROUNDS, REPLY_TIMEOUT = 10, 120.0
+KILL_ROUNDS, REPLY_TIMEOUT = 8, 120.0
 """The node-kill drill's rounds and reply timeout. The timeout bounds a whole round, whose ClientApps run one at a
 time: locally a round of two takes about 15 s, but at 45 s a CI run once recorded both round-1 clients as missed,
-so the margin is wide (the killed node's round waits it out, about 2 min)."""
+so the margin is wide. It costs the drill nothing: the killed node's round ends once the SuperLink has marked the
+node offline (two missed heartbeats, ``NODE_TIMINGS``) and answers for it, which the server records as no reply
+from that node."""
+NODE_TIMINGS = NodeTimings(heartbeat_interval=10.0, pull_interval=0.2)
+"""The SuperNodes' timings in every deployment of the tests (``LocalFederation.node_timings``): Flower's shortest
+heartbeat, so that a killed node is offline (and its key let in again) within 20 s instead of a minute, and an idle
+node asking for its next message every 0.2 s instead of 3 s (each message of a vertical run, each round of a
+horizontal one waited for that ask)."""
 SILO_CASES = ("silo-relation/scaffold", "silo-relation/fedrs", "deploy-silo-relation/fedavg")
 """On silo-local data (``fedrepro.fl.silo``): each node reads only its own client's directory, the server only the
 manifest, and the global model is scored from the clients' per-class counts. The deployment's node directories hold
@@ -259,9 +270,9 @@ def outsiders(folder: Path, drill: dict):
 
         key, _ = make_node_key(federation.folder / "outsider-keys", "unregistered")
         federation.start_supernode("unregistered", key, {"client-id": "client_00", "state-dir": str(folder / "unregistered")},
-                                   max_wait=20)
+                                   max_wait=OUTSIDER_WAIT)
         federation.start_supernode("plaintext", None, {"client-id": "client_01", "state-dir": str(folder / "plaintext")},
-                                   tls=False, max_wait=20)
+                                   tls=False, max_wait=OUTSIDER_WAIT)
         config = federation.home / "config.toml"
         config.write_text(config.read_text() + f'\n[superlink.plaintext]\naddress = "{federation.address}"\ninsecure = true\n')
         drill["cli_without_tls"] = federation.flwr("ls", "plaintext", check=False).returncode
@@ -334,7 +345,8 @@ def run_shared_deployment(work: Path) -> dict:
 
 
 def run_node_kill(work: Path) -> dict:
-    """SCAFFOLD for 10 rounds on a deployment (time for the SuperLink to see the dead node go offline), its launcher
+    """SCAFFOLD for ``KILL_ROUNDS`` rounds on a deployment (after round 2, time for the restarted node to rejoin and be
+    sampled again: the node is let in once the SuperLink has seen it offline, within 20 s of the kill), its launcher
     running one ClientApp at a time (a 2-core machine). In round 2, while its ClientApp works on the round, a client
     that trained in round 1 has its SuperNode process alone killed with SIGKILL (not its SuperExec or ClientApp, as a
     crash would); once round 2 is over without it, the node is started again with the same key and directory and
@@ -401,9 +413,9 @@ def run_node_kill(work: Path) -> dict:
 
 
 def run_superlink_kill(work: Path) -> dict:
-    """FedAvg for 10 rounds on a deployment whose SuperLink process alone is killed with SIGKILL once round 1 is
-    checkpointed: what the stage raised, the rounds it checkpointed, and which of the federation's processes (those
-    with its FLWR_HOME) still run after it."""
+    """FedAvg for ``KILL_ROUNDS`` rounds on a deployment whose SuperLink process alone is killed with SIGKILL once
+    round 1 is checkpointed: what the stage raised, the rounds it checkpointed, and which of the federation's
+    processes (those with its FLWR_HOME) still run after it."""
     import os
     import signal
     import threading
@@ -551,6 +563,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", nargs="*", help="cases to run (default: all)")
     args = parser.parse_args()
+    LocalFederation.node_timings = NODE_TIMINGS
     results = {}
     for case in args.only or all_cases():
         try:

@@ -28,10 +28,10 @@ from fedrepro.fl.channel import SERVER  # noqa: E402
 from fedrepro.fl.engine import Engine  # noqa: E402
 from fedrepro.fl.flower import launcher  # noqa: E402
 from fedrepro.fl.flower.deployment import rounds_checkpointed  # noqa: E402
-from fedrepro.fl.flower.federation import CONNECTION, wait_until, write_app  # noqa: E402
+from fedrepro.fl.flower.federation import CONNECTION, LocalFederation, wait_until, write_app  # noqa: E402
 from fedrepro.fl.flower.server import NO_NODE  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
-from flower_cells import outcome, recipe  # noqa: E402
+from flower_cells import NODE_TIMINGS, outcome, recipe  # noqa: E402
 from scaffold_invariant import control_variate_gap  # noqa: E402
 
 LATE, LEAVE, RESTART = "late-relation/scaffold", "leave-relation/scaffold", "restart-relation/scaffold"
@@ -50,8 +50,8 @@ RESTART_LAUNCHER_SLOTS = 4
 restarted server never heard from its nodes. Four leave the second run room."""
 REPLY_TIMEOUT = 300.0
 """Ample for a healthy node on a loaded 2-core machine (at 60 s both healthy clients once missed round 1), and no
-cost to the drills: the wait for a dead node ends once the SuperLink has marked it offline (60 s after its last
-heartbeat) and answers for it at once."""
+cost to the drills: the wait for a dead node ends once the SuperLink has marked it offline (within twice the
+heartbeat interval of ``NODE_TIMINGS``, 20 s, after its last heartbeat) and answers for it at once."""
 
 
 class ReplayedMisses(Engine):
@@ -235,6 +235,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", nargs="*", choices=sorted(DRILLS), help="drills to run (default: all)")
     args = parser.parse_args()
+    LocalFederation.node_timings = NODE_TIMINGS
     results = {}
     for name in args.only or DRILLS:
         results[name] = DRILLS[name](args.work)

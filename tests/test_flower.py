@@ -502,12 +502,12 @@ def test_a_supernode_or_a_cli_without_tls_cannot_connect(runs, case):
 
 def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_intact(node_kill):
     """SIGKILL of one SuperNode process alone while its ClientApp works on round 2, the launcher running one
-    ClientApp at a time: round 2 ends without it (the reply timeout decides) with the other client counted, the
-    record says who missed which round, every later round goes on (the dead node's ClientApp, whose retries once
-    held the launcher's only slot forever, is ended with it), and the restarted node trains again from its state
-    file, byte-identical to what it held when killed. That it went on from that state is read off SCAFFOLD's
-    invariant (``scaffold_invariant``): the server's variate is the mean of every client's only if the rejoined
-    client's change was taken from the variate it held when killed."""
+    ClientApp at a time: round 2 ends without it (once the SuperLink has marked it offline: no reply from it) with
+    the other client counted, the record says who missed which round, every later round goes on (the dead node's
+    ClientApp, whose retries once held the launcher's only slot forever, is ended with it), and the restarted node
+    trains again from its state file, byte-identical to what it held when killed. That it went on from that state is
+    read off SCAFFOLD's invariant (``scaffold_invariant``): the server's variate is the mean of every client's only
+    if the rejoined client's change was taken from the variate it held when killed."""
     drill = node_kill[KILL_CASE]["drill"]
     victim, history = drill["victim"], drill["history"]
     assert [record["round"] for record in history] == list(range(1, KILL_ROUNDS + 1)), "the run finished"

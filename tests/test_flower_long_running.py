@@ -68,11 +68,11 @@ def test_a_node_that_joins_late_misses_the_rounds_before_and_trains_from_the_fir
 def test_a_node_that_leaves_for_good_is_each_later_rounds_miss_and_the_others_lose_nothing(drills):
     """SIGKILL of one SuperNode after round 1, never restarted: round 2 (which does not sample it) runs as usual;
     every later round that samples it goes on without it, recording it in ``missed``: 'no reply' once the reply
-    timeout has passed, or, as soon as the SuperLink has marked the node offline (two missed 30 s heartbeats),
-    Flower's own 'Node Unavailable' error at once. The other sampled client is counted, and the run finishes.
-    Nothing is lost for the others: the run equals bit for bit the engine's run in which that client stops answering
-    after round 1, and SCAFFOLD's server variate is still the mean of every client's, the departed client's last
-    counted variate (read from its directory) included."""
+    timeout has passed, or, as soon as the SuperLink has marked the node offline (two missed heartbeats, 10 s apart
+    in the drills: ``NODE_TIMINGS``), Flower's own 'Node Unavailable' error at once. The other sampled client is
+    counted, and the run finishes. Nothing is lost for the others: the run equals bit for bit the engine's run in
+    which that client stops answering after round 1, and SCAFFOLD's server variate is still the mean of every
+    client's, the departed client's last counted variate (read from its directory) included."""
     leave = drills["leave"]
     drill, history = leave["drill"], leave["flower-deployment"]["history"]
     assert "drill_error" not in drill, drill.get("drill_error")

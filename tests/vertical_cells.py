@@ -195,6 +195,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])  # Ray workers import this
     if args.ssvfnas_cell:
+        from fedrepro.fl.flower.federation import LocalFederation
+        from flower_cells import NODE_TIMINGS
+
+        LocalFederation.node_timings = NODE_TIMINGS  # the deployment's parties: each message waited for a node's ask
         args.out.write_text(json.dumps(ssvfnas_cell(args.ssvfnas_cell, args.work, args.runtime), indent=1,
                                        sort_keys=True))
         return

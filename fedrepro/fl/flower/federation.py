@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,6 +78,21 @@ clientapp = "{clientapp}"
 [tool.flwr.app.config]
 {config}
 """
+
+
+@dataclass(frozen=True)
+class NodeTimings:
+    """How often a SuperNode talks to its SuperLink, which Flower fixes (``fedrepro.fl.flower.supernode`` sets them).
+
+    ``heartbeat_interval``: seconds between the heartbeats the SuperLink expects from the node; it marks a node that
+    missed two offline, answers the messages sent to it with "Node Unavailable" and only then lets its key in again (a
+    crashed silo's restart). Flower accepts 10 s to 30 min. ``pull_interval``: at most this long between two asks of
+    an idle node for a message (and between two looks for its ClientApp's reply). Flower's values by default: the
+    drills of the tests, where every process is on one machine, set short ones so that a dead node is seen dead and a
+    message is picked up sooner."""
+
+    heartbeat_interval: float = 30.0
+    pull_interval: float = 3.0
 
 
 def free_port() -> int:
@@ -195,6 +211,9 @@ def stopped_cleanly_on_sigterm() -> Any:
 class LocalFederation:
     """A SuperLink with TLS and SuperNode authentication, and SuperNodes, all on loopback, under ``folder``."""
 
+    node_timings = NodeTimings()
+    """The timings of the SuperNodes every federation of this process starts (a test harness sets shorter ones)."""
+
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder).resolve()
         self.home = self.folder / "flwr-home"
@@ -281,8 +300,12 @@ class LocalFederation:
                         max_wait: float | None = None) -> subprocess.Popen:
         """A SuperNode named ``name``; ``private_key`` authenticates it (None: none), ``tls=False`` tries plain HTTP."""
         config = " ".join(f"{key}='{value}'" for key, value in node_config.items())
-        command = ["flower-supernode", "--superlink", self.address, "--node-config", config, "--host", LOOPBACK,
-                   "--port", str(free_port())]
+        timings = self.node_timings
+        command = ["flower-supernode"] if timings == NodeTimings() else [
+            sys.executable, "-m", "fedrepro.fl.flower.supernode", str(timings.heartbeat_interval),
+            str(timings.pull_interval)]
+        command += ["--superlink", self.address, "--node-config", config, "--host", LOOPBACK,
+                    "--port", str(free_port())]
         command += ["--root-certificates", str(self.certificates["ca"])] if tls else ["--insecure"]
         if private_key is not None:
             command += ["--auth-supernode-private-key", str(private_key)]
