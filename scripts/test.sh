@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . .venv/bin/activate
 export DVC_NO_ANALYTICS=1 HF_HUB_OFFLINE=1
-python -m pytest -ra --durations=40 "$@"   # the slowest 40 tests and fixtures, so CI shows where its time goes
+# Two workers (tests/conftest.py groups the tests so that each module's fixtures run once): the Flower drills mostly
+# wait on processes and timeouts while the end-to-end pipeline run computes. The slowest 40 tests and fixtures are
+# listed, so CI shows where its time goes.
+python -m pytest -n 2 -ra --durations=40 "$@"
