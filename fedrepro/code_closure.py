@@ -116,21 +116,34 @@ def cell_code(entry: str, runtime: str, algorithm: str | None = None) -> set[Pat
     return import_closure(*start, leave_out=leave_out)
 
 
+def _prose(statement: ast.stmt) -> bool:
+    """A bare string statement: a docstring, or the string under an attribute that documents it (a no-op either way)."""
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str))
+
+
 def _without_docstrings(tree: ast.Module) -> ast.Module:
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field, None)
+            if isinstance(statements, list) and any(_prose(s) for s in statements):
+                setattr(node, field, [s for s in statements if not _prose(s)] or [ast.Pass()])
     return tree
 
 
-def source_digest(file: Path) -> str:
-    """sha256 of what ``file`` does: its syntax tree without docstrings, comments, layout or line numbers, so an edit
-    to its prose alone leaves every fingerprint that holds it as it was."""
-    tree = _without_docstrings(ast.parse(Path(file).read_text(encoding="utf-8"), filename=str(file)))
+@lru_cache(maxsize=None)
+def _source_digest(path: Path, stamp: tuple[int, int]) -> str:
+    tree = _without_docstrings(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def source_digest(file: Path) -> str:
+    """sha256 of what ``file`` does: its syntax tree without docstrings (attributes' included), comments, layout or
+    line numbers, so an edit to its prose alone leaves every fingerprint that holds it as it was. Kept per process
+    until the file changes (mtime and size), as its imports are: a stage fingerprints all its cells from one tree."""
+    path = Path(file).resolve()
+    status = path.stat()
+    return _source_digest(path, (status.st_mtime_ns, status.st_size))
 
 
 def runs_nothing(file: Path) -> bool:

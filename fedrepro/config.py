@@ -134,9 +134,12 @@ class TrainParams(_Strict):
     warmup_fraction: float = Field(ge=0, lt=1)
     max_grad_norm: float = Field(gt=0)
     eval_every: int = Field(ge=0, description="rounds between validation MAP/MRR; 0 = none")
+    fit_samples: int = Field(ge=0, description="training samples each evaluated model's training loss is measured on "
+                                               "(the same every round); 0 = all")
     threads: int = Field(ge=1)
     precision: Literal["fp32", "bf16", "auto"] = Field(
-        description="bf16 = bfloat16 autocast for training steps on the CPU; auto = bf16 where the CPU has bf16 "
+        description="bf16 = bfloat16 autocast for training and classification scoring on the CPU (rankings are "
+                    "scored in fp32); auto = bf16 where the CPU has bf16 "
                     "instructions, else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
 
     runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]

@@ -110,6 +110,19 @@ def test_a_docstring_edit_retrains_nothing_but_a_changed_loss_term_is_caught(cop
     assert _changed(before, fingerprints(params)) == {"fedcmc fedprox"}
 
 
+
+def test_an_attributes_docstring_edit_retrains_nothing_but_its_default_is_caught(copy_root):
+    params = _params()
+    before = fingerprints(params)
+    path = copy_root / "fedrepro/fl/engine.py"
+    source = path.read_text()
+    documented = '    eval_every: int = 1\n    """'
+    assert documented in source, "the test's edit needs EngineSettings.eval_every and the string that documents it"
+    path.write_text(source.replace(documented, documented + "Reworded. ", 1))
+    assert fingerprints(params) == before
+    path.write_text(source.replace("    eval_every: int = 1\n", "    eval_every: int = 2\n", 1))
+    assert _changed(before, fingerprints(params)) == {name for name in CELLS if not name.startswith("ssvfnas")}
+
 def test_flower_modules_are_in_the_code_of_a_cell_run_on_flower(copy_root):
     params = _params("flower-simulation")
     before = fingerprints(params)

@@ -21,10 +21,10 @@ SIZES = {"a": 40, "b": 20, "c": 8}
 
 
 def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, seed=0, weighting="uniform", mu=0.0,
-                local_epochs=1, **kwargs):
+                local_epochs=1, fit_samples=0, **kwargs):
     torch.use_deterministic_algorithms(True)
     settings = EngineSettings(rounds=rounds, local_epochs=local_epochs, clients_per_round=clients_per_round, lr=0.01,
-                              batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
+                              batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed, fit_samples=fit_samples)
     knobs = {"fedprox": {"mu": mu}, "feddyn": {"alpha": 0.1}}.get(algorithm, {})
     chosen = make_algorithm(algorithm, weighting, **knobs)
     return Engine(ToyTask(SIZES), chosen, settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{seed}-{rounds}",
@@ -462,6 +462,47 @@ def test_every_evaluation_scores_each_evaluated_model_on_its_own_training_data(t
     sizes = {c: fit[c]["samples"] for c in fit}
     assert sizes == {c: n for c, n in SIZES.items()}
     assert history[-1]["fit_loss"] == pytest.approx(sum(expected[c] * SIZES[c] for c in SIZES) / sum(SIZES.values()))
+
+
+def test_fit_samples_scores_the_same_first_batches_every_round_and_weights_by_all_the_data(tmp_path):
+    """``fit_samples``: each evaluated model's training loss over the first ceil(fit_samples / batch_size) batches of
+    the one fixed order (the same sample every round), still weighted by the client's whole training size."""
+    engine = make_engine(tmp_path, algorithm="fedper", rounds=2, fit_samples=12)  # 2 batches of 8
+    history = engine.run().history
+    for client_id, model in engine.client_models():
+        batches = list(engine.task.train_batches([client_id], torch.Generator().manual_seed(0)))
+        first_two = [engine.task.forward(model, b).loss.item() for b in batches[:2]]
+        every = [engine.task.forward(model, b).loss.item() for b in batches]
+        assert history[-1]["fit"][client_id]["loss"] == pytest.approx(sum(first_two) / len(first_two), rel=1e-6)
+        if len(batches) > 2:
+            assert history[-1]["fit"][client_id]["loss"] != pytest.approx(sum(every) / len(every), rel=1e-6)
+        assert history[-1]["fit"][client_id]["samples"] == SIZES[client_id]
+
+
+def test_bf16_scoring_runs_the_body_in_bf16_and_keeps_a_relation_classifiers_logits_fp32():
+    """Under ``scoring("bf16")`` the encoder runs in bf16 (faster on bf16 CPUs) but a relation classifier in eval mode
+    computes its logits in fp32 (no bf16 ties between classes); in training mode autocast decides, as before."""
+    from transformers import BertConfig, BertModel
+
+    from fedrepro.fl.engine import scoring
+    from fedrepro.models.relation import RelationClassifier
+
+    torch.manual_seed(0)
+    encoder = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64), add_pooling_layer=False)
+    ids = torch.randint(5, 50, (6, 10))
+    mask = torch.ones_like(ids)
+    classifier = RelationClassifier(encoder, 3).eval()
+    with scoring("bf16"):
+        logits, features = classifier(ids, mask, mask, mask)
+        bf16_head = classifier.classifier(features)
+    with scoring("fp32"):
+        fp32_features = classifier(ids, mask, mask, mask)[1]
+    assert not torch.equal(features, fp32_features), "the body did not run under bf16 autocast"
+    assert logits.dtype == torch.float32 and torch.equal(logits, classifier.classifier(features.float()))
+    assert bf16_head.dtype == torch.bfloat16 and not torch.equal(logits, bf16_head.float())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert classifier.train()(ids, mask, mask, mask)[0].dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "size"])

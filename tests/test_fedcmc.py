@@ -93,6 +93,32 @@ def test_f1_leaves_out_the_negative_class(corpus, tokenizer):
     assert scores["micro_f1"] == pytest.approx(0.5) and scores["accuracy"] == pytest.approx(0.5)
 
 
+
+def test_predictions_batched_by_length_keep_the_splits_order_and_equal_one_sentence_at_a_time(corpus, tokenizer):
+    """``predict`` batches sentences of similar length (less padding); each row must still be its own sentence's
+    prediction, as scoring the sentences one at a time in file order gives."""
+    task = make_task(corpus, tokenizer)
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    rows, sentences = task.eval_sets["test"]
+    assert len({len(s.input_ids) for s in sentences}) > 1, "no lengths to sort by"
+    predicted = task.predict(model, "test")
+    assert predicted["sentence_id"].tolist() == rows["sentence_id"].tolist()
+    with torch.no_grad():
+        one_by_one = [task.classes[int(model(**task._batch([s]))[0].argmax())] for s in sentences]
+    assert predicted["predicted"].tolist() == one_by_one
+
+
+def test_the_last_rounds_valid_scores_are_the_final_models_so_a_cell_need_not_score_it_again(corpus, tokenizer,
+                                                                                              tmp_path):
+    """``run_cell`` takes the final valid scores from the last round's record: they must be what scoring the
+    global model after the run gives."""
+    engine = run_engine(make_task(corpus, tokenizer), "fedavg", tmp_path)
+    last = engine.state.history[-1]
+    with torch.no_grad():
+        assert last["valid"][GLOBAL] == engine.task.evaluate(engine.global_model(), GLOBAL, "valid")
+        assert last["test"][GLOBAL] == engine.task.evaluate(engine.global_model(), GLOBAL, "test")
+
 # ----- the algorithms' arithmetic on hand-made numbers -----------------------------------------------
 
 def test_local_average_similarity_and_major_vector_choice():

@@ -161,3 +161,62 @@ def test_a_question_asked_under_several_ids_lands_in_one_split_and_the_others_ke
     assert any(plain[ids[i]] != plain[ids[i + 1]] for i in range(0, 60, 2))  # the defect the grouping removes
     assert all(grouped[ids[i]] == grouped[ids[i + 1]] == plain[ids[i]] for i in range(0, 60, 2))
     assert all(grouped[qid] == plain[qid] for qid in ids[60:])
+
+
+def test_candidates_scored_in_batches_of_similar_length_keep_the_tables_order():
+    """``score`` batches candidates by length (less padding); each row must still carry its own pair's score."""
+    from fedrepro.tasks.qa import QAMatchingTask
+
+    class Padder:
+        def pad(self, rows, return_tensors):
+            width = max(len(row["input_ids"]) for row in rows)
+            return {key: torch.tensor([row[key] + [0] * (width - len(row[key])) for row in rows])
+                    for key in ("input_ids", "attention_mask")}
+
+    class LengthTimesFirstToken(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return attention_mask.sum(dim=1).float() * input_ids[:, 0].float(), None
+
+    lengths = [5, 2, 7, 3, 3, 6, 1]
+    task = QAMatchingTask.__new__(QAMatchingTask)
+    task.tokenizer, task.eval_batch_size = Padder(), 2
+    task.candidates = {"c": pd.DataFrame({"question_id": list("qqqrrss"), "answer_id": list("abcdefg"),
+                                          "relevance": [1, 0, 0, 1, 0, 1, 0], "split": ["valid"] * 6 + ["test"]})}
+    task.candidate_encodings = {"c": [{"input_ids": [10 + i] * n, "attention_mask": [1] * n}
+                                      for i, n in enumerate(lengths)]}
+    scored = task.score(LengthTimesFirstToken(), "c", "valid")
+    assert scored["answer_id"].tolist() == list("abcdef")
+    assert scored["score"].tolist() == [n * (10 + i) for i, n in enumerate(lengths[:6])]
+
+
+def test_a_ranking_is_scored_in_fp32_under_bf16_training():
+    """bf16 features reordered the candidates of weakly trained models (``QAMatchingTask.score``): inside the
+    engine's bf16 scoring a ranking's scores must be the fp32 ones, bit for bit."""
+    from fedrepro.fl.engine import scoring
+    from fedrepro.tasks.qa import QAMatchingTask
+
+    class Padder:
+        def pad(self, rows, return_tensors):
+            return {"input_ids": torch.tensor([row["input_ids"] for row in rows])}
+
+    class Scorer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.body = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, input_ids):
+            features = self.body(self.embed(input_ids)).mean(dim=1)
+            return features.float().sum(dim=1), features
+
+    torch.manual_seed(0)
+    task = QAMatchingTask.__new__(QAMatchingTask)
+    task.tokenizer, task.eval_batch_size = Padder(), 4
+    task.candidates = {"c": pd.DataFrame({"question_id": ["q"] * 6, "answer_id": list("abcdef"),
+                                          "relevance": [1, 0, 0, 0, 0, 0], "split": ["test"] * 6})}
+    task.candidate_encodings = {"c": [{"input_ids": torch.randint(0, 50, (5,)).tolist()} for _ in range(6)]}
+    model = Scorer().eval()
+    with scoring("bf16"):
+        assert model(torch.tensor([[1, 2, 3]]))[1].dtype == torch.bfloat16, "bf16 scoring is not on"
+        in_bf16 = task.score(model, "c", "test")["score"].tolist()
+    with scoring("fp32"):
+        assert in_bf16 == task.score(model, "c", "test")["score"].tolist()

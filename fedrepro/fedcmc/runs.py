@@ -19,7 +19,7 @@ from fedrepro.errors import ConfigError, DataError
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fl import algorithms
 from fedrepro.fl.algorithm import Algorithm, CommonSettings
-from fedrepro.fl.engine import Engine, EngineSettings
+from fedrepro.fl.engine import GLOBAL, Engine, EngineSettings, scoring
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
 from fedrepro.fl.silo import SILOS, Manifest, ServerTaskView, read_manifest, read_silo, write_silos
@@ -138,7 +138,8 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
         rounds=settings.rounds, local_epochs=cell.local_epochs, steps_per_epoch=settings.steps_per_epoch,
         clients_per_round=0, lr=settings.lr,
         batch_size=settings.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
-        seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, eval_splits=("valid", "test"),
+        seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, fit_samples=train.fit_samples,
+        eval_splits=("valid", "test"),
     )
     folders = (Path(prepared_dir).resolve(), Path(partitions_dir).resolve(), Path(tokenizer_dir).resolve())
     spec = recipe_spec("fedrepro.fedcmc.runs:spec_recipe", params, cell, list(folders), inputs_digest)
@@ -192,19 +193,22 @@ def parameter_counts(engine: Engine) -> dict[str, int]:
 
 def run_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Path, tokenizer_dir: Path, out: Path,
              checkpoint_dir: Path, inputs_digest: str) -> dict:
-    """Train (or resume) one cell, then score the global model on the global valid and test sets; write metrics.json
-    and the test predictions into ``out`` (created). Returns the metrics."""
+    """Train (or resume) one cell, then score the global model on the global valid and test sets (valid as its last
+    round scored it, when that round was evaluated); write metrics.json and the test predictions into ``out``
+    (created). Returns the metrics."""
     engine = build_cell(params, cell, prepared_dir, partitions_dir, tokenizer_dir, inputs_digest, checkpoint_dir)
     state = engine.run()
     out.mkdir(parents=True)
     model = engine.global_model()
-    if isinstance(engine.task, ServerTaskView):  # silo-local: the server holds no sentence
-        predictions, test, valid, truncated = silo_evaluation(params, cell, partitions_dir, tokenizer_dir,
-                                                              Path(checkpoint_dir) / SILOS, engine.task, model)
-    else:
-        predictions = engine.task.predict(model, "test")
-        test, valid = engine.task.scores(predictions), engine.task.evaluate(model, "global", "valid")
-        truncated = engine.task.truncated
+    with scoring(engine.settings.precision):
+        if isinstance(engine.task, ServerTaskView):  # silo-local: the server holds no sentence
+            predictions, test, valid, truncated = silo_evaluation(params, cell, partitions_dir, tokenizer_dir,
+                                                                  Path(checkpoint_dir) / SILOS, engine.task, model)
+        else:
+            predictions = engine.task.predict(model, "test")
+            test, truncated = engine.task.scores(predictions), engine.task.truncated
+            # the last round scored this very model on valid already, unless it was not an evaluated round
+            valid = state.history[-1].get("valid", {}).get(GLOBAL) or engine.task.evaluate(model, GLOBAL, "valid")
     predictions.to_csv(out / "predictions.csv", index=False)
     metrics = {
         "cell": {**cell.__dict__, "name": cell.name, "partition": cell.partition},

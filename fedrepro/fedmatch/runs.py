@@ -6,6 +6,7 @@ Shared by the train stage, the tests and the benchmarks, so they all build the v
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 
 import torch
@@ -29,6 +30,11 @@ from fedrepro.models.backbone import build_encoder, encoder_layers, load_tokeniz
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.models.patches import patch_effect, patch_norms
 from fedrepro.tasks.qa import ClientQAData, QAMatchingTask, load_client_data, qrels_and_run
+
+PATCH_EFFECT_BATCHES = 2
+"""Valid batches (of the task's evaluation batch size, 128 candidates) a client's ``patch_effect`` is measured on: it
+scores them twice (with and without the patches): over every valid candidate, that was two more valid passes per
+client at the end of every patched cell, for a diagnostic that a fixed few hundred candidates estimate."""
 
 
 def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
@@ -160,6 +166,7 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
         lr=train.lr if recipe.model == "bert" else params.fedmatch.settings.matcher_lr,
         batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
         max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
+        fit_samples=train.fit_samples,
     )
     return CellRecipe(
         build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
@@ -215,13 +222,14 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
     (out / "trec").mkdir(parents=True)
     per_client, norms = {}, {}
     own_task = functools.partial(silo_cell_task, cell_params(params, cell), cell, Path(tokenizer_dir).resolve())
-    with torch.no_grad():
+    with torch.no_grad():  # in fp32, as the rankings are scored (QAMatchingTask.score)
         for client_id, model in engine.client_models():
             silo_local = isinstance(engine.task, ServerTaskView)  # the server holds no rows: each client scores its own
             task = own_task(Path(checkpoint_dir) / SILOS / client_id) if silo_local else engine.task
             norms[client_id] = patch_norms(model.named_parameters(), engine.initial_private)
             if norms[client_id]:
-                norms[client_id].update(patch_effect(model, task.candidate_batches(client_id, "valid")))
+                valid = itertools.islice(task.candidate_batches(client_id, "valid"), PATCH_EFFECT_BATCHES)
+                norms[client_id].update(patch_effect(model, valid))
             qrels, run = qrels_and_run(task.score(model, client_id, "test"))
             per_client[client_id] = ranking_metrics(qrels, run)
             qrels_text, run_text = trec_files(qrels, run, cell.name)

@@ -19,7 +19,9 @@ so a run restarted from its last checkpoint replays exactly what an uninterrupte
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -63,7 +65,14 @@ class EngineSettings:
     eval_every: int = 1
     """Rounds between validation passes over every client (0: none; the test is scored after training anyway)."""
     precision: str = "fp32"
-    """``bf16``: training forward passes under bfloat16 autocast (weights, optimizer and evaluation stay fp32)."""
+    """``bf16``: forward passes under bfloat16 autocast: training, the ``FIT`` loss, and scoring where the task
+    allows it (relation classification; a ranking is scored in fp32, ``QAMatchingTask.score``). Weights, optimizer,
+    losses and scores stay fp32 (see ``scoring``)."""
+    fit_samples: int = 0
+    """How many training samples the ``FIT`` loss of each evaluated model is measured on: the first
+    ceil(fit_samples / batch_size) batches of one fixed shuffle, the same every round, so rounds compare on the same
+    sample; 0: all. Scoring the whole training set each round was a third of a CPU-scale FedMatch cell (issue 47),
+    for a curve the health rule reads only for its trend."""
     steps_per_epoch: int = 0
     """0: a local epoch is one pass over the client's data. N: every client takes exactly N steps a local epoch
     (cycling over fresh shuffles of its data), so a large client's update does not outweigh the others by its step
@@ -110,23 +119,43 @@ class ClientResult:
     num_samples: int
 
 
-def fit_loss(task: FederatedTask, model: nn.Module, client_ids: Sequence[str]) -> dict[str, float]:
-    """``model``'s task loss on the training data of ``client_ids``: the mean over their batches in a fixed order, in
-    eval mode and without gradients (so no dropout and no weight moves); no loss for clients without training data."""
-    losses = []
-    with torch.no_grad():
-        for batch in task.train_batches(client_ids, torch.Generator().manual_seed(0)):
-            losses.append(task.forward(model, batch).loss.item())
+def autocast(precision: str) -> torch.autocast:
+    """The forward passes' precision: bfloat16 autocast for ``bf16``, plain fp32 otherwise."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+@contextlib.contextmanager
+def scoring(precision: str) -> Iterator[None]:
+    """Scoring as training runs its forward passes: without gradients, under ``precision`` (evaluation in fp32 beside
+    bf16 training was most of a CPU-scale cell, issue 47). The relation classifier computes its logits from the
+    features in fp32 when scoring, so bf16's 8-bit mantissa does not tie them; a task whose metric bf16 features
+    change (a ranking: ``QAMatchingTask.score``) turns autocast off for its own scoring."""
+    with torch.no_grad(), autocast(precision):
+        yield
+
+
+def fit_loss(task: FederatedTask, model: nn.Module, client_ids: Sequence[str], settings: EngineSettings
+             ) -> dict[str, float]:
+    """``model``'s task loss on the training data of ``client_ids``: the mean over the first batches of one fixed
+    order (``settings.fit_samples``), in eval mode and without gradients (so no dropout and no weight moves); no loss
+    for clients without training data. ``samples`` counts all their training data: the weight of this loss."""
+    batches = task.train_batches(client_ids, torch.Generator().manual_seed(0))
+    if settings.fit_samples:
+        batches = itertools.islice(batches, math.ceil(settings.fit_samples / settings.batch_size))
+    with scoring(settings.precision):
+        losses = [task.forward(model, batch).loss.item() for batch in batches]
     samples = {"samples": task.num_train_samples(client_ids)}
     return {"loss": float(np.mean(losses)), **samples} if losses else samples
 
 
-def score_split(task: FederatedTask, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
+def score_split(task: FederatedTask, model: nn.Module, client_id: str, split: str, settings: EngineSettings
+                ) -> dict[str, float]:
     """One model on one client's ``split`` (or on the global sets, ``client_id`` GLOBAL); ``FIT``: on its training data.
     The engine and a Flower node both score through here, so both runtimes record the same numbers."""
     if split == FIT:
-        return fit_loss(task, model, list(task.client_ids) if client_id == GLOBAL else [client_id])
-    return task.evaluate(model, client_id, split)
+        return fit_loss(task, model, list(task.client_ids) if client_id == GLOBAL else [client_id], settings)
+    with scoring(settings.precision):
+        return task.evaluate(model, client_id, split)
 
 
 def mean_fit_loss(scores: dict[str, dict[str, float]]) -> float | None:
@@ -222,7 +251,7 @@ class LocalTrainer:
             for batch in self._epoch_batches(client_id, round_index, epoch):
                 for group in optimizer.param_groups:
                     group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+                with autocast(settings.precision):
                     output = self.task.forward(model, batch)
                     output.rerun = functools.partial(self.task.forward, batch=batch)
                     objective = self.algorithm.local_objective(model, output, context)
@@ -406,7 +435,8 @@ class Engine:
 
     def evaluate(self, split: str) -> dict[str, dict[str, float]]:
         """Each client's own model on its own ``split``; for a task scored on one global set, the global model on it."""
-        with torch.no_grad():
-            if self.evaluates_global_model():
-                return {GLOBAL: score_split(self.task, self.global_model(), GLOBAL, split)}
-            return {client_id: score_split(self.task, model, client_id, split) for client_id, model in self.client_models()}
+        settings = self.settings
+        if self.evaluates_global_model():
+            return {GLOBAL: score_split(self.task, self.global_model(), GLOBAL, split, settings)}
+        return {client_id: score_split(self.task, model, client_id, split, settings)
+                for client_id, model in self.client_models()}

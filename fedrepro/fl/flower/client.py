@@ -23,13 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedrepro.errors import FedreproError, TrainingDiverged
 from fedrepro.fl.channel import Channel
-from fedrepro.fl.engine import FIT, LocalTrainer, score_split
+from fedrepro.fl.engine import FIT, LocalTrainer, score_split, scoring
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.common import CLIENT_ID_KEY, DATA_DIR_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, decode
@@ -163,11 +162,11 @@ class NodeHandlers:
             state = self.load_state(context, self.store(context, client_id), config)
             trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
         trainer.model.eval()
-        with torch.no_grad():
-            if task.evaluates_global_model and split != FIT:
+        if task.evaluates_global_model and split != FIT:
+            with scoring(trainer.settings.precision):
                 scores = task.evaluation_counts(trainer.model, client_id, split)
-            else:
-                scores = score_split(task, trainer.model, client_id, split)
+        else:
+            scores = score_split(task, trainer.model, client_id, split, trainer.settings)
         return Message(RecordDict({m.METRICS: MetricRecord(scores)}), reply_to=message)
 
 
