@@ -71,8 +71,8 @@ class EngineSettings:
     fit_samples: int = 0
     """How many training samples the ``FIT`` loss of each evaluated model is measured on: the first
     ceil(fit_samples / batch_size) batches of one fixed shuffle, the same every round, so rounds compare on the same
-    sample; 0: all. Scoring the whole training set each round was a third of a CPU-scale FedMatch cell (issue 47),
-    for a curve the health rule reads only for its trend."""
+    sample; 0: all. Scoring the whole training set each round was 18% of a CPU-scale FedMatch cell and 23% of a FedCMC
+    one (issue 47, ``bench/bench_eval_share.py``), for a curve the health rule reads only for its trend."""
     steps_per_epoch: int = 0
     """0: a local epoch is one pass over the client's data. N: every client takes exactly N steps a local epoch
     (cycling over fresh shuffles of its data), so a large client's update does not outweigh the others by its step
