@@ -20,8 +20,9 @@ tqdm.monitor_interval = 0
 # - a test module is one group, so a module-scoped fixture (a pipeline run, a federation) runs once, in one worker;
 # - the modules that start Flower federations (Ray, SuperLinks, SuperNodes, network namespaces) are one group, so two
 #   federations never start at once and compete for the same cores and timeouts;
-# - the two longest groups start first (the end-to-end pipeline run and the Flower drills, which mostly wait on
-#   processes and timeouts), and the short modules fill in around them.
+# - the two longest groups start first (the end-to-end pipeline run and the Flower modules, about 29 min each in CI
+#   on 2 cores: both compute, so they slow each other; overlap alone does not bring CI under 20 min), and the short
+#   modules fill in around them.
 FLOWER_MODULES = {"test_flower.py", "test_flower_hosts.py", "test_flower_long_running.py", "test_vfl_nodes.py"}
 LONGEST_FIRST = ("test_pipeline_e2e.py", "flower")
 
