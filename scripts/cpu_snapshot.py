@@ -42,13 +42,13 @@ PAPERS = {
         "title": "fedrepro — FedMatch at CPU scale on the mirrored real data",
         # Tables 2-3 and Figs 5-8 at 3 seeds (the sweeps' seeds too: their claims are tested with the seed as unit)
         "grid": {"fedmatch.sweeps.seeds": [0, 1, 2]},
-        "targets": ["fedmatch_table", "fedmatch_sweep", "fedmatch_report"],
+        "targets": ["fedmatch_table", "fedmatch_sweeps", "fedmatch_report"],
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",
         # Table 2, the clients table, Table 3 and Figs 1, 3a, 3b, 4 at 3 seeds (the sweeps' seeds too)
         "grid": {"fedcmc.sweeps.seeds": [0, 1, 2]},
-        "targets": ["fedcmc_table", "fedcmc_sweep", "fedcmc_report"],
+        "targets": ["fedcmc_table", "fedcmc_sweeps", "fedcmc_report"],
     },
     "ssvfnas": {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",

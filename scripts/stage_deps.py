@@ -26,8 +26,8 @@ PACKAGE = ROOT / "fedrepro"
 
 
 def stage_definitions(document) -> dict:
-    """stage name -> its definition (a foreach group's shared ``do``)."""
-    return {name: stage.get("do", stage) for name, stage in document["stages"].items()}
+    """stage name -> its definition."""
+    return dict(document["stages"])
 
 
 def script_of(stage) -> Path:

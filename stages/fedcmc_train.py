@@ -1,8 +1,8 @@
-"""Stage fedcmc_table / fedcmc_sweep@<sweep>: train and evaluate cells of FedCMC's grid.
+"""Stage fedcmc_table / fedcmc_sweeps: train and evaluate cells of FedCMC's grid.
 
-One process runs the whole of Table 2 (``--tables``: every method x dataset x alpha x seed) or every point of a
-sweep; ``--method M`` (re)runs one method's row in place. Each cell keeps its own checkpoint and output folder
-(``tables/<method>/<cell>``, ``fedrepro.grid``).
+One process runs the whole of Table 2 (``--tables``: every method x dataset x alpha x seed) or every point of every
+sweep (``--sweeps``); ``--method M`` or ``--sweep S`` (re)runs one method's row or one sweep in place. Each cell
+keeps its own checkpoint and output folder (``tables/<method>/<cell>``, ``fedrepro.grid``).
 """
 
 import argparse
@@ -25,14 +25,15 @@ def main() -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--tables", action="store_true", help="the main table: every method x dataset x alpha x seed")
     which.add_argument("--method", help="one method's row of the main table, in place")
-    which.add_argument("--sweep", choices=sorted(SWEEPS), help="every point x method x seed of one sweep")
+    which.add_argument("--sweeps", action="store_true", help="every point x method x seed of every sweep")
+    which.add_argument("--sweep", choices=sorted(SWEEPS), help="one sweep's points, in place")
     args = parser.parse_args()
     params = load_params()
     check_methods(params)
     check_loadable(params.fedcmc.settings.backbone, "fedcmc.settings.backbone")
-    if args.sweep:
-        folder = Path("sweeps") / args.sweep
-        rows = {folder: sweep_cells(params, args.sweep)}
+    if args.sweeps or args.sweep:
+        folder = Path("sweeps") if args.sweeps else Path("sweeps") / args.sweep
+        rows = {Path("sweeps") / sweep: sweep_cells(params, sweep) for sweep in SWEEPS if args.sweeps or sweep == args.sweep}
     else:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)

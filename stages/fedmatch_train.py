@@ -1,8 +1,8 @@
-"""Stage fedmatch_table / fedmatch_sweep@<sweep>: train and evaluate cells of FedMatch's grid.
+"""Stage fedmatch_table / fedmatch_sweeps: train and evaluate cells of FedMatch's grid.
 
 One process runs every row of Tables 2-3 (``--tables``: every method of fedmatch.methods x seed) or every point
-of a figure (``--sweep``); ``--method M`` (re)runs one row in place, for a quick look at one method. Each cell
-keeps its own checkpoint and output folder (``fedrepro.grid``).
+of Figs 5-8 (``--sweeps``); ``--method M`` or ``--sweep S`` (re)runs one row or one figure in place, for a quick look.
+Each cell keeps its own checkpoint and output folder (``fedrepro.grid``).
 """
 
 import argparse
@@ -25,13 +25,15 @@ def main() -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--tables", action="store_true", help="every row of Tables 2-3: fedmatch.methods x fedmatch.seeds")
     which.add_argument("--method", help="one row, in place: every seed of fedmatch.seeds")
-    which.add_argument("--sweep", choices=sorted(SWEEPS), help="a figure: every point x method x seed of fedmatch.sweeps")
+    which.add_argument("--sweeps", action="store_true", help="Figs 5-8: every point x method x seed of fedmatch.sweeps")
+    which.add_argument("--sweep", choices=sorted(SWEEPS), help="one figure's points, in place")
     args = parser.parse_args()
     params = load_params()
     check_loadable(params.model.backbone, "model.backbone")
-    if args.sweep:
-        folder = Path("sweeps") / args.sweep
-        rows = {folder: [c for c in sweep_cells(params) if c.sweep == args.sweep]}
+    if args.sweeps or args.sweep:
+        folder = Path("sweeps") if args.sweeps else Path("sweeps") / args.sweep
+        rows = {Path("sweeps") / sweep: [c for c in sweep_cells(params) if c.sweep == sweep]
+                for sweep in SWEEPS if args.sweeps or sweep == args.sweep}
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
     workers = cell_workers(params.train.threads, params.train.runtime)

@@ -288,7 +288,7 @@ def test_a_missing_cell_names_its_folder_and_stage(tmp_path):
     write_fake_grid(tmp_path, params)
     victim = tmp_path / "sweeps" / "vectors" / sweep_cells(params, "vectors")[1].name
     (victim / "metrics.json").unlink()
-    with pytest.raises(DataError, match=r"vectors/.*-minor-s0 is missing.*run `dvc repro fedcmc_sweep@vectors`"):
+    with pytest.raises(DataError, match=r"vectors/.*-minor-s0 is missing.*run `dvc repro fedcmc_sweeps`"):
         load_fedcmc(tmp_path, params)
 
 

@@ -20,7 +20,6 @@ PACKAGE = ROOT / "fedrepro"
 def _stages():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
-        stage = stage.get("do", stage)  # a foreach group's stages share one definition (fedmatch_sweep@<sweep>)
         yield pytest.param(name, stage, id=name)
 
 

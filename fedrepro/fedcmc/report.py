@@ -98,8 +98,8 @@ def cell_key(group: str, cell: Cell) -> str:
     return f"{'tables/' + cell.method if group == TABLE else 'sweeps/' + group}/{cell.name}"
 
 
-def _stage(group: str, cell: Cell) -> str:
-    return "fedcmc_table" if group == TABLE else f"fedcmc_sweep@{group}"
+def _stage(group: str) -> str:
+    return "fedcmc_table" if group == TABLE else "fedcmc_sweeps"
 
 
 def positive_labels(classes: list[str], negative: list[str]) -> list[str]:
@@ -122,7 +122,7 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
     if missing:
         group, cell = missing[0]
         raise DataError(f"{cell_folder(root, owner(group, cell), cell)} is missing ({len(missing)} of {len(cells)} FedCMC "
-                        f"cells are): run `dvc repro {_stage(owner(group, cell), cell)}`")
+                        f"cells are): run `dvc repro {_stage(owner(group, cell))}`")
     partitions = {}
     for name in sorted({c.partition for _, c in cells}):
         folder = root / "partitions" / name
@@ -144,7 +144,7 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
     positive = {d: positive_labels(c, negative) for d, c in classes.items()}
     rows, rounds, predictions, diagnostics, info, missed = [], [], {}, {}, {}, []
     for group, cell in cells:
-        folder, key, stage = cell_folder(root, owner(group, cell), cell), cell_key(group, cell), _stage(owner(group, cell), cell)
+        folder, key, stage = cell_folder(root, owner(group, cell), cell), cell_key(group, cell), _stage(owner(group, cell))
         metrics = read_json(folder / "metrics.json")
         if metrics.get("cell", {}).get("name") != cell.name:
             raise DataError(f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
