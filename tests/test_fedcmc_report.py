@@ -211,7 +211,7 @@ def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid)
     rs = claims[claims["finding (paper)"] == "Table 2: FedRS is significantly better than MOON"]
     assert rs["verdict"].tolist() == ["not testable here (FedRS or MOON is not in fedcmc.methods)"]
     assert all(v.split(" (")[0] in VERDICTS for v in claims["verdict"]), claims["verdict"].tolist()
-    assert "Holm's correction runs over this report's" in text
+    assert "Holm's correction runs over all" in text
     minor = claims[claims["finding (paper)"].str.startswith("Fig 4: minor vectors are worse than none")]
     assert minor["verdict"].tolist() == ["holds"]
     obs = claims[claims["finding (paper)"].str.startswith("Observation 3")]
@@ -354,13 +354,14 @@ def _set_curves(root: Path, params, epochs: int, curve) -> None:
 
 @pytest.mark.parametrize("zigzag, verdict", [(2, "holds"), (1, "reversed")])
 def test_fedavgs_fluctuation_over_local_epochs_holds_or_reverses_as_built(tmp_path, zigzag, verdict):
-    """Three seeds; the local-epoch point ``zigzag`` jumps 40 points between rounds, the other rises by 5 a round."""
+    """Three seeds; the local-epoch point ``zigzag`` jumps 40 points between rounds, the other rises by 5 a round,
+    nearly alike at every seed, so the contrast clears Holm's correction over every claim of the report with a p."""
     params = small_params()
     write_fake_grid(tmp_path, params)
     for epochs in (1, 2):
         jumpy = epochs == zigzag
-        _set_curves(tmp_path, params, epochs, lambda seed, jumpy=jumpy: [0.2, 0.6 + 0.02 * seed, 0.2] if jumpy
-                    else [0.3, 0.35 + 0.01 * seed, 0.4])
+        _set_curves(tmp_path, params, epochs, lambda seed, jumpy=jumpy: [0.2, 0.6 + 0.005 * seed, 0.2] if jumpy
+                    else [0.3, 0.35 + 0.0025 * seed, 0.4])
     claims = claims_table(load_fedcmc(tmp_path, params), params).set_index("finding (paper)")
     row = claims.loc["Fig 3b: FedAvg's F1 varies more with more local epochs (FedCMC relatively robust)"]
     assert row["verdict"] == verdict, row.to_dict()

@@ -113,8 +113,9 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     assert "| FedAvg [diverged]" in report and "| FedMatch H+LR [not converged]" in report
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
     assert "inconclusive (rests on not converged FedMatch H+LR, diverged FedAvg)" in report
-    # its one tested claim has 1 seed, inconclusive whatever its p: outside Holm's family, which is then empty
-    assert "Holm's correction runs over this report's 0 tested claims" in report and "outside Holm's family" in report
+    # its one tested claim has 1 seed, inconclusive whatever its p, yet in Holm's family: the family is every p computed
+    assert "Holm's correction runs over all 1 of this report's claims with a p-value" in report
+    assert "Holm-adjusted over 1 claims with a p-value" in report
     assert "| Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch" in report
     assert report.count("not testable here (the sweep fedmatch.sweeps.aggregate_every is empty at this scale)") == 4
 

@@ -599,7 +599,7 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     assert verdicts[verdicts.index.str.contains("generalized well across tasks")].str.startswith(
         "not testable here (the grid has one task per dataset").tolist() == [True]
     assert all(v.split(" (")[0] in VERDICTS for v in verdicts), verdicts.tolist()
-    assert "Holm's correction runs over this report's" in report
+    assert "Holm's correction runs over all" in report
     figures = tmp_path / "figures"
     figures.mkdir()
     write_figures(data, params, figures)

@@ -1,6 +1,6 @@
 """One claims row for every paper: the finding as the paper states it, what was measured, the verdict and the test
 behind it, so the three claims tables share their columns, their verdict words (``statistics.VERDICTS``) and one
-correction for the number of claims (Holm's, over every claim of a report whose verdict its p-value decides)."""
+correction for the number of claims (Holm's, over every claim of a report that has a p-value)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ class Claim:
     difference: float | None = None
     """the contrast the finding says is positive (its sign decides holds / reversed)."""
     p_value: float | None = None
-    """the raw two-sided p-value of a tested claim; Holm's correction adjusts it across the report, unless the claim
-    is already inconclusive (too few seeds, or voided by ``inconclusive``)."""
+    """the raw two-sided p-value of a tested claim; Holm's correction adjusts it across the report, whether or not the
+    claim is already inconclusive (too few seeds, or voided by ``inconclusive``)."""
 
     @classmethod
     def tested(cls, finding: str, measured: str, test: str, difference: float, p_value: float, seeds: int) -> Claim:
@@ -67,21 +67,20 @@ def _p_text(p: float) -> str:
 
 
 def claims_frame(claims: list[Claim]) -> pd.DataFrame:
-    """The claims table, one row per claim in the given order. Holm's family is the claims whose verdict their
-    p-value decides (a p-value and no verdict yet): the test column gives their raw and adjusted p, and the verdict
-    follows the adjusted p. A claim already inconclusive keeps its raw p, outside the family, which it would only
-    enlarge (a larger adjustment of the others) without a verdict of its own to correct."""
-    tested = [claim for claim in claims if claim.p_value is not None and claim.verdict is None]
+    """The claims table, one row per claim in the given order. Holm's family is every claim with a p-value: the test
+    column gives its raw and adjusted p, and a claim without a verdict yet takes the adjusted p's. A claim already
+    inconclusive (too few seeds, a diverged cell) stays in the family and keeps its verdict: which claims turn out
+    inconclusive depends on the run, and a family that dropped them would correct the others less than the number
+    of comparisons the report made."""
+    tested = [claim for claim in claims if claim.p_value is not None]
     adjusted = dict(zip(map(id, tested), holm([claim.p_value for claim in tested])))
     rows = []
     for claim in claims:
         verdict, test = claim.verdict, claim.test
         if id(claim) in adjusted:
             p = adjusted[id(claim)]
-            test = f"{test}; p {_p_text(claim.p_value)}, Holm-adjusted over {len(tested)} tested claims: p {_p_text(p)}"
-            verdict = verdict_from_p(claim.difference, p)
-        elif claim.p_value is not None:
-            test = f"{test}; p {_p_text(claim.p_value)}, outside Holm's family (the claim is already {INCONCLUSIVE})"
+            test = f"{test}; p {_p_text(claim.p_value)}, Holm-adjusted over {len(tested)} claims with a p-value: p {_p_text(p)}"
+            verdict = verdict if verdict is not None else verdict_from_p(claim.difference, p)
         if verdict is None:
             raise ValueError(f"claim {claim.finding!r} has neither a verdict nor a p-value")
         rows.append([claim.finding, claim.measured, verdict, test])
@@ -93,10 +92,12 @@ def tests_explained(claims: pd.DataFrame) -> str:
     family = int(claims["test"].str.contains("Holm-adjusted").sum())
     return (f"The unit of every test is the seed: a contrast is tested by a hierarchical bootstrap ({RESAMPLES} resamples, "
             f"seed {BOOTSTRAP_SEED}) that draws the seeds with replacement (the same seeds on both sides when they share "
-            "them) and the test items with replacement together, with a two-sided p-value from the bootstrap's standard "
-            f"error (sign tests over matched cells where the claim is about cells). Holm's correction runs over this "
-            f"report's {family} tested claims (a claim already inconclusive keeps its raw p, outside the family), and a "
-            f"verdict follows the adjusted p at {ALPHA:g}. Verdicts: "
+            "them) and the test items with replacement together for its interval; its two-sided p adds the seeds' "
+            "variance (s^2 / n over n seeds) to what the test items add beyond it and reads Student's t with "
+            "Welch-Satterthwaite degrees of freedom, n - 1 where the seeds dominate, as a paired t-test over seeds would "
+            f"(sign tests over matched cells where the claim is about cells). Holm's correction runs over all "
+            f"{family} of this report's claims with a p-value (those already inconclusive included: they keep their "
+            f"verdict), and a verdict follows the adjusted p at {ALPHA:g} (significant at p <= {ALPHA:g}). Verdicts: "
             f"**{HOLDS}**; **{REVERSED}** (significant the other way); **{NOT_SIGNIFICANT}**; **{INCONCLUSIVE}** (why: "
             f"fewer than {MIN_SEEDS} seeds, a diverged or unconverged cell it rests on, no measurable target); "
             f"**{NOT_TESTABLE}** (why). 'Direction only' marks a verdict the numbers show without a test.")
