@@ -22,6 +22,9 @@ where everything is once the hosts are up (namespaces, addresses, each silo's li
 socket), so a drill can take a silo's link down mid-run.
 
 Usage: python scripts/several_hosts.py --recipe SPEC.json --work DIR [--prefix NAME] [--reply-timeout S]
+       [--heartbeat-interval S] [--pull-interval S]
+The SuperNodes keep Flower's timings (``flower-supernode``, as docs/flower.md's step 3) unless the last two say
+otherwise (``fedrepro.fl.flower.federation.NodeTimings``; the tests' link drill sees a silo offline sooner).
 The spec is ``{"factory": "module:function", "kwargs": {...}}`` (``fedrepro.fl.recipe``); every process of the
 federation imports the factory, so its module must be on ``PYTHONPATH``.
 """
@@ -43,7 +46,7 @@ from fedrepro.errors import FederationError
 from fedrepro.fl.checkpoint import LATEST
 from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.certificates import make_certificates, make_node_key
-from fedrepro.fl.flower.federation import (CONNECTION, MARK, TASK_POLL_SECONDS, listed_run,
+from fedrepro.fl.flower.federation import (CONNECTION, MARK, TASK_POLL_SECONDS, NodeTimings, listed_run,
                                            stopped_cleanly_on_sigterm, wait_for_run, wait_until, write_app)
 from fedrepro.fl.recipe import load_recipe, write_recipe_spec
 from fedrepro.io import atomic_file, read_json
@@ -54,6 +57,8 @@ BRIDGE = "br0"
 SUPERLINK, EXPERIMENTER = "superlink", "experimenter"
 GRACE_SECONDS = 10.0
 """How long the processes of a host get to end after SIGTERM before SIGKILL."""
+FLOWERS_TIMINGS = NodeTimings()
+"""Flower's own SuperNode timings: the SuperNodes are docs/flower.md's ``flower-supernode``."""
 
 
 def ip(*args: str) -> None:
@@ -202,9 +207,14 @@ def superlink_command(certificates: dict[str, Path], address: str) -> list[str]:
             "--disable-runtime-dependency-installation", "--host", address, "--port", str(PORT)]
 
 
-def supernode_command(superlink: str, ca: Path, private_key: Path, client: str, state_dir: Path) -> list[str]:
-    """docs/flower.md's step 3 (tests/test_flower_hosts.py checks that the docs give the same flags)."""
-    return ["flower-supernode", "--superlink", superlink, "--root-certificates", str(ca),
+def supernode_command(superlink: str, ca: Path, private_key: Path, client: str, state_dir: Path,
+                      timings: NodeTimings = FLOWERS_TIMINGS) -> list[str]:
+    """docs/flower.md's step 3 (tests/test_flower_hosts.py checks that the docs give the same flags). ``timings``
+    other than Flower's start the same SuperNode with the same flags through ``fedrepro.fl.flower.supernode``."""
+    entry = ["flower-supernode"] if timings == FLOWERS_TIMINGS else [
+        sys.executable, "-m", "fedrepro.fl.flower.supernode", str(timings.heartbeat_interval),
+        str(timings.pull_interval)]
+    return [*entry, "--superlink", superlink, "--root-certificates", str(ca),
             "--auth-supernode-private-key", str(private_key),
             "--node-config", f"client-id='{client}' state-dir='{state_dir}'"]
 
@@ -217,7 +227,8 @@ def last_round_checkpointed(checkpoint_dir: Path, rounds: int) -> bool:
         return False
 
 
-def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: float | None, timeout: float) -> dict:
+def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: float | None, timeout: float,
+        timings: NodeTimings = FLOWERS_TIMINGS) -> dict:
     """The docs' four steps on namespaces (see the module docstring); Flower's ``flwr ls`` entry of the run."""
     recipe = load_recipe(spec_path)
     task, algorithm = recipe.build()
@@ -268,7 +279,8 @@ def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: fl
                     "PATH": os.pathsep.join([str(launcher.shim_script(silo / "bin").parent),
                                              hosts.environment(client)["PATH"]])}
             hosts.start(client, "supernode",
-                        supernode_command(superlink, silo / "ca.crt", private, client, state_dirs[client]), warm)
+                        supernode_command(superlink, silo / "ca.crt", private, client, state_dirs[client], timings),
+                        warm)
         # 4. the recipe spec and the app, `flwr run`, and the wait
         spec = write_recipe_spec(work / "run" / "recipe.json", {**recipe.spec, "fingerprint": recipe.fingerprint})
         checkpoint_dir = work / "server"
@@ -295,12 +307,18 @@ def main() -> None:
     parser.add_argument("--reply-timeout", type=float, default=None,
                         help="seconds the server waits for a round's replies (default: until every silo answers)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
+    parser.add_argument("--heartbeat-interval", type=float, default=NodeTimings.heartbeat_interval,
+                        help="seconds between a SuperNode's heartbeats (Flower's default; at least 10): the SuperLink "
+                             "marks a silo offline after two missed")
+    parser.add_argument("--pull-interval", type=float, default=NodeTimings.pull_interval,
+                        help="at most this long between an idle SuperNode's asks for a message (Flower's default)")
     args = parser.parse_args()
     if os.geteuid() != 0 or shutil.which("ip") is None:
         parser.error("the hosts are network namespaces: run as root, with iproute2's `ip` on PATH")
     if not args.recipe.is_file():
         parser.error(f"--recipe {args.recipe}: no such file")
-    entry = run(args.recipe.resolve(), args.work.resolve(), args.prefix, args.subnet, args.reply_timeout, args.timeout)
+    entry = run(args.recipe.resolve(), args.work.resolve(), args.prefix, args.subnet, args.reply_timeout, args.timeout,
+                NodeTimings(args.heartbeat_interval, args.pull_interval))
     print(json.dumps({"run-id": entry["run-id"], "status": entry["status"],
                       "network-traffic": entry.get("network-traffic")}))
 

@@ -41,6 +41,18 @@ from scaffold_invariant import control_variate_gap, largest_control  # noqa: E40
 from toy import (FaultyNodesTask, ToyQATask, relation_server_view, relation_silo_task, relation_task,  # noqa: E402
                  write_relation_silos)
 
+# What a cell's build and training import on first use, imported with this module because a deployment's warm
+# ClientApp launcher preloads the recipe factory's module (this one: ``fedrepro.fl.flower.launcher``), so that every
+# ClientApp it forks starts with them. Imported in each ClientApp instead, they cost about 6 s of CPU a message, most
+# of a tiny round: sklearn and transformers through the relation cell, torch's compiler stack through
+# ``torch.use_deterministic_algorithms`` (``fedrepro.seeding``).
+import torch._dynamo  # noqa: E402
+import fedrepro.data.label_skew  # noqa: E402
+import fedrepro.data.relation  # noqa: E402
+import fedrepro.models.backbone  # noqa: E402
+import fedrepro.models.relation  # noqa: E402
+import fedrepro.tasks.relation  # noqa: E402,F401
+
 QA_SIZES = {"a": 8, "b": 6, "c": 4}
 QA_ALGORITHMS = ("fedavg", "fedper", "fedmatch")
 """Beside the relation cell (which every algorithm runs): a QA cross-encoder with a private head (FedPer), a
@@ -64,6 +76,11 @@ time: locally a round of two takes about 15 s, but at 45 s a CI run once recorde
 so the margin is wide. It costs the drill nothing: the killed node's round ends once the SuperLink has marked the
 node offline (two missed heartbeats, ``NODE_TIMINGS``) and answers for it, which the server records as no reply
 from that node."""
+RESTART_SETTLE = 5.0
+"""How long the node-kill drill's restarted node must stay up to count as rejoined (``restart_node``'s ``settle``). It
+is let in at once: round 2 ended only once the SuperLink had marked the killed node offline, which is what a restart
+waits for. The drill's thread ends with that wait, and it must end before the run does (its federation then stops): at
+``restart_node``'s 15 s, the rounds after round 2, a few seconds each, could end first."""
 NODE_TIMINGS = NodeTimings(heartbeat_interval=10.0, pull_interval=0.2)
 """The SuperNodes' timings in every deployment of the tests (``LocalFederation.node_timings``): Flower's shortest
 heartbeat, so that a killed node is offline (and its key let in again) within 20 s instead of a minute, and an idle
@@ -346,7 +363,7 @@ def run_shared_deployment(work: Path) -> dict:
 
 def run_node_kill(work: Path) -> dict:
     """SCAFFOLD for ``KILL_ROUNDS`` rounds on a deployment (after round 2, time for the restarted node to rejoin and be
-    sampled again: the node is let in once the SuperLink has seen it offline, within 20 s of the kill), its launcher
+    sampled again: the node is let in once the SuperLink has seen it offline, which ends round 2), its launcher
     running one ClientApp at a time (a 2-core machine). In round 2, while its ClientApp works on the round, a client
     that trained in round 1 has its SuperNode process alone killed with SIGKILL (not its SuperExec or ClientApp, as a
     crash would); once round 2 is over without it, the node is started again with the same key and directory and
@@ -395,7 +412,7 @@ def run_node_kill(work: Path) -> dict:
         drill["control_off_if_lost"] = largest_control(held) / len(deployment.train_ids)
         wait_until(lambda: checkpointed() >= 2, 600, "round 2 without the killed node")
         drill["files_before_restart"] = state_files()
-        deployment.restart_node(federation, victim)
+        deployment.restart_node(federation, victim, settle=RESTART_SETTLE)
         drill["rejoined_after_round"] = checkpointed()
 
     def start(federation) -> None:

@@ -35,15 +35,18 @@ from flower_cells import NODE_TIMINGS, outcome, recipe  # noqa: E402
 from scaffold_invariant import control_variate_gap  # noqa: E402
 
 LATE, LEAVE, RESTART = "late-relation/scaffold", "leave-relation/scaffold", "restart-relation/scaffold"
-LATE_ROUNDS, LEAVE_ROUNDS, RESTART_ROUNDS = 5, 4, 3
+LATE_ROUNDS, LEAVE_ROUNDS, RESTART_ROUNDS = 5, 3, 3
 LATECOMER = "client_00"
 """Not sampled in round 1 of the cell, sampled in rounds 2 to 5: its SuperNode starts once round 1 is over, after
-round 2 has opened without it (the server looks for new nodes as a round opens), so it surely misses round 2."""
-LATE_NODES_TIMEOUT = 10.0
-"""How long the server waits for the latecomer before round 1 (the other nodes are online before the run starts)."""
+round 2 has opened without it (the server looks for new nodes as a round opens), so it surely misses round 2; round 2
+is held until it is online (``run_late``), so round 3 is the first round that opens after it connected."""
+LATE_NODES_TIMEOUT = 2.0
+"""How long the server waits for the latecomer before round 1: the other nodes are online before the run starts
+(``run_late`` waits for them), so the wait only has to be seen to end without the latecomer, and each second of it
+is a second of the drill."""
 LEAVER = "client_02"
 """Sampled in rounds 1 and 3 (not 2) of the cell: it trains round 1, is killed while round 2 runs without it, and
-round 3 is the first that waits for it in vain."""
+round 3 waits for it in vain (a fourth round would not sample it: ``LEAVE_ROUNDS`` stops at 3)."""
 RESTART_LAUNCHER_SLOTS = 4
 """The dead run's ClientApps that were waiting for their round-2 input when its ServerApp died keep retrying to pull it
 (Flower gives up after 500 tries, about 80 min): on the 2 slots a 2-core machine gets they held every slot, and the
@@ -188,7 +191,10 @@ def run_restart(work: Path) -> dict:
 def run_late(work: Path) -> dict:
     """The SuperNode of ``LATECOMER`` (its key made and registered as it starts) is started only once round 1 is
     checkpointed. The run is started once the other nodes are online; its server waits ``LATE_NODES_TIMEOUT`` for
-    the missing one, then starts without it."""
+    the missing one, then starts without it. While the latecomer starts, the ClientApp launcher is paused (SIGSTOP,
+    then SIGCONT once the latecomer is online), so round 2, opened without it, cannot end before it is there: a
+    round of this tiny cell takes about 2 s, less than a SuperNode's start, and without the pause the latecomer was
+    seen joining after the last round had opened, never to train."""
     folder = work / LATE
     deployment = build_runtime(recipe(LATE, LATE_ROUNDS), "flower-deployment", folder / "deployment",
                                progress=False, reply_timeout=REPLY_TIMEOUT)
@@ -205,8 +211,14 @@ def run_late(work: Path) -> dict:
 
     def join(federation) -> None:
         wait_for(lambda: checkpointed(deployment) >= 1, 600, "round 1")
-        start_node(federation, LATECOMER)
-        drill["started_after_round"] = checkpointed(deployment)
+        launcher_pid = federation.processes["launcher"].pid
+        os.kill(launcher_pid, signal.SIGSTOP)
+        try:
+            start_node(federation, LATECOMER)
+            drill["started_after_round"] = checkpointed(deployment)
+            wait_until(lambda: online(federation) == len(deployment.train_ids), 300, "the latecomer")
+        finally:
+            os.kill(launcher_pid, signal.SIGCONT)
 
     deployment.start_node = start_all_but_the_latecomer
     in_background(deployment, join, drill)

@@ -26,11 +26,11 @@ pytest.importorskip("flwr", reason="the flower extra is not installed (pip insta
 
 from fedrepro.fl.channel import Message
 from fedrepro.fl.checkpoint import LATEST
-from fedrepro.fl.flower.federation import MARK
+from fedrepro.fl.flower.federation import CONNECTION, MARK
 from fedrepro.fl.flower.launcher import children_folder
 from fedrepro.fl.flower.node_state import NodeStateStore, collect_node_states
 from fedrepro.fl.runtime import build_runtime
-from flower_cells import outcome, recipe
+from flower_cells import NODE_TIMINGS, outcome, recipe
 from scaffold_invariant import control_variate_gap, largest_control
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,8 +111,10 @@ def started():
             script.communicate(timeout=300)
 
 
-def start_script(started: list, work: Path, case: str, rounds: int, prefix: str,
-                 reply_timeout: float | None = None) -> subprocess.Popen:
+def start_script(started: list, work: Path, case: str, rounds: int, prefix: str, reply_timeout: float | None = None,
+                 node_timings: bool = False) -> subprocess.Popen:
+    """The script on ``case``; ``node_timings``: its SuperNodes with the drills' ``NODE_TIMINGS`` instead of
+    Flower's (the docs' ``flower-supernode``)."""
     spec = work / "spec.json"
     work.mkdir(parents=True, exist_ok=True)
     spec.write_text(json.dumps({"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}}))
@@ -121,6 +123,9 @@ def start_script(started: list, work: Path, case: str, rounds: int, prefix: str,
                "--timeout", "400"]
     if reply_timeout is not None:
         command += ["--reply-timeout", str(reply_timeout)]
+    if node_timings:
+        command += ["--heartbeat-interval", str(NODE_TIMINGS.heartbeat_interval), "--pull-interval",
+                    str(NODE_TIMINGS.pull_interval)]
     started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env=environment))
     return started[-1]
@@ -163,6 +168,25 @@ def wait_for(condition, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.01)
+
+
+def launcher_pid(namespace: str) -> int:
+    """The ClientApp launcher running on a silo's host."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    return next(int(pid) for pid in pids if b"fedrepro.fl.flower.launcher" in Path(f"/proc/{pid}/cmdline").read_bytes())
+
+
+def online_silos(run: Path, hosts: dict) -> int:
+    """How many SuperNodes the SuperLink lists online, asked with the Flower CLI on the experimenter's host."""
+    home = run / "hosts" / "experimenter"
+    listing = subprocess.run(["ip", "netns", "exec", hosts["experimenter"]["namespace"],
+                              str(Path(sys.executable).parent / "flwr"), "supernode", "ls", CONNECTION, "--format",
+                              "json"], capture_output=True, text=True, cwd=home,
+                             env={**os.environ, "FLWR_HOME": str(home / "flwr-home")})
+    try:
+        return sum(node["status"] == "online" for node in json.loads(listing.stdout)["nodes"])
+    except (ValueError, KeyError):
+        return 0
 
 
 def rounds_checkpointed(run: Path) -> int:
@@ -219,8 +243,12 @@ def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_lea
 def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_state_intact(namespaces, started,
                                                                                             tmp_path):
     """The link of a silo sampled in rounds 1 and 2 is taken down while its ClientApp works on round 2: round 2 ends
-    after the reply timeout without it (``missed``), its reply expires, the link comes up once round 2 is
-    checkpointed, and the silo trains again in a later round. Its state is what it held: the files it had when the
+    without it (``missed``) once the SuperLink has marked the silo offline (two missed heartbeats: the SuperNodes run
+    with the drills' ``NODE_TIMINGS``, 20 s, before the reply timeout), the link comes up once round 2 is
+    checkpointed, and the silo trains again in a later round. Round 3 (which does not sample it) is held until the
+    silo is online again, its other silos' ClientApp launchers paused: the silo's heartbeats back off while its link
+    is down (up to 20 s apart), and rounds of this cell take about 2 s, so without the hold it was once still offline
+    when the last round had passed. Its state is what it held: the files it had when the
     link went down are kept unchanged, and SCAFFOLD's invariant (the server's variate is the mean of every client's)
     holds at the end, which it would not had the silo gone on from the round-2 state the server never counted."""
     prefix = f"frd{os.getpid()}"
@@ -228,7 +256,7 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
     sampled = [cell.sample_clients(r) for r in range(DRILL_ROUNDS)]
     victim = max(sorted(set(sampled[0]) & set(sampled[1])), key=lambda c: sum(c in later for later in sampled[2:]))
     assert any(victim in later for later in sampled[2:]), sampled
-    script = start_script(started, tmp_path, DRILL_CASE, DRILL_ROUNDS, prefix, DRILL_REPLY_TIMEOUT)
+    script = start_script(started, tmp_path, DRILL_CASE, DRILL_ROUNDS, prefix, DRILL_REPLY_TIMEOUT, node_timings=True)
     run = tmp_path / "run"
     drill: dict = {}
 
@@ -244,7 +272,8 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
     def link_down_and_up() -> None:
         try:
             wait_for(lambda: (run / "hosts.json").exists(), 300, "the hosts")
-            silo = json.loads((run / "hosts.json").read_text())["silos"][victim]
+            hosts = json.loads((run / "hosts.json").read_text())
+            silo = hosts["silos"][victim]
             link, state_dir = ["ip", "-n", silo["link"]["namespace"], "link", "set", silo["link"]["device"]], \
                 Path(silo["state_dir"])
             children = children_folder(silo["launcher_socket"])
@@ -257,8 +286,16 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
             drill["control_off_if_lost"] = largest_control(held) / len(cell.train_ids)
             wait_for(lambda: rounds_checkpointed(run) >= 2, 300, "round 2 without the silo")
             drill["files_before_up"] = state_files(state_dir)
-            subprocess.run([*link, "up"], check=True)
-            drill["up_after_round"] = rounds_checkpointed(run)
+            others = [launcher_pid(host["namespace"]) for client, host in hosts["silos"].items() if client != victim]
+            for pid in others:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                subprocess.run([*link, "up"], check=True)
+                drill["up_after_round"] = rounds_checkpointed(run)
+                wait_for(lambda: online_silos(run, hosts) == len(hosts["silos"]), 120, f"{victim} online again")
+            finally:
+                for pid in others:
+                    os.kill(pid, signal.SIGCONT)
         except BaseException as error:  # noqa: BLE001 - reported by the test below
             drill["error"] = repr(error)
 
