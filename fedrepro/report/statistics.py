@@ -2,8 +2,8 @@
 hierarchical bootstrap that resamples seeds and test items together (the same seeds on both sides when they share
 them), so a difference that flips sign across seeds is not mistaken for one that holds, and its p-value reads a t
 quantile whose degrees of freedom are the seeds' where they dominate (``seed_level_p``), so that at the 3 seeds a
-claim needs it rejects a true null as often as it says. The report corrects its claims for their number (Holm, ``claims``) and words
-every verdict from ``VERDICTS``. An exact sign test serves claims over matched cells."""
+claim needs it rejects a true null as often as it says. The report corrects its claims for their number (Holm,
+``claims``) and words every verdict from ``VERDICTS``. An exact sign test serves claims over matched cells."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def seed_level_p(point: float, terms: list[tuple[float, np.ndarray, np.ndarray]]
             seed_parts.append((weight * weight * float(np.var(at_seeds, ddof=1)) / n, n - 1))
             within = float(np.var(resampled, axis=0, ddof=1).mean())
             overlap += weight * weight * (within - float(np.var(resampled.mean(axis=1), ddof=1))) / (n - 1)
-    item_part = max(float(np.var(seed_mean, ddof=1)) - overlap, 0.0) if np.ndim(seed_mean) and len(seed_mean) > 1 else 0.0
+    item_part = max(float(np.var(seed_mean, ddof=1)) - overlap, 0.0) if len(seed_mean) > 1 else 0.0
     total = sum(variance for variance, _ in seed_parts) + item_part
     if total == 0:
         return 1.0 if point == 0 else 0.0
@@ -140,7 +140,8 @@ def _terms(weights: list[float], resampled: list[np.ndarray], at_seeds: list[np.
            seeds: list[tuple]) -> list[tuple[float, np.ndarray, np.ndarray]]:
     """``seed_level_p``'s terms: one, their weighted sum, when every term has the same seeds (paired by seed)."""
     if len(set(seeds)) == 1:
-        return [(1.0, sum(w * r for w, r in zip(weights, resampled)), sum(w * np.asarray(v, float) for w, v in zip(weights, at_seeds)))]
+        paired = sum(w * r for w, r in zip(weights, resampled))
+        return [(1.0, paired, sum(w * np.asarray(v, float) for w, v in zip(weights, at_seeds)))]
     return [(w, r, np.asarray(v, float)) for w, r, v in zip(weights, resampled, at_seeds)]
 
 
