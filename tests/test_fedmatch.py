@@ -183,13 +183,13 @@ def test_every_table_method_builds_its_algorithm():
             assert settings.patch == PatchSpec(method.insertion, method.structure, knobs.patch_size, knobs.patch_heads)
 
 
-def test_cells_are_named_as_dvc_renders_the_matrix():
+def test_cells_are_named_by_method_seed_and_each_points_yaml_value():
     params = parse_params(RAW)
     names = {c.name for c in table_cells(params)}
     assert f"fedmatch_h_lr-{params.fedmatch.seeds[0]}" in names
     points = {c.name for c in sweep_cells(params)}
-    raw_ratio = RAW["fedmatch"]["sweeps"]["data_ratio"][-1]
-    assert f"data_ratio-{raw_ratio}-individual-0" in points, "str() of the YAML value, as DVC writes ${item.value}"
+    ratio = params.fedmatch.sweeps.data_ratio[-1]  # the scale's YAML value: 1.0 stays "1.0", as the store knows it
+    assert f"data_ratio-{ratio}-individual-0" in points and str(ratio) == "1.0"
     assert cell_params(params, Cell("fedmatch_h_lr", 0, "patch_size", "64")).fedmatch.settings.patch_size == 64
 
 
