@@ -16,10 +16,12 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import re
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -213,7 +215,7 @@ def run_stage_ray(work: Path) -> dict:
                     for case in STAGE_RAY_CELLS]
         for child in children:
             child.start()
-        simulated = dict(replies.get(timeout=600) for _ in children)
+        simulated = _replies(replies, children, timeout=600)
         for child in children:
             child.join()
     host, port = simulated[STAGE_RAY_CELLS[0]]["cluster"].rsplit(":", 1)
@@ -227,15 +229,39 @@ def run_stage_ray(work: Path) -> dict:
     return result
 
 
+def _replies(replies, children: list, timeout: float) -> dict:
+    """Each child's reply, failing at once with a child's own error, or when a child ended without replying, instead
+    of waiting out ``timeout`` (under CPU starvation, twice in CI, both children had ended and the wait ran 600 s)."""
+    got, deadline = {}, time.monotonic() + timeout
+    while len(got) < len(children):
+        try:
+            case, reply = replies.get(timeout=1)
+        except queue.Empty:
+            ended = [child.exitcode for child in children if child.exitcode is not None]
+            if len(ended) > len(got) or time.monotonic() > deadline:
+                raise RuntimeError(f"stage-ray: {len(got)} of {len(children)} cells replied; exit codes of the "
+                                   f"children that ended: {ended} (a child's traceback is on stderr)") from None
+            continue
+        if isinstance(reply, str):
+            raise RuntimeError(f"stage-ray: {case} failed in its child:\n{reply}")
+        got[case] = reply
+    return got
+
+
 def simulate_on_stage_ray(case: str, work: Path, replies) -> None:
-    """One cell on the simulation in a forked child, its outcome and the Ray it ran on put in ``replies``."""
+    """One cell on the simulation in a forked child, its outcome and the Ray it ran on put in ``replies`` (or its
+    traceback, so the parent fails with it)."""
     import ray
 
-    cell = build_runtime(recipe(case), "flower-simulation", work / "stage-ray" / case / "flower", progress=False)
-    cell.run()
-    context = ray.get_runtime_context()
-    replies.put((case, {"flower-simulation": outcome(cell), "cluster": context.gcs_address, "job": context.get_job_id(),
-                        "cpus": ray.cluster_resources()["CPU"]}))
+    try:
+        cell = build_runtime(recipe(case), "flower-simulation", work / "stage-ray" / case / "flower", progress=False)
+        cell.run()
+        context = ray.get_runtime_context()
+        replies.put((case, {"flower-simulation": outcome(cell), "cluster": context.gcs_address,
+                            "job": context.get_job_id(), "cpus": ray.cluster_resources()["CPU"]}))
+    except BaseException:
+        replies.put((case, traceback.format_exc()))
+        raise
 
 
 def _answers(host: str, port: int) -> bool:
