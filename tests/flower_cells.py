@@ -257,11 +257,20 @@ def simulate_on_stage_ray(case: str, work: Path, replies) -> None:
         cell = build_runtime(recipe(case), "flower-simulation", work / "stage-ray" / case / "flower", progress=False)
         cell.run()
         context = ray.get_runtime_context()
+        from fedrepro.fl.flower.ray_backend import KeptRayBackend
+
+        worker = KeptRayBackend.kept_pool.pool[0]
         replies.put((case, {"flower-simulation": outcome(cell), "cluster": context.gcs_address,
-                            "job": context.get_job_id(), "cpus": ray.cluster_resources()["CPU"]}))
+                            "job": context.get_job_id(), "cpus": ray.cluster_resources()["CPU"],
+                            "niceness": os.nice(0), "worker_niceness": ray.get(worker.__ray_call__.remote(_niceness))}))
     except BaseException:
         replies.put((case, traceback.format_exc()))
         raise
+
+
+def _niceness(_actor) -> int:
+    """The niceness of the process a Ray actor runs in."""
+    return os.nice(0)
 
 
 def _answers(host: str, port: int) -> bool:

@@ -330,6 +330,8 @@ def test_a_stages_forked_cells_join_its_one_ray_and_each_equals_the_engine(stage
     cells = [stage_ray_run[case] for case in STAGE_RAY_CELLS]
     assert len({cell["cluster"] for cell in cells}) == 1 and len({cell["job"] for cell in cells}) == 2, cells
     assert {cell["cpus"] for cell in cells} == {2.0}
+    assert [cell["worker_niceness"] for cell in cells] == [cell["niceness"] for cell in cells], \
+        "a ClientApp's worker runs at its cell's priority (Ray's default, 15, starved it beside any busy process)"
     for case, cell in zip(STAGE_RAY_CELLS, cells):
         for key in ("history", "global", "clients", "messages"):
             assert cell["flower-simulation"][key] == cell["engine"][key], (case, key)

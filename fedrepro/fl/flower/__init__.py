@@ -8,9 +8,10 @@ engine. Needs the ``flower`` extra (flwr[simulation])."""
 
 import os
 
-from fedrepro.fl.flower.ray_head import QUIET_ENVIRONMENT
+from fedrepro.fl.flower.ray_head import RAY_ENVIRONMENT
 
 # Here, before any module of this package imports Flower: Flower reads FLWR_TELEMETRY_ENABLED once, as it is imported,
-# and posts an event to its server at every run it starts unless it was "0" then (set later, it changed nothing).
-for _name, _value in QUIET_ENVIRONMENT.items():
+# and posts an event to its server at every run it starts unless it was "0" then (set later, it changed nothing); a
+# Ray this process starts passes the rest to its workers.
+for _name, _value in RAY_ENVIRONMENT.items():
     os.environ.setdefault(_name, _value)

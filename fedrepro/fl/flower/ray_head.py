@@ -33,8 +33,12 @@ STOP_SECONDS = 30.0
 OBJECT_STORE_BYTES = 1024 * 2**20
 """Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD
 sends two)."""
-QUIET_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
-"""No usage statistics or telemetry from Ray or Flower (they would try the network)."""
+RAY_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0",
+                   "RAY_worker_niceness": "0"}
+"""What Ray and Flower read from the environment: no usage statistics or telemetry (they would try the network), and
+ClientApp workers at the niceness of the process that runs the cell. Ray lowers its workers' priority to niceness 15
+by default; beside any busy process of the same session (another cell's server, the test suite's other worker) a
+worker then got almost no CPU, and both cells of a stage's Ray waited out their 120 s for a node's first answer."""
 
 
 @contextlib.contextmanager
@@ -46,7 +50,7 @@ def stage_ray(cpus: int) -> Iterator[None]:
     with (folder / "head.log").open("w") as log:
         head = subprocess.Popen([sys.executable, "-m", __name__, str(cpus), str(OBJECT_STORE_BYTES), str(folder)],
                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **QUIET_ENVIRONMENT})
+                                env={**os.environ, **RAY_ENVIRONMENT})
     (folder / "pid").write_text(str(head.pid))
     os.environ[STAGE_RAY_ENV] = str(folder)
     try:
