@@ -30,11 +30,20 @@ from typing import Any, Callable, Sequence
 from fedrepro.cell_store import CellStore
 from fedrepro.errors import ConfigError, FedreproError
 from fedrepro.io import atomic_dir, read_json, tree_digest, write_json
+from fedrepro.ledger import ResultsLedger
 
-TABLES = Path("tables")
+TABLES, SWEEPS = Path("tables"), Path("sweeps")
 WORKERS_ENV = "FEDREPRO_CELL_WORKERS"
 """Environment variable: how many cells a stage trains at once. Not a param: it moves no result, so changing it must
 not rerun a stage."""
+STOP_ENV = "FEDREPRO_STOP_AT"
+"""Environment variable: a time (Unix seconds) after which a stage starts no cell that the results ledger lacks
+(``scripts/cpu_snapshot.py run --budget``): the cells running then finish and are recorded, and the stage fails with
+``BudgetSpent``. Cells are then started seed by seed, so a budget spent leaves whole seeds of the table."""
+
+
+class BudgetSpent(FedreproError):
+    """A stage stopped at ``$FEDREPRO_STOP_AT`` with cells left to train."""
 
 
 def fingerprint(identity: dict[str, Any], inputs_digest: str, shaping: dict[str, Any], code: str) -> str:
@@ -54,6 +63,13 @@ def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str,
         raise ConfigError(f"--method {only!r} is not in {allowed} {list(methods)}")
     chosen = list(methods) if only is None else [only]
     return (TABLES if only is None else TABLES / only), {TABLES / m: [c for c in cells if c.method == m] for m in chosen}
+
+
+def sweep_rows(sweeps: Sequence[str], cells_of: Callable[[str], list], only: str | None = None
+               ) -> tuple[Path, dict[Path, list]]:
+    """Every sweep's cells (``cells_of(sweep)``) a row per sweep (``sweeps/<sweep>``) and the folder the rows are
+    written to: all of ``sweeps``, or with ``only`` that one sweep, rerun in place."""
+    return (SWEEPS if only is None else SWEEPS / only), {SWEEPS / s: cells_of(s) for s in sweeps if only in (None, s)}
 
 
 def cell_workers(threads: int, runtime: str = "engine") -> int:
@@ -77,8 +93,10 @@ class _Job:
     checkpoint_dir: Path
     inputs_digest: str
     run: str
+    weight: float = 1.0
     restored: bool = False
     rescored: bool = True
+    from_ledger: bool = False
     started: float = 0.0
 
 
@@ -86,46 +104,58 @@ SCORED = "scored"
 """In a cell's checkpoint folder: the outputs its finished run was scored to, and the run and cell they are of."""
 
 
-def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: _Job) -> dict:
-    """The job's outputs and metrics: copied from its checkpoint folder where this very run was already scored as this
-    very cell (a finished cell resumed, or restored from the cell store, is not scored again), else ``run_cell``'s,
-    then kept there. A run scored as another cell (a figure's point equal to a table cell) is scored anew: its
-    outputs name the cell."""
+def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: _Job, ledger: ResultsLedger | None = None) -> dict:
+    """The job's outputs and metrics: from the results ledger where it holds this run of this cell; else copied from
+    its checkpoint folder where this very run was already scored as this very cell (a finished cell resumed, or
+    restored from the cell store, is not scored again), else ``run_cell``'s, then kept there (and in the ledger). A
+    run scored as another cell (a figure's point equal to a table cell) is scored anew: its outputs name the cell."""
+    if ledger is not None:
+        metrics = ledger.restore(job.run, job.cell, job.out)
+        if metrics is not None:
+            job.rescored, job.from_ledger = False, True
+            return metrics
     kept, stamp = job.checkpoint_dir / SCORED, {"run": job.run, "cell": job.cell.name}
     if (kept / "stamp.json").is_file() and read_json(kept / "stamp.json") == stamp:
         shutil.copytree(kept / "outputs", job.out)
         job.rescored = False
-        return read_json(kept / "metrics.json")
-    metrics = run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)
-    with atomic_dir(kept) as folder:
-        shutil.copytree(job.out, folder / "outputs")
-        write_json(folder / "metrics.json", metrics)
-        write_json(folder / "stamp.json", stamp)
+        metrics = read_json(kept / "metrics.json")
+    else:
+        metrics = run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)
+        with atomic_dir(kept) as folder:
+            shutil.copytree(job.out, folder / "outputs")
+            write_json(folder / "metrics.json", metrics)
+            write_json(folder / "stamp.json", stamp)
+    if ledger is not None:
+        ledger.record(job.run, job.cell, job.out, metrics, time.perf_counter() - job.started, job.weight)
     return metrics
 
 
 def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
              headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
-             store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None) -> None:
+             store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None,
+             ledger: ResultsLedger | None = None) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
     folders a cell reads (``inputs``) are digested once per process, and a line per cell shows the progress. A cell
     that ``store`` (default: the environment's, ``fedrepro.cell_store``) holds under its ``fingerprint_of(cell,
     inputs_digest)`` is restored finished, with its outputs if it was scored as this cell (``scored_cell``); each
-    finished cell is kept there. With ``workers`` > 1
-    the cells train in forked children, that many at a time (``_run_forked``), those of the greatest ``weight`` (a cell's
-    training in table cells' worth) first: a sweep of a few cells otherwise leaves a worker idle while its longest ends."""
+    finished cell is kept there, and in ``ledger`` (``fedrepro.ledger``), from which a cell it holds is taken back
+    untrained. With ``workers`` > 1 the cells train in forked children, that many at a time (``_run_forked``), those of
+    the greatest ``weight`` (a cell's training in table cells' worth) first: a sweep of a few cells otherwise leaves a
+    worker idle while its longest ends. Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell starts."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     digests: dict[tuple[Path, ...], str] = {}
     store = store if store is not None else CellStore.from_environment()
 
     def finish(job: _Job, metrics: dict) -> None:
         nonlocal done
-        store.keep(job.run, job.checkpoint_dir)
+        if not job.from_ledger:  # no checkpoint was made: there is nothing to keep
+            store.keep(job.run, job.checkpoint_dir)
         done += 1
-        came = (", finished run from the cell store" if job.restored else "") + ("" if job.rescored else ", outputs as scored before")
+        came = (", from the results ledger" if job.from_ledger else
+                (", finished run from the cell store" if job.restored else "") + ("" if job.rescored else ", outputs as scored before"))
         print(f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s{came})",
               file=sys.stderr, flush=True)
 
@@ -138,26 +168,60 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
                 if folders not in digests:
                     digests[folders] = tree_digest(*folders)
                 jobs.append(_Job(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
-                                 digests[folders], fingerprint_of(cell, digests[folders])))
+                                 digests[folders], fingerprint_of(cell, digests[folders]),
+                                 weight(cell) if weight is not None else 1.0))
+        stop_at = _stop_time()
+        if stop_at is not None:  # seed by seed, so that a budget spent leaves whole seeds
+            jobs.sort(key=lambda job: (getattr(job.cell, "seed", 0), -job.weight))
+        elif workers > 1 and weight is not None:  # the longest first, so the last cells to finish are short ones
+            jobs.sort(key=lambda job: -job.weight)
+        may_start = _starter(stop_at, ledger)
         if workers > 1 and len(jobs) > 1:
-            if weight is not None:  # the longest first, so the last cells to finish are short ones
-                jobs.sort(key=lambda job: -weight(job.cell))
-            _run_forked(jobs, run_cell, store, finish, workers)
-            return
-        for job in jobs:
-            job.started = time.perf_counter()
-            job.restored = store.restore(job.run, job.checkpoint_dir)
-            finish(job, scored_cell(run_cell, job))
+            _run_forked(jobs, run_cell, store, finish, workers, ledger, may_start)
+        else:
+            for job in jobs:
+                if not may_start(job):
+                    continue
+                job.started = time.perf_counter()
+                job.restored = _restore(job, store, ledger)
+                finish(job, scored_cell(run_cell, job, ledger))
+        if done < total:
+            raise BudgetSpent(f"${STOP_ENV} passed: {total - done} of {total} cells were not started ({done} "
+                              "finished, each kept in the results ledger)")
+
+
+def _restore(job: _Job, store: CellStore, ledger: ResultsLedger | None) -> bool:
+    """Restore the job's finished run from the cell store, unless the ledger holds its outputs (no checkpoint needed)."""
+    return (ledger is None or not ledger.holds(job.run, job.cell.name)) and store.restore(job.run, job.checkpoint_dir)
+
+
+def _stop_time() -> float | None:
+    raw = os.environ.get(STOP_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"${STOP_ENV} = {raw!r}: expected a time in Unix seconds") from None
+
+
+def _starter(stop_at: float | None, ledger: ResultsLedger | None) -> Callable[[_Job], bool]:
+    """Whether a job may start now: always before ``stop_at``, and after it only if the ledger holds its cell."""
+    def may_start(job: _Job) -> bool:
+        return stop_at is None or time.time() < stop_at or (ledger is not None and ledger.holds(job.run, job.cell.name))
+    return may_start
 
 
 def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
-                finish: Callable[[_Job, dict], None], workers: int) -> None:
+                finish: Callable[[_Job, dict], None], workers: int, ledger: ResultsLedger | None,
+                may_start: Callable[[_Job], bool]) -> None:
     """The jobs on ``workers`` children forked once from this process (which has run no torch op, so no thread pool is
     copied half made), each training the cells handed to it one after another, so what a runtime keeps for a
     process's later cells (Flower's Ray workers) serves each child's. A cell's stderr (its progress bars and warnings)
     goes to a log file named in the line that starts it (``tail -f`` it to watch the cell); its lines other than
     progress bars are repeated here when it ends, above its error if it failed. The first cell to fail stops the
-    stage: the children are ended, and the running cells' checkpoints resume on the next run."""
+    stage: the children are ended, and the running cells' checkpoints resume on the next run. A job ``may_start``
+    refuses is left."""
     context = multiprocessing.get_context("fork")
     _stop_tqdm_monitor()
     pending, idle, busy, children = deque(jobs), [], {}, []
@@ -165,17 +229,19 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
         try:
             for number in range(min(workers, len(jobs))):
                 ours, theirs = context.Pipe()
-                child = context.Process(target=_worker, args=(theirs, run_cell), name=f"cell-worker-{number}")
+                child = context.Process(target=_worker, args=(theirs, run_cell, ledger), name=f"cell-worker-{number}")
                 child.start()
                 theirs.close()
                 children.append((ours, child))
                 idle.append((ours, child))
             while pending or busy:
                 while pending and idle:
-                    ours, child = idle.pop()
                     job = pending.popleft()
+                    if not may_start(job):
+                        continue
+                    ours, child = idle.pop()
                     job.started = time.perf_counter()
-                    job.restored = store.restore(job.run, job.checkpoint_dir)
+                    job.restored = _restore(job, store, ledger)
                     log = Path(logs) / f"{job.cell.name}.log"
                     ours.send((job, log))
                     busy[ours] = (job, child, log)
@@ -195,7 +261,7 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                         raise _child_error(job, child, outcome)
                     if said:
                         print(*said, sep="\n", file=sys.stderr)
-                    job.rescored = outcome[2]
+                    job.rescored, job.from_ledger = outcome[2], outcome[3]
                     finish(job, outcome[1])
                     idle.append((ours, child))
             for ours, child in children:
@@ -218,7 +284,7 @@ def _stop_tqdm_monitor() -> None:
         tqdm.monitor = None
 
 
-def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict]) -> None:
+def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict], ledger: ResultsLedger | None) -> None:
     """A forked child's work: each cell it is sent (``None`` ends it), its stderr into the cell's log, its metrics or
     its error sent back."""
     while (sent := connection.recv()) is not None:
@@ -227,8 +293,8 @@ def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], d
         with open(log, "w") as stream:
             os.dup2(stream.fileno(), sys.stderr.fileno())
         try:
-            metrics = scored_cell(run_cell, job)
-            connection.send(("done", metrics, job.rescored))
+            metrics = scored_cell(run_cell, job, ledger)
+            connection.send(("done", metrics, job.rescored, job.from_ledger))
         except BaseException as error:
             try:
                 connection.send(("error", error, traceback.format_exc()))

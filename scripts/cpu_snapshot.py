@@ -1,16 +1,22 @@
 """Run one paper's grid at CPU scale on the mirrored real data in a clean clone, then freeze its report here.
 
-    python scripts/cpu_snapshot.py run fedmatch --mirror ../shared/data/raw    # clone, set params, dvc repro (`plan`: how much)
-    python scripts/cpu_snapshot.py run fedcmc --mirror ../shared/data/raw
-    python scripts/cpu_snapshot.py run ssvfnas --mirror ../shared/data/raw   # 192 cells, about an hour on 2 cores
-    python scripts/cpu_snapshot.py collect fedcmc WORKDIR                      # copy WORKDIR's report into reports/cpu/fedcmc
-    python scripts/cpu_snapshot.py status [--mark]                            # which snapshots are stale against HEAD
-    python scripts/cpu_snapshot.py canary ssvfnas                             # a stale one carried forward, or marked
-    python scripts/cpu_snapshot.py plan [fedmatch]                            # the cells a snapshot trains, by table and figure
+    python scripts/cpu_snapshot.py run fedcmc --budget 90      # train what the ledger lacks for 90 min, committing each cell
+    python scripts/cpu_snapshot.py run fedmatch --mirror ../shared/data/raw
+    python scripts/cpu_snapshot.py run ssvfnas               # 192 cells, about an hour on 2 cores
+    python scripts/cpu_snapshot.py collect fedcmc WORKDIR    # copy WORKDIR's report into reports/cpu/fedcmc
+    python scripts/cpu_snapshot.py status [--mark]           # each ledger's cells done and missing; stale reports
+    python scripts/cpu_snapshot.py canary ssvfnas            # a stale one carried forward, or marked
+    python scripts/cpu_snapshot.py plan [fedmatch]           # the cells a snapshot trains, by table and figure
 
-The clone keeps this checkout's data untouched; its report is written by the paper's own report stage and
-copied with a SNAPSHOT.md that records the commit, the date, the params and the stage wall times, and with the
-clone's dvc.lock (SNAPSHOT.lock): the hash of every file and the value of every param its cells depended on.
+A snapshot grows across stretches of work in its results ledger, ``reports/cpu/<paper>/cells`` (``fedrepro.ledger``):
+each cell's outputs a report needs, none of the raw data, committed as it lands. ``run`` clones HEAD (its committed
+code: commit first), trains in the clone every cell the ledger lacks for this machine class (the main table seed by
+seed, then the figures), takes the others back from the ledger untrained, and with ``--budget`` starts no cell past
+the budget less its longest cell; it then writes the ledger's plan (``PLAN.json``: every cell the snapshot needs, its
+run fingerprint and inputs) and the stretch's manifest (``stretches/``: commit, dates, the machine, its one-thread
+matmul GFLOP/s, what it trained), and commits them. Once every cell is there, the paper's own report stage writes the
+report, copied here with a SNAPSHOT.md that records the commit, the date, the params and the stage wall times, and
+with the clone's dvc.lock (SNAPSHOT.lock): the hash of every file and the value of every param its cells depended on.
 `status` lets DVC compare that lock with HEAD's code and the params HEAD would run the snapshot with; `--mark`
 puts a banner at the top of each stale snapshot's report (and takes it off a fresh one), which
 tests/test_cpu_snapshot.py requires. A change of code that leaves the results as they were (a refactor) need not
@@ -23,6 +29,8 @@ import argparse
 import copy
 import datetime as dt
 import hashlib
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -30,7 +38,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pandas as pd
@@ -43,12 +53,14 @@ PAPERS = {
         # Tables 2-3 and Figs 5-8 at 3 seeds (the sweeps' seeds too: their claims are tested with the seed as unit)
         "grid": {"fedmatch.sweeps.seeds": [0, 1, 2]},
         "targets": ["fedmatch_table", "fedmatch_sweeps", "fedmatch_report"],
+        "stage_script": "fedmatch_train.py", "inputs": ("MINED", "TOKENIZER"),
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",
         # Table 2, the clients table, Table 3 and Figs 1, 3a, 3b, 4 at 3 seeds (the sweeps' seeds too)
         "grid": {"fedcmc.sweeps.seeds": [0, 1, 2]},
         "targets": ["fedcmc_table", "fedcmc_sweeps", "fedcmc_report"],
+        "stage_script": "fedcmc_train.py", "inputs": ("PREPARED", "PARTITIONS", "TOKENIZER"),
     },
     "ssvfnas": {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",
@@ -61,6 +73,7 @@ PAPERS = {
         "canary": {"ssvfnas.datasets": ["breast", "digits"], "ssvfnas.parties": [2],
                    "ssvfnas.dp_levels": [[0, 0], [1.0, 1.0]], "ssvfnas.seeds": [0]},
         "cell_key": "cell",
+        "stage_script": "ssvfnas_train.py", "inputs": ("PARTITIONS",),
     },
 }
 
@@ -72,6 +85,11 @@ def plan(paper: str) -> list[tuple[str, int, float]]:
     from fedrepro.config import parse_params, read_raw_params
 
     params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
+    return [(name, len(cells), sum(weight(cell) for cell in cells)) for name, cells, weight in snapshot_cells(paper, params)]
+
+
+def snapshot_cells(paper: str, params) -> list[tuple[str, list, object]]:
+    """(table or figure, its cells, a cell's training in main-table cells' worth) of ``paper``'s snapshot."""
     if paper == "fedmatch":
         from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells, training_weight
 
@@ -90,7 +108,7 @@ def plan(paper: str) -> list[tuple[str, int, float]]:
 
         groups = [(name, cells(params), lambda cell: 1.0) for name, cells in
                   [("main table", table_cells), ("hand-designed baseline", baseline_cells), ("label party alone", label_alone_cells)]]
-    return [(name, len(cells), sum(weight(cell) for cell in cells)) for name, cells, weight in groups]
+    return groups
 
 
 def set_key(params: dict, dotted: str, value) -> None:
@@ -115,21 +133,230 @@ def snapshot_params(paper: str, base: dict, mirror: str) -> dict:
     return params
 
 
-def run(paper: str, mirror: Path, workdir: Path) -> None:
+LEDGER_ENV, STOP_ENV = "FEDREPRO_LEDGER", "FEDREPRO_STOP_AT"  # fedrepro.ledger.ENV, fedrepro.grid.STOP_ENV
+PLAN, STRETCHES = "PLAN.json", "stretches"
+COMMIT_EVERY = 60.0
+"""Seconds between two commits of the cells a stretch has recorded."""
+CODE_AND_PARAMS = ("fedrepro", "stages", "params.yaml", "dvc.yaml", "scales")
+
+
+def ledger_dir(paper: str) -> Path:
+    return ROOT / "reports" / "cpu" / paper / "cells"
+
+
+def git(*args: str, check: bool = True) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, check=check).stdout
+
+
+def commit_ledger(paper: str, message: str) -> int:
+    """Commit what the ledger's folder holds new (its cells, plan and stretches, nothing else); the files committed."""
+    folder = str(ledger_dir(paper).relative_to(ROOT))
+    git("add", "--", folder)
+    staged = git("diff", "--cached", "--name-only", "--", folder).split()
+    if staged:
+        git("commit", "-q", "-m", message, "--", folder)
+    return len(staged)
+
+
+class LedgerCommitter(threading.Thread):
+    """Commits the cells a stretch records every ``COMMIT_EVERY`` s, so that a machine lost loses at most a minute of
+    them (git is all that outlives a session)."""
+
+    def __init__(self, paper: str) -> None:
+        super().__init__(daemon=True)
+        self.paper, self.stopped = paper, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(COMMIT_EVERY):
+            cells = len(list(ledger_dir(self.paper).glob("*/*/stamp.json")))
+            try:
+                commit_ledger(self.paper, f"ledger: {self.paper}, {cells} cells recorded (cpu_snapshot.py run, as they land)")
+            except subprocess.CalledProcessError as error:  # a commit of the user's at the same moment: next time
+                print(f"ledger commit deferred: {error.stderr.strip()}", file=sys.stderr)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+def machine_speed() -> float:
+    """One thread's fp32 matmul GFLOP/s (``bench/bench_pipeline.py``): how fast this stretch's machine was."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_pipeline import machine_speed as measure
+
+    return measure()
+
+
+def longest_cell(paper: str, machine: str) -> float:
+    """The longest training seconds any cell of this machine class took (0 when none is recorded): how much before
+    the end of a budget the last cell may start."""
+    seconds = [stamp.get("seconds") or 0 for stamp in ledger_stamps(paper) if stamp["machine"] == machine]
+    return max(seconds, default=0.0)
+
+
+def ledger_stamps(paper: str) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(ledger_dir(paper).glob("*/*/stamp.json"))]
+
+
+def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, commit: bool = True) -> None:
+    """One stretch of ``paper``'s snapshot (see the module docstring)."""
     spec = PAPERS[paper]
+    dirty = git("status", "--porcelain", "--", *CODE_AND_PARAMS)
+    if dirty:
+        sys.exit(f"uncommitted changes to code or params:\n{dirty}the clone trains HEAD's committed code: commit first")
     if workdir.exists() and any(workdir.iterdir()):
         sys.exit(f"--workdir {workdir} is not empty (an earlier snapshot's clone?): remove it or name a new folder")
     subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
     params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), str(mirror.resolve()))
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
-    env = {**ENV, "PYTHONPATH": str(workdir)}
-    timings = []
-    for target in spec["targets"]:
-        started = time.perf_counter()
-        subprocess.run(["dvc", "repro", target], cwd=workdir, env=env, check=True)
-        timings.append(f"{target}: {time.perf_counter() - started:.0f} s")
-    (workdir / f"stage_times_{paper}.txt").write_text("\n".join(timings) + "\n")
-    collect(paper, workdir)
+    machine = subprocess.run([sys.executable, "-c", MACHINE_CLASS.format(paper=paper)],
+                             cwd=workdir, env={**ENV, "PYTHONPATH": str(workdir)}, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    env = {**ENV, "PYTHONPATH": str(workdir), LEDGER_ENV: str(ledger_dir(paper))}
+    started, speed_before = time.time(), machine_speed()
+    if budget is not None:
+        env[STOP_ENV] = str(started + budget * 60 - longest_cell(paper, machine))
+    before = {json.dumps(stamp, sort_keys=True) for stamp in ledger_stamps(paper)}
+    committer = LedgerCommitter(paper) if commit else None
+    if committer:
+        committer.start()
+    timings, complete = [], True
+    try:
+        for target in spec["targets"]:
+            target_started = time.perf_counter()
+            if subprocess.run(["dvc", "repro", target], cwd=workdir, env=env).returncode != 0:
+                complete = False
+                break
+            timings.append(f"{target}: {time.perf_counter() - target_started:.0f} s")
+    finally:
+        if committer:
+            committer.stop()
+    subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "write-plan", paper],
+                   cwd=workdir, env={**env, "PYTHONPATH": str(workdir)}, check=True)
+    trained = [stamp["cell"] for stamp in ledger_stamps(paper) if json.dumps(stamp, sort_keys=True) not in before]
+    write_stretch(paper, workdir, machine, started, budget, speed_before, trained, complete)
+    if complete:
+        (workdir / f"stage_times_{paper}.txt").write_text("\n".join(timings) + "\n")
+        collect(paper, workdir)
+    if commit:
+        commit_ledger(paper, f"ledger: {paper}, a stretch of {(time.time() - started) / 60:.0f} min on {machine} "
+                             f"trained {len(trained)} cells" + ("; every cell is in" if complete else ""))
+        if complete:
+            git("add", "--", str((ROOT / "reports" / "cpu" / paper).relative_to(ROOT)))
+            git("commit", "-q", "-m", f"{paper} CPU snapshot assembled from its ledger", "--",
+                str((ROOT / "reports" / "cpu" / paper).relative_to(ROOT)))
+    for line in ledger_status(paper):
+        print(line)
+
+
+MACHINE_CLASS = ("from fedrepro.config import load_params; from fedrepro.ledger import machine_class; "
+                 "print(machine_class('fp32' if {paper!r} == 'ssvfnas' else load_params().train.precision))")
+"""Run in a snapshot's clone: the machine class its cells record (SS-VFNAS trains in fp32, the others as resolved)."""
+
+
+def write_stretch(paper: str, workdir: Path, machine: str, started: float, budget: float | None, speed_before: float,
+                  trained: list[str], complete: bool) -> None:
+    """The stretch's manifest: which commit trained on which machine, how fast it was, what it recorded."""
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.hardware import machine_fingerprint
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
+    stamp = dt.datetime.fromtimestamp(started, dt.timezone.utc)
+    manifest = {"commit": commit, "started": stamp.isoformat(timespec="seconds"),
+                "ended": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "budget_minutes": budget,
+                "machine_class": machine, "machine": machine_fingerprint(),
+                "matmul_gflops_one_thread": {"before": round(speed_before, 1), "after": round(machine_speed(), 1)},
+                "cells_trained": trained, "every_cell_in": complete}
+    folder = ledger_dir(paper) / STRETCHES
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stamp:%Y%m%dT%H%M%S}-{commit[:7]}.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def write_plan(paper: str) -> None:
+    """In a snapshot's clone whose cells' inputs are built: every cell the snapshot needs, with its table or figure,
+    seed, weight, inputs digest and run fingerprint, and the lock of the stages upstream of its cells (what makes
+    those inputs), into the ledger's PLAN.json."""
+    sys.path.insert(0, str(Path.cwd()))
+    from fedrepro.config import load_params
+    from fedrepro.io import tree_digest
+
+    params = load_params()
+    runs = importlib.import_module(f"fedrepro.{paper}.runs")
+    stage_spec = importlib.util.spec_from_file_location(f"{paper}_stage", Path("stages") / PAPERS[paper]["stage_script"])
+    stage = importlib.util.module_from_spec(stage_spec)
+    stage_spec.loader.exec_module(stage)
+    folders = [getattr(stage, name) for name in PAPERS[paper]["inputs"]]
+    digests, cells = {}, {}
+    for group, members, weight in snapshot_cells(paper, params):
+        for cell in members:
+            inputs = tuple(runs.cell_inputs(cell, *folders))
+            if inputs not in digests:
+                digests[inputs] = tree_digest(*inputs)
+            cells[cell.name] = {"group": group, "seed": cell.seed, "weight": weight(cell), "inputs": digests[inputs],
+                                "run": runs.run_fingerprint(params, cell, digests[inputs])}
+    lock = yaml.safe_load(Path("dvc.lock").read_text())
+    cell_stages = set(PAPERS[paper]["targets"])
+    upstream = {name: entry for name, entry in lock["stages"].items() if name not in cell_stages and
+                name.split("@")[0] not in cell_stages}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    plan_file = Path(os.environ[LEDGER_ENV]) / PLAN
+    plan_file.parent.mkdir(parents=True, exist_ok=True)
+    plan_file.write_text(json.dumps({"commit": commit, "date": dt.date.today().isoformat(),
+                                     "upstream_lock": {**lock, "stages": upstream}, "cells": cells}, indent=1) + "\n")
+
+
+def ledger_status(paper: str) -> list[str]:
+    """Per table and figure, how many of the plan's cells the ledger holds (by machine class), what is missing and
+    about how long it would take here, and how many entries are stale; the plan checked against HEAD first."""
+    folder = ledger_dir(paper)
+    if not (folder / PLAN).is_file():
+        return [f"{paper} ledger: no plan yet (`python scripts/cpu_snapshot.py run {paper} --budget MINUTES` starts it)"]
+    plan_data = json.loads((folder / PLAN).read_text())
+    lines = [f"{paper} ledger (plan of commit {plan_data['commit'][:7]}, {plan_data['date']}):"]
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.config import parse_params
+
+    head_params = yaml.safe_load(git("show", "HEAD:params.yaml"))
+    mirror = yaml.safe_load((ROOT / "reports" / "cpu" / paper / "params.yaml").read_text())["data"]["mirror"] \
+        if (ROOT / "reports" / "cpu" / paper / "params.yaml").is_file() else "mirror"
+    raw = snapshot_params(paper, head_params, mirror)
+    cell_stages = [t for t in PAPERS[paper]["targets"] if not t.endswith("_report")]
+    moved = [line for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
+             if not line.split(":")[0].split("@")[0] in cell_stages]
+    if moved:
+        return lines + ["  the cells' inputs changed since the plan (run a stretch to re-plan):"] + [f"    {m}" for m in moved]
+    params = parse_params(raw)
+    runs = importlib.import_module(f"fedrepro.{paper}.runs")
+    planned = {cell.name: (group, runs.run_fingerprint(params, cell, plan_data["cells"][cell.name]["inputs"]), weight(cell))
+               for group, members, weight in snapshot_cells(paper, params) for cell in members
+               if cell.name in plan_data["cells"]}
+    unplanned = sum(len(members) for _, members, _ in snapshot_cells(paper, params)) - len(planned)
+    stamps = ledger_stamps(paper)
+    held = defaultdict(set)  # (cell, run) -> machine classes
+    for stamp in stamps:
+        held[(stamp["cell"], stamp["run"])].add(stamp["machine"])
+    by_group, missing_weight = defaultdict(lambda: [0, 0, Counter()]), 0.0
+    for name, (group, run, weight) in planned.items():
+        counts = by_group[group]
+        counts[1] += 1
+        machines = held.get((name, run), set())
+        if machines:
+            counts[0] += 1
+            counts[2].update(machines)
+        else:
+            missing_weight += weight
+    for group, (done, total, machines) in by_group.items():
+        classes = ", ".join(f"{m}: {n}" for m, n in sorted(machines.items()))
+        lines.append(f"  {group}: {done} of {total} cells" + (f" ({classes})" if classes else ""))
+    current = {(name, run) for name, (_, run, _) in planned.items()}
+    stale = sum(1 for stamp in stamps if (stamp["cell"], stamp["run"]) not in current)
+    rates = [stamp["seconds"] / stamp["weight"] for stamp in stamps if stamp.get("seconds") and stamp.get("weight")]
+    left = sum(1 for key in current if key not in held)
+    estimate = (f", about {missing_weight * sorted(rates)[len(rates) // 2] / 2 / 60:.0f} min on two cell workers at the "
+                f"median recorded {sorted(rates)[len(rates) // 2]:.0f} s a cell-worth") if rates and left else ""
+    lines.append(f"  missing: {left} cells{estimate}" + (f"; {unplanned} not in the plan (re-plan)" if unplanned else ""))
+    lines.append(f"  stale entries (another run of a cell than HEAD's): {stale}")
+    return lines
 
 
 def collect(paper: str, workdir: Path) -> None:
@@ -382,6 +609,11 @@ def main() -> None:
     run_parser.add_argument("paper", choices=sorted(PAPERS))
     run_parser.add_argument("--mirror", type=Path, default=ROOT.parent / "shared" / "data" / "raw")
     run_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
+    run_parser.add_argument("--budget", type=float, default=None, metavar="MINUTES",
+                            help="start no cell past this many minutes less the longest recorded cell")
+    run_parser.add_argument("--no-commit", action="store_true", help="record cells in the ledger without committing")
+    plan_writer = commands.add_parser("write-plan", help="(in a snapshot's clone) write the ledger's PLAN.json")
+    plan_writer.add_argument("paper", choices=sorted(PAPERS))
     collect_parser = commands.add_parser("collect")
     collect_parser.add_argument("paper", choices=sorted(PAPERS))
     collect_parser.add_argument("workdir", type=Path)
@@ -396,7 +628,11 @@ def main() -> None:
     plan_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
     args = parser.parse_args()
     if args.command == "run":
-        run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}")
+        run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}",
+            args.budget, not args.no_commit)
+        return
+    if args.command == "write-plan":
+        write_plan(args.paper)
         return
     if args.command == "canary":
         differences = canary(args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-canary-{args.paper}")
@@ -418,11 +654,13 @@ def main() -> None:
                 print(f"  {name}: {cells} cells ({worth:.1f})")
             continue
         changes = status(paper)
-        print(f"{paper}: {'stale' if changes else 'fresh'} against HEAD")
+        print(f"{paper} report: {'stale' if changes else 'fresh'} against HEAD")
         for line in changes:
             print(f"  {line}")
         if args.mark:
             mark(paper, bool(changes))
+        for line in ledger_status(paper):
+            print(line)
 
 if __name__ == "__main__":
     main()

@@ -11,9 +11,10 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells, training_weight
-from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, run_cell, run_fingerprint
+from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, ledger_gold, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
-from fedrepro.grid import cell_workers, run_grid, table_rows
+from fedrepro.grid import cell_workers, run_grid, sweep_rows, table_rows
+from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
 PREPARED, PARTITIONS, TOKENIZER = Path("data/prepared/re"), Path("data/fedcmc/partitions"), Path("data/fedcmc/tokenizer")
@@ -32,8 +33,7 @@ def main() -> None:
     check_methods(params)
     check_loadable(params.fedcmc.settings.backbone, "fedcmc.settings.backbone")
     if args.sweeps or args.sweep:
-        folder = Path("sweeps") if args.sweeps else Path("sweeps") / args.sweep
-        rows = {Path("sweeps") / sweep: sweep_cells(params, sweep) for sweep in SWEEPS if args.sweeps or sweep == args.sweep}
+        folder, rows = sweep_rows(SWEEPS, lambda sweep: sweep_cells(params, sweep), args.sweep)
     else:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
@@ -42,7 +42,8 @@ def main() -> None:
         run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=workers, weight=lambda cell: training_weight(params, cell))
+                 workers=workers, weight=lambda cell: training_weight(params, cell),
+                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells, training_weight
-from fedrepro.fedmatch.runs import cell_inputs, headline, run_cell, run_fingerprint
+from fedrepro.fedmatch.runs import cell_inputs, headline, ledger_gold, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
-from fedrepro.grid import cell_workers, run_grid, table_rows
+from fedrepro.grid import cell_workers, run_grid, sweep_rows, table_rows
+from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
 MINED, TOKENIZER = Path("data/mined"), Path("data/tokenizer")
@@ -31,9 +32,7 @@ def main() -> None:
     params = load_params()
     check_loadable(params.model.backbone, "model.backbone")
     if args.sweeps or args.sweep:
-        folder = Path("sweeps") if args.sweeps else Path("sweeps") / args.sweep
-        rows = {Path("sweeps") / sweep: [c for c in sweep_cells(params) if c.sweep == sweep]
-                for sweep in SWEEPS if args.sweeps or sweep == args.sweep}
+        folder, rows = sweep_rows(SWEEPS, lambda sweep: [c for c in sweep_cells(params) if c.sweep == sweep], args.sweep)
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
     workers = cell_workers(params.train.threads, params.train.runtime)
@@ -42,7 +41,8 @@ def main() -> None:
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
                  headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=workers, weight=lambda cell: training_weight(params, cell))
+                 workers=workers, weight=lambda cell: training_weight(params, cell),
+                 ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision))
 
 
 if __name__ == "__main__":

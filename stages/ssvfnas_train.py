@@ -15,8 +15,9 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fl.flower.ray_head import simulated_stage
 from fedrepro.grid import cell_workers, run_grid, table_rows
+from fedrepro.ledger import ResultsLedger
 from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
-from fedrepro.ssvfnas.runs import cell_inputs, headline, run_cell, run_fingerprint
+from fedrepro.ssvfnas.runs import cell_inputs, headline, ledger_gold, run_cell, run_fingerprint
 
 PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/checkpoints/ssvfnas"), Path("data/ssvfnas")
 
@@ -39,7 +40,8 @@ def main() -> None:
         run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest,
                                                                  presearch_cache),
-                 headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers)
+                 headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
+                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32"))  # SS-VFNAS trains in fp32
 
 
 if __name__ == "__main__":

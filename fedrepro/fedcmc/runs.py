@@ -26,6 +26,7 @@ from fedrepro.fl.silo import SILOS, Manifest, ServerTaskView, read_manifest, rea
 from fedrepro.grid import fingerprint
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import read_json, read_table, write_json
+from fedrepro.ledger import Gold, join_column
 from fedrepro.models.backbone import build_encoder, load_tokenizer
 from fedrepro.models.relation import RelationClassifier, add_entity_markers
 from fedrepro.tasks.relation import (SENTENCES, RelationTask, positive_classes, scores_from_counts,
@@ -248,6 +249,19 @@ def silo_evaluation(params: Params, cell: Cell, partitions_dir: Path, tokenizer_
     predictions = pd.concat(shares, ignore_index=True)
     predictions = predictions.iloc[position[predictions["sentence_id"]].to_numpy().argsort()].reset_index(drop=True)
     return predictions, server.scores_from_counts(counts["test"]), server.scores_from_counts(counts["valid"]), truncated
+
+
+def ledger_gold(partitions_dir: Path) -> Gold:
+    """A cell as the results ledger keeps it (``fedrepro.ledger``): its metrics and test predictions, less each
+    sentence's gold label, which comes back from the partition's assignment."""
+    return Gold(keep=("metrics.json", "predictions.csv"), dropped_columns={"predictions.csv": ("label",)},
+                join=functools.partial(join_gold_labels, Path(partitions_dir)))
+
+
+def join_gold_labels(partitions_dir: Path, cell: Cell, out: Path) -> None:
+    """Each prediction's gold label, from the assignment of the cell's partition, in the column ``predict`` writes."""
+    assignment = read_table(partitions_dir / cell.partition / "assignment.parquet")
+    join_column(out, "predictions.csv", "sentence_id", "label", assignment.set_index("sentence_id")["label"], 1)
 
 
 def headline(metrics: dict) -> str:

@@ -24,6 +24,7 @@ from fedrepro.fl.silo import SILOS, Manifest, ServerTaskView, read_manifest, rea
 from fedrepro.grid import fingerprint
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.io import write_json
+from fedrepro.ledger import Gold
 from fedrepro.metrics.ranking import ranking_metrics, trec_files
 from fedrepro.metrics.summary import overall
 from fedrepro.models.backbone import build_encoder, encoder_layers, load_tokenizer
@@ -248,6 +249,23 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
     }
     write_json(out / "metrics.json", metrics)
     return metrics
+
+
+def ledger_gold(mined_dir: Path) -> Gold:
+    """A cell as the results ledger keeps it (``fedrepro.ledger``): its metrics and TREC runs; the qrels (which answers
+    are relevant) come back from the mined candidates."""
+    return Gold(keep=("metrics.json", "trec/*"), dropped_files=("trec/*.qrels",),
+                join=functools.partial(join_qrels, Path(mined_dir)))
+
+
+def join_qrels(mined_dir: Path, cell: Cell, out: Path) -> None:
+    """Each scored client's test qrels, from its mined candidates, as the cell's scoring wrote them."""
+    for run_file in sorted((out / "trec").glob("*.run")):
+        client_id = run_file.stem
+        candidates = load_client_data(mined_dir, [client_id])[client_id].candidates
+        test = candidates.loc[(candidates["split"] == "test").to_numpy(), ["question_id", "answer_id", "relevance"]]
+        qrels, _ = qrels_and_run(test.assign(score=0.0))
+        (out / "trec" / f"{client_id}.qrels").write_text(trec_files(qrels, {}, cell.name)[0])
 
 
 def headline(metrics: dict) -> str:

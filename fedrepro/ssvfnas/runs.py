@@ -30,6 +30,7 @@ and held-out evaluations are measurements, not releases of training data, and ar
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 from dataclasses import asdict, dataclass, replace
@@ -49,6 +50,7 @@ from fedrepro.errors import DataError
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.grid import fingerprint
 from fedrepro.io import atomic_dir, read_json, read_table, write_json
+from fedrepro.ledger import Gold, join_column
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell, retrain_health
 from fedrepro.ssvfnas.partition import stratified_splits
@@ -761,7 +763,28 @@ def write_outputs(out: Path, cell: Cell, data: PartitionData, metrics: dict[str,
         return
     pd.DataFrame(metrics["search"]["curve"]).to_csv(out / "curve.csv", index=False, float_format="%.6g")
     write_json(out / "genotypes.json", {party_name(k): g for k, g in enumerate(metrics["genotypes"])})
+    draw_cells(out, cell, metrics)
+
+
+def draw_cells(out: Path, cell: Cell, metrics: dict[str, Any]) -> None:
+    """Each party's searched cell as a picture (``cells/party_<k>.png``), from the genotypes in ``metrics``."""
     for k, genotype in enumerate(metrics["genotypes"]):
-        role = " (labels)" if k == data.label_party else ""
+        role = " (labels)" if k == metrics["label_party"] else ""
         draw_genotype(genotype, f"{cell.method} {party_name(k)}{role}: {cell.partition}, {cell.dp}, seed {cell.seed}",
                       out / "cells" / f"{party_name(k)}.png")
+
+
+def ledger_gold(partitions_dir: Path) -> Gold:
+    """A cell as the results ledger keeps it (``fedrepro.ledger``): metrics, search curve, genotypes and test
+    predictions, less each sample's label (from the partition's labels when the cell comes back) and the pictures
+    of its cells (drawn again from the genotypes)."""
+    return Gold(keep=("metrics.json", "predictions.csv", "curve.csv", "genotypes.json"),
+                dropped_columns={"predictions.csv": ("label",)}, join=functools.partial(join_gold, Path(partitions_dir)))
+
+
+def join_gold(partitions_dir: Path, cell: Cell, out: Path) -> None:
+    """Each test sample's label back beside its prediction, and a searched cell's pictures drawn again."""
+    labels = read_table(partitions_dir / cell.partition / "labels.parquet")
+    join_column(out, "predictions.csv", "sample_id", "label", labels.set_index(labels["sample_id"].astype(str))["label"], 1)
+    if cell.rule is not None:
+        draw_cells(out, cell, read_json(out / "metrics.json"))
