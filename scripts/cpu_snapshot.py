@@ -150,6 +150,8 @@ def git(*args: str, check: bool = True) -> str:
 
 def commit_ledger(paper: str, message: str) -> int:
     """Commit what the ledger's folder holds new (its cells, plan and stretches, nothing else); the files committed."""
+    if not ledger_dir(paper).is_dir():  # no cell has landed yet
+        return 0
     folder = str(ledger_dir(paper).relative_to(ROOT))
     git("add", "--", folder)
     staged = git("diff", "--cached", "--name-only", "--", folder).split()
@@ -301,7 +303,7 @@ def write_plan(paper: str) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     plan_file = Path(os.environ[LEDGER_ENV]) / PLAN
     plan_file.parent.mkdir(parents=True, exist_ok=True)
-    plan_file.write_text(json.dumps({"commit": commit, "date": dt.date.today().isoformat(),
+    plan_file.write_text(json.dumps({"commit": commit, "date": dt.date.today().isoformat(), "mirror": params.data.mirror,
                                      "upstream_lock": {**lock, "stages": upstream}, "cells": cells}, indent=1) + "\n")
 
 
@@ -314,18 +316,17 @@ def ledger_status(paper: str) -> list[str]:
     plan_data = json.loads((folder / PLAN).read_text())
     lines = [f"{paper} ledger (plan of commit {plan_data['commit'][:7]}, {plan_data['date']}):"]
     sys.path.insert(0, str(ROOT))
-    from fedrepro.config import parse_params
+    from fedrepro.config import parse_params, read_raw_params
 
     head_params = yaml.safe_load(git("show", "HEAD:params.yaml"))
-    mirror = yaml.safe_load((ROOT / "reports" / "cpu" / paper / "params.yaml").read_text())["data"]["mirror"] \
-        if (ROOT / "reports" / "cpu" / paper / "params.yaml").is_file() else "mirror"
+    mirror = plan_data.get("mirror") or "mirror"  # the plan's clone read the mirror there
     raw = snapshot_params(paper, head_params, mirror)
     cell_stages = [t for t in PAPERS[paper]["targets"] if not t.endswith("_report")]
     moved = [line for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
              if not line.split(":")[0].split("@")[0] in cell_stages]
     if moved:
         return lines + ["  the cells' inputs changed since the plan (run a stretch to re-plan):"] + [f"    {m}" for m in moved]
-    params = parse_params(raw)
+    params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), mirror))  # with scales/
     runs = importlib.import_module(f"fedrepro.{paper}.runs")
     planned = {cell.name: (group, runs.run_fingerprint(params, cell, plan_data["cells"][cell.name]["inputs"]), weight(cell))
                for group, members, weight in snapshot_cells(paper, params) for cell in members

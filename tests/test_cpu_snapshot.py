@@ -2,6 +2,7 @@
 with HEAD's code and params, and a stale snapshot's report says so in its first line."""
 
 import importlib.util
+import json
 import subprocess
 
 import pytest
@@ -90,3 +91,32 @@ def test_a_canary_compares_each_cell_by_its_recorded_sha256_else_its_results_row
     (work / "data" / "ssvfnas" / "tables" / "m" / "b" / "curve.csv").write_text("other\n")
     differences, _, _ = cpu_snapshot._compare_cells("ssvfnas", work, snapshot)
     assert differences == ["a: accuracy 0.5 -> 0.4", "b: its output files differ from the snapshot's (sha256)"]
+
+
+def test_ledger_status_counts_each_tables_cells_by_machine_class_and_the_stale_entries(tmp_path, monkeypatch):
+    """A plan of every FedCMC snapshot cell (at HEAD's code and params); the ledger holds two of Table 2's cells at
+    their HEAD runs, one on each machine class, and an older run of a third: two done, the third missing, one stale."""
+    from fedrepro.config import parse_params, read_raw_params
+    from fedrepro.fedcmc.runs import run_fingerprint
+
+    monkeypatch.setattr(cpu_snapshot, "ledger_dir", lambda paper: tmp_path)
+    monkeypatch.setattr(cpu_snapshot, "dependency_changes", lambda lock, params, targets: [])
+    params = parse_params(cpu_snapshot.snapshot_params("fedcmc", read_raw_params(ROOT / "params.yaml"), "mirror"))
+    groups = cpu_snapshot.snapshot_cells("fedcmc", params)
+    cells = {cell.name: {"group": group, "seed": cell.seed, "weight": weight(cell), "inputs": "digest",
+                         "run": run_fingerprint(params, cell, "digest")} for group, members, weight in groups for cell in members}
+    (tmp_path / cpu_snapshot.PLAN).write_text(json.dumps({"commit": "abc1234", "date": "2026-12-07", "upstream_lock": {},
+                                                          "cells": cells}))
+    first, second, third = groups[0][1][:3]
+    for cell, run, machine, seconds in ((first, cells[first.name]["run"], "avx512-bf16", 200.0),
+                                        (second, cells[second.name]["run"], "avx2-fp32", 300.0),
+                                        (third, "an-older-run", "avx2-fp32", 100.0)):
+        entry = tmp_path / cell.name / f"{run[:16]}-{machine}"
+        entry.mkdir(parents=True)
+        (entry / "stamp.json").write_text(json.dumps({"run": run, "cell": cell.name, "machine": machine,
+                                                      "seconds": seconds, "weight": 1.0}))
+    lines = cpu_snapshot.ledger_status("fedcmc")
+    table = len(groups[0][1])
+    assert f"  Table 2: 2 of {table} cells (avx2-fp32: 1, avx512-bf16: 1)" in lines
+    assert any(line.startswith(f"  missing: {len(cells) - 2} cells, about ") for line in lines), lines
+    assert lines[-1].endswith(": 1")
