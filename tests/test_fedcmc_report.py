@@ -215,7 +215,7 @@ def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid)
     minor = claims[claims["finding (paper)"].str.startswith("Fig 4: minor vectors are worse than none")]
     assert minor["verdict"].tolist() == ["holds"]
     obs = claims[claims["finding (paper)"].str.startswith("Observation 3")]
-    assert obs["verdict"].iloc[0].startswith("holds (direction only") and "100% of 4 classes" in obs["measured"].iloc[0]
+    assert obs["verdict"].iloc[0].startswith("inconclusive (direction as claimed, direction only") and "100% of 4 classes" in obs["measured"].iloc[0]
     assert "FedCMC 2, FedAvg not reached in 3 rounds" in text  # rounds to 45%: FedCMC 0.25, 0.5, 0.75
     assert "64 bytes more than FedAvg per client" in text
     assert "| client_" not in text  # the counts are drawn, not printed

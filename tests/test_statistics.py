@@ -155,3 +155,15 @@ def test_only_the_vocabulary_words_a_verdict():
 def test_sign_test_counts_wins_losses_and_ties():
     wins, losses, ties, p = sign_test([1, 2, 3, 4, 5, 6, 7, 9], [2, 3, 4, 5, 6, 7, 8, 9])
     assert (wins, losses, ties) == (7, 0, 1) and p == pytest.approx(2 / 2 ** 7)
+
+
+def test_a_direction_without_a_test_is_a_verdict_only_from_three_seeds_up():
+    """Below ``MIN_SEEDS`` a direction reads inconclusive and says which way it went; from three seeds up it holds or
+    is reversed (embedded FedMatch Fig 5 once read 'holds (direction only)' on one seed's MRR 0.366 / 0.368 / 0.370)."""
+    from fedrepro.report.statistics import direction_verdict
+
+    assert direction_verdict(True, "direction only", 1) == (
+        "inconclusive (direction as claimed, direction only; 1 seed; a seed-level test needs 3)")
+    assert direction_verdict(False, "direction only", 2).startswith("inconclusive (direction against the claim")
+    assert direction_verdict(True, "direction only", 3) == "holds (direction only)"
+    assert direction_verdict(False, "direction only", 5) == "reversed (direction only)"

@@ -720,7 +720,8 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[Claim]:
         if ours is None and theirs is None:
             result = worded(INCONCLUSIVE, "neither reaches the target")
         else:
-            result = direction_verdict(ours is not None and (theirs is None or ours < theirs), "direction only, no test")
+            seeds = min(len(_select(data, TABLE, method=m, dataset=point[0], alpha=point[1])) for m in ("fedcmc", rival))
+            result = direction_verdict(ours is not None and (theirs is None or ours < theirs), "direction only, no test", seeds)
         rows.append(_guard(data, Claim(
             finding=finding,
             measured=f"{point_name(*point)}: FedCMC {_rounds_text(ours, total)}, {method_label(rival)} {_rounds_text(theirs, total)} "
@@ -740,8 +741,9 @@ def _rounds_claims(data: FedCMCResults, params: Params) -> list[Claim]:
         if "fedcmc" not in speed:
             result = worded(NOT_TESTABLE, "FedCMC not in fedcmc.sweeps.methods")
         else:
+            seeds = min(len(_select(data, "local_epochs", method=m, local_epochs=e)) for m in sw.methods for e in (low, high))
             result = direction_verdict(faster["fedcmc"] and not any(v for m, v in faster.items() if m != "fedcmc"),
-                                       "direction only, no test")
+                                       "direction only, no test", seeds)
         rows.append(_guard(data, Claim(finding=finding, measured=f"rounds to {100 * target:g}%: " + measured,
                                        verdict=result,
                                        test="descriptive (no test): rounds to the target at the fewest and most local epochs"),
@@ -840,7 +842,7 @@ def _observation3_claims(data: FedCMCResults, params: Params) -> list[Claim]:
     measured = "; ".join(f"round {r}: {numbers[r][0]:.0%} of {numbers[r][2]} classes (chance {numbers[r][1]:.0%})" for r in (first, last))
     holds = all(numbers[r][0] > numbers[r][1] for r in (first, last))
     rows = [Claim(finding=finding, measured=f"FedAvg `{row['name']}`: " + measured,
-                  verdict=direction_verdict(holds, "direction only, no test: above chance in the first and last round"),
+                  verdict=direction_verdict(holds, "direction only, no test: above chance in the first and last round", 1),
                   test="descriptive (no test): share of classes whose argmin_k d_{k,c} is the largest holder vs a uniform pick among holders")]
     if fedcmc is not None:
         picks = _observation3_numbers(data, fedcmc, counts, "vector_clients")
@@ -850,7 +852,7 @@ def _observation3_claims(data: FedCMCResults, params: Params) -> list[Claim]:
             rows.append(Claim(finding="FedCMC's major vector of class c comes from the class's largest holder",
                               measured=f"FedCMC `{data.cells.set_index('key').loc[fedcmc, 'name']}`: {np.mean(shares):.0%} of classes over "
                                        f"{len(picks)} rounds ({min(shares):.0%} to {max(shares):.0%}; chance {chance:.0%})",
-                              verdict=direction_verdict(np.mean(shares) > chance, "direction only, no test: against chance"),
+                              verdict=direction_verdict(np.mean(shares) > chance, "direction only, no test: against chance", 1),
                               test="descriptive (no test): `vector_clients` of each round against the training counts"))
     return rows
 

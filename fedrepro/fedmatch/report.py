@@ -230,6 +230,12 @@ def _sweep_series(data: FedMatchResults, sweep: str, client: str, metric: str, m
     return series.sort_index()
 
 
+def _seeds(data: FedMatchResults, sweep: str | None = None) -> int:
+    """How many seeds a sweep's (or, with none, the tables') mean values are over: the fewest of any of its rows."""
+    frame = data.results[data.results.sweep.isna()] if sweep is None else data.results[data.results.sweep == sweep]
+    return int(frame.groupby("row")["seed"].nunique().min()) if len(frame) else 0
+
+
 def _sweep_rows(data: FedMatchResults, sweep: str, method: str = FIGURE_METHOD) -> dict[int | float, str]:
     """Sweep point -> the row of its cells, in the points' order: the per-question contrasts' input."""
     frame = data.results[(data.results.sweep == sweep) & (data.results.method == method)][["point", "row"]].drop_duplicates()
@@ -298,7 +304,7 @@ def _individual_beats_fedavg_somewhere(data: FedMatchResults) -> Claim:
     wins = [f"{c} {g:+.1%}" for c, g in gaps.items() if g > 0]
     if "fiqa" in gaps:
         measured = f"FiQA MAP: individual vs FedAvg {gaps['fiqa']:+.1%} relative"
-        holds = direction_verdict(gaps["fiqa"] > 0, "direction only: no test per client")
+        holds = direction_verdict(gaps["fiqa"] > 0, "direction only: no test per client", _seeds(data))
     else:
         measured = "no FiQA client at this scale"
         holds = worded(NOT_TESTABLE, "no FiQA client at this scale; individual wins on " + ("some client" if wins else "no client"))
@@ -349,7 +355,7 @@ def _figure_claims(data: FedMatchResults, chance: dict | None) -> list[Claim]:
     return [_guarded(data, claim, sweep_rows(sweep)) for sweep, claim in _figure_claim_rows(data, chance)]
 
 
-def _robustness(data: FedMatchResults, finding: str, points: dict, robust: list[str], what: str) -> Claim:
+def _robustness(data: FedMatchResults, finding: str, points: dict, robust: list[str], what: str, seeds: int) -> Claim:
     """'The ``robust`` clients move least over the sweep': each client's MRR range over the points (mean over the
     sweep's seeds); one range per client leaves no test, so the verdict is the direction."""
     ranges = {c: float(np.ptp([_level(data, row, "mrr", [c]) for row in points.values()])) for c in _clients(data)}
@@ -360,7 +366,7 @@ def _robustness(data: FedMatchResults, finding: str, points: dict, robust: list[
     return Claim(finding=finding,
                  measured=f"MRR range over {what}: " + ", ".join(f"{c} {r:.3f}" for c, r in ranges.items())
                           + f"; {', '.join(robust)} {mine:.3f} vs the others' mean {theirs:.3f}",
-                 verdict=direction_verdict(mine < theirs, f"direction only, one range per client over {len(points)} points"),
+                 verdict=direction_verdict(mine < theirs, f"direction only, one range per client over {len(points)} points", seeds),
                  test="max - min of each client's MRR over the sweep (mean over sweep seeds; no test over one range per client)")
 
 
@@ -372,7 +378,7 @@ def _layer_claims(data: FedMatchResults, chance: dict | None) -> list[Claim]:
     if len(points) < 2:
         return [_sweep_not_run(f, "shared_layers", len(points)) for f in (robust_finding, partial_finding)]
     clients = _clients(data)
-    rows = [_robustness(data, robust_finding, points, ["fiqa"], "the shared layers")
+    rows = [_robustness(data, robust_finding, points, ["fiqa"], "the shared layers", _seeds(data, "shared_layers"))
             if "fiqa" in clients else _no_client(robust_finding, ("FiQA",))]
     named = [c for c in ("bioasq", "fiqa") if c in clients]
     if not named:
@@ -407,7 +413,7 @@ def _aggregation_claims(data: FedMatchResults, chance: dict | None) -> list[Clai
     large = [c for c in ("bioasq", "fiqa") if c in clients]
     rows.append(_compare(data, findings[1], [periods[2]], [periods[1]], chance=chance, clients=large)
                 if large else _no_client(findings[1], ("BioASQ", "FiQA")))
-    rows.append(_robustness(data, findings[2], periods, large, "the aggregation periods")
+    rows.append(_robustness(data, findings[2], periods, large, "the aggregation periods", _seeds(data, "aggregate_every"))
                 if large else _no_client(findings[2], ("FiQA", "BioASQ")))
     rows.append(_compare(data, findings[3], [periods[1]], [periods[2]], chance=chance, clients=["privacyqa"])
                 if "privacyqa" in clients else _no_client(findings[3], ("PrivacyQA",)))
@@ -446,7 +452,8 @@ def _figure_claim_rows(data: FedMatchResults, chance: dict | None) -> list[tuple
         rho = stats.spearmanr(layers.index, layers.values).statistic if len(set(layers.values)) > 1 else 0.0
         rows.append(("shared_layers", Claim(finding="Fig 5 (1): overall MRR falls as fewer encoder layers are shared",
                                             measured=", ".join(f"{int(k)} shared: {v:.3f}" for k, v in layers.items()) + f"; Spearman rho = {rho:+.2f}",
-                                            verdict=direction_verdict(rho > 0, f"direction only, over {len(layers)} points"),
+                                            verdict=direction_verdict(rho > 0, f"direction only, over {len(layers)} points",
+                                                                      _seeds(data, "shared_layers")),
                                             test="rank correlation of shared layers and overall MRR (few points: direction only)")))
     rows += [("shared_layers", claim) for claim in _layer_claims(data, chance)]
     sizes = _sweep_series(data, "patch_size", OVERALL, "mrr")
@@ -458,7 +465,8 @@ def _figure_claim_rows(data: FedMatchResults, chance: dict | None) -> list[tuple
             peak = int(sizes.idxmax())
             rows.append(("patch_size", Claim(finding=f"Fig 6: MRR peaks at a middle patch size (PrivacyQA at 128); {client}",
                                              measured=", ".join(f"r={int(k)}: {v:.3f}" for k, v in sizes.items()) + f"; peak at r={peak}",
-                                             verdict=direction_verdict(peak not in (sizes.index.min(), sizes.index.max()), "direction only"),
+                                             verdict=direction_verdict(peak not in (sizes.index.min(), sizes.index.max()),
+                                                                       "direction only", _seeds(data, "patch_size")),
                                              test="position of the maximum over the sweep (1 value per point: direction only)")))
             break
     rows += [("aggregate_every", claim) for claim in _aggregation_claims(data, chance)]
@@ -473,7 +481,8 @@ def _figure_claim_rows(data: FedMatchResults, chance: dict | None) -> list[tuple
         low, high = margin.index.min(), margin.index.max()
         rows.append(("data_ratio", Claim(finding="Fig 8 (2): the MAP margin of H+LR over individual BERT grows as data shrinks (2.60% at 100%, 7.23% at 20%)",
                                          measured=f"{client}: margin {margin[high]:+.1%} at {high:.0%} of the data, {margin[low]:+.1%} at {low:.0%}",
-                                         verdict=direction_verdict(margin[low] > margin[high], "direction only"),
+                                         verdict=direction_verdict(margin[low] > margin[high], "direction only",
+                                                                   _seeds(data, "data_ratio")),
                                          test="relative MAP margins at the smallest and largest ratio (mean over sweep seeds)")))
     return rows
 

@@ -44,8 +44,18 @@ def verdict_from_p(difference: float, p_value: float, alpha: float = ALPHA) -> s
     return NOT_SIGNIFICANT
 
 
-def direction_verdict(holds: bool, why: str) -> str:
-    """A claim the numbers can only show the direction of (no test): holds or reversed, saying so."""
+def direction_verdict(holds: bool, why: str, seeds: int) -> str:
+    """A claim the numbers can only show the direction of (no test): holds or reversed, saying so, when they come from
+    at least ``MIN_SEEDS`` seeds; from fewer, inconclusive with the direction seen (one seed's direction is as likely
+    another seed's noise)."""
+    if seeds < MIN_SEEDS:
+        return worded(INCONCLUSIVE, f"direction {'as claimed' if holds else 'against the claim'}, {why}; "
+                                    f"{too_few_seeds(seeds)}")
+    return worded(HOLDS if holds else REVERSED, why)
+
+
+def exact_verdict(holds: bool, why: str) -> str:
+    """A claim on exact counts that no seed moves (messages a step, from the channel's log): holds or reversed."""
     return worded(HOLDS if holds else REVERSED, why)
 
 

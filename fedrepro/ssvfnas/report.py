@@ -24,7 +24,7 @@ from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, curve_caption, messages_figure
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.statistics import INCONCLUSIVE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict, sign_test, worded
+from fedrepro.report.statistics import INCONCLUSIVE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict, exact_verdict, sign_test, worded
 from fedrepro.ssvfnas.cells import (BASELINE, METHODS, Cell, baseline_cells, dp_name, label_alone_cells, partitions, retrain_health,
                                     table_cells)
 from fedrepro.ssvfnas.runs import hold_out, load_partition
@@ -802,7 +802,7 @@ def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
             parts.append(f"K={k}: {method_label(m2)} {ma} messages / {xa} exchanges vs {method_label(m1)} {mb} / {xb}")
             break
     return Claim(finding=finding, measured="; ".join(parts),
-                 verdict=direction_verdict(holds, "exact counts" + ("; equal" if tied and not holds else "")),
+                 verdict=exact_verdict(holds, "exact counts" + ("; equal" if tied and not holds else "")),
                  test="exact counts from the channel's log of every step (deterministic; no sampling involved)")
 
 
@@ -868,7 +868,7 @@ def _heterogeneity_claim(data: SSVFNASResults) -> Claim:
         return Claim.not_testable(finding, "no search cell")
     differ = sum(len({str(_kept_edges(g)) for g in data.genotypes[key]}) > 1 for key in search.key)
     return Claim(finding, f"the parties' derived cells differ in {differ} of {len(search)} search cells",
-                 direction_verdict(differ > 0, "direction only: counts of derived genotypes"),
+                 direction_verdict(differ > 0, "direction only: counts of derived genotypes", search.seed.nunique()),
                  "count over every search cell of the derived genotypes' edges (op and input) per party; 'capable of' holds "
                  "when any cell's parties differ")
 
