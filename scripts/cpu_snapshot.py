@@ -364,10 +364,10 @@ def collect(paper: str, workdir: Path) -> None:
     """Copy the clone's report here with a stamp: the commit that trained it, the date, the params."""
     target = ROOT / "reports" / "cpu" / paper
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
-    if target.exists():  # the sanity sweeps' folders and files (sanity*) are kept: no report stage writes them
-        for entry in target.iterdir():
-            if not entry.name.startswith("sanity"):
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for entry in (workdir / "reports" / paper).iterdir():  # what the report stage writes replaces its old copy; the
+        old = target / entry.name                            # ledger, sanity sweeps and notes beside it are kept
+        if old.exists():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
     shutil.copytree(workdir / "reports" / paper, target, dirs_exist_ok=True)
     shutil.copy(workdir / "params.yaml", target / "params.yaml")
     (target / "scales").mkdir(exist_ok=True)
@@ -576,9 +576,14 @@ def trained_by(folder: Path) -> str:
     return found.group(1)[:7] if found else "unknown"
 
 
+NO_REPORT = "no report yet"
+
+
 def status(paper: str) -> list[str]:
     """Why ``paper``'s snapshot is stale against HEAD; empty when its cells would be trained the same way today."""
     folder = ROOT / "reports" / "cpu" / paper
+    if not (folder / "report.md").is_file():
+        return [f"{NO_REPORT}: its ledger ({ledger_dir(paper).relative_to(ROOT)}) lacks cells, see below"]
     if not (folder / "SNAPSHOT.lock").is_file():
         return [f"no SNAPSHOT.lock: trained by commit {trained_by(folder)} before snapshots kept what their cells "
                 "depended on"]
@@ -592,6 +597,8 @@ def status(paper: str) -> list[str]:
 def mark(paper: str, stale: bool) -> None:
     """A stale snapshot's report says so in its first line; a fresh one's does not."""
     report = ROOT / "reports" / "cpu" / paper / "report.md"
+    if not report.is_file():  # nothing to mark until the ledger is complete
+        return
     lines = report.read_text().split("\n")
     if lines[0].startswith(STALE_BANNER):
         lines = lines[2:]

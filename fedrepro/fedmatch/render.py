@@ -194,5 +194,5 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
                   "The embedded scale is a fast, offline run of every table and figure in miniature: real InsuranceQA "
                   "text (five insurance domains as five clients) with a tiny randomly initialised BERT, few rounds and "
                   "seeds. It checks the pipeline and shows learning above chance; it is not the paper's setting, and its "
-                  "verdicts carry little weight. The CPU-scale snapshot on the five real collections is in `reports/cpu/fedmatch/`.", ""]
+                  "verdicts carry little weight. A CPU-scale snapshot on the five real collections grows in `reports/cpu/fedmatch/` (`reports/README.md` says how far it is).", ""]
     return "\n".join(lines)
