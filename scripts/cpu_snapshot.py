@@ -5,6 +5,7 @@
     python scripts/cpu_snapshot.py run ssvfnas               # 192 cells, about an hour on 2 cores
     python scripts/cpu_snapshot.py collect fedcmc WORKDIR    # copy WORKDIR's report into reports/cpu/fedcmc
     python scripts/cpu_snapshot.py status [--mark]           # each ledger's cells done and missing; stale reports
+    python scripts/cpu_snapshot.py carry fedcmc              # after a code change: re-key the ledger if 3 cells retrain identical
     python scripts/cpu_snapshot.py canary ssvfnas            # a stale one carried forward, or marked
     python scripts/cpu_snapshot.py plan [fedmatch]           # the cells a snapshot trains, by table and figure
 
@@ -14,7 +15,9 @@ code: commit first), trains in the clone every cell the ledger lacks for this ma
 seed, then the figures), takes the others back from the ledger untrained, and with ``--budget`` starts no cell past
 the budget less its longest cell; it then writes the ledger's plan (``PLAN.json``: every cell the snapshot needs, its
 run fingerprint and inputs) and the stretch's manifest (``stretches/``: commit, dates, the machine, its one-thread
-matmul GFLOP/s, what it trained), and commits them. Once every cell is there, the paper's own report stage writes the
+matmul GFLOP/s, what it trained), and commits them. A code change in a cell's closure moves its run fingerprint, and
+so leaves its entry behind; when the change moved no result, ``carry`` re-keys the entries to HEAD's runs after a
+sample of them retrains at HEAD to the same files. Once every cell is there, the paper's own report stage writes the
 report, copied here with a SNAPSHOT.md that records the commit, the date, the params and the stage wall times, and
 with the clone's dvc.lock (SNAPSHOT.lock): the hash of every file and the value of every param its cells depended on.
 `status` lets DVC compare that lock with HEAD's code and the params HEAD would run the snapshot with; `--mark`
@@ -53,14 +56,14 @@ PAPERS = {
         # Tables 2-3 and Figs 5-8 at 3 seeds (the sweeps' seeds too: their claims are tested with the seed as unit)
         "grid": {"fedmatch.sweeps.seeds": [0, 1, 2]},
         "targets": ["fedmatch_table", "fedmatch_sweeps", "fedmatch_report"],
-        "stage_script": "fedmatch_train.py", "inputs": ("MINED", "TOKENIZER"),
+        "stage_script": "fedmatch_train.py", "inputs": ("MINED", "TOKENIZER"), "gold": "MINED",
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",
         # Table 2, the clients table, Table 3 and Figs 1, 3a, 3b, 4 at 3 seeds (the sweeps' seeds too)
         "grid": {"fedcmc.sweeps.seeds": [0, 1, 2]},
         "targets": ["fedcmc_table", "fedcmc_sweeps", "fedcmc_report"],
-        "stage_script": "fedcmc_train.py", "inputs": ("PREPARED", "PARTITIONS", "TOKENIZER"),
+        "stage_script": "fedcmc_train.py", "inputs": ("PREPARED", "PARTITIONS", "TOKENIZER"), "gold": "PARTITIONS",
     },
     "ssvfnas": {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",
@@ -73,7 +76,7 @@ PAPERS = {
         "canary": {"ssvfnas.datasets": ["breast", "digits"], "ssvfnas.parties": [2],
                    "ssvfnas.dp_levels": [[0, 0], [1.0, 1.0]], "ssvfnas.seeds": [0]},
         "cell_key": "cell",
-        "stage_script": "ssvfnas_train.py", "inputs": ("PARTITIONS",),
+        "stage_script": "ssvfnas_train.py", "inputs": ("PARTITIONS",), "gold": "PARTITIONS",
     },
 }
 
@@ -307,6 +310,157 @@ def write_plan(paper: str) -> None:
                                      "upstream_lock": {**lock, "stages": upstream}, "cells": cells}, indent=1) + "\n")
 
 
+def head_runs(paper: str, plan_data: dict) -> tuple[dict[str, tuple[str, str, float]], int, list[str]]:
+    """Each planned cell's (table or figure, run fingerprint at HEAD, weight), from the plan's digests of its inputs;
+    how many of HEAD's cells the plan lacks; and, if the stages that make those inputs changed since the plan, what
+    changed (the digests, and so the runs, are then unknown: empty result)."""
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.config import parse_params, read_raw_params
+
+    mirror = plan_data.get("mirror") or "mirror"  # the plan's clone read the mirror there
+    raw = snapshot_params(paper, yaml.safe_load(git("show", "HEAD:params.yaml")), mirror)
+    cell_stages = [t for t in PAPERS[paper]["targets"] if not t.endswith("_report")]
+    moved = [line for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
+             if not line.split(":")[0].split("@")[0] in cell_stages]
+    if moved:
+        return {}, 0, moved
+    params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), mirror))  # with scales/
+    runs = importlib.import_module(f"fedrepro.{paper}.runs")
+    groups = snapshot_cells(paper, params)
+    planned = {cell.name: (group, runs.run_fingerprint(params, cell, plan_data["cells"][cell.name]["inputs"]), weight(cell))
+               for group, members, weight in groups for cell in members if cell.name in plan_data["cells"]}
+    return planned, sum(len(members) for _, members, _ in groups) - len(planned), []
+
+
+CARRY_SAMPLE = 3
+"""Cells a ``carry`` retrains at HEAD, spread over the ledger's cheapest entries to carry."""
+
+
+def carry(paper: str, workdir: Path, sample: int = CARRY_SAMPLE) -> list[str]:
+    """Carry the ledger's entries of this machine class forward to HEAD's runs without retraining them all, when a
+    code change left their results as they were (a refactor, a new check): ``sample`` of them are retrained at HEAD
+    in a clone (after its stages that make their inputs ran, which must digest as the plan says) and each must come
+    out as its entry, every kept file byte for byte and its metrics but the hardware. Then every entry is re-keyed
+    to its cell's HEAD run, its stamp saying from which run and by which commit, and the plan takes HEAD's runs.
+    Returns what differed (empty: carried)."""
+    folder = ledger_dir(paper)
+    plan_data = json.loads((folder / PLAN).read_text())
+    planned, _, moved = head_runs(paper, plan_data)
+    if moved:
+        return [f"the cells' inputs changed since the plan, so their runs at HEAD are unknown: {line}" for line in moved]
+    if workdir.exists() and any(workdir.iterdir()):
+        sys.exit(f"--workdir {workdir} is not empty: remove it or name a new folder")
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
+    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), plan_data["mirror"])
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+    env = {**ENV, "PYTHONPATH": str(workdir)}
+    machine = subprocess.run([sys.executable, "-c", MACHINE_CLASS.format(paper=paper)], cwd=workdir, env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    behind = entries_behind(paper, planned, machine)
+    if not behind:
+        print(f"{paper}: no entry of {machine} is behind HEAD's runs")
+        return []
+    order = sorted(behind, key=lambda name: (planned[name][2], name))
+    sampled = order[::max(1, len(order) // sample)][:sample]
+    # the stages that make the cells' inputs, and none of the cells: a stop time already passed
+    subprocess.run(["dvc", "repro", PAPERS[paper]["targets"][0]], cwd=workdir, env={**env, STOP_ENV: "0"})
+    retrained = workdir / "carry-ledger"
+    subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "train-cells", paper, str(retrained),
+                    *sampled], cwd=workdir, env=env, check=True)
+    differences = []
+    for name in sampled:
+        fresh = retrained / name / f"{planned[name][1][:16]}-{machine}"
+        if not fresh.is_dir():
+            differences.append(f"{name}: its run at HEAD in the clone is not the one HEAD's plan computes (inputs differ?)")
+            continue
+        differences += [f"{name}: {why}" for why in entry_differences(folder / name / behind[name], fresh)]
+    if differences:
+        return differences
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
+    carry_entries(paper, behind, {name: run for name, (_, run, _) in planned.items()}, machine, commit, sampled)
+    return []
+
+
+def entries_behind(paper: str, planned: dict, machine: str) -> dict[str, str]:
+    """Cell -> the folder of its entry of ``machine`` class at another run than HEAD's, for the planned cells the
+    ledger does not yet hold at HEAD's run."""
+    behind, held = {}, set()
+    for stamp in ledger_stamps(paper):
+        if stamp["machine"] == machine and stamp["cell"] in planned and stamp["run"] == planned[stamp["cell"]][1]:
+            held.add(stamp["cell"])
+    for path in sorted(ledger_dir(paper).glob("*/*/stamp.json")):
+        stamp = json.loads(path.read_text())
+        name = stamp["cell"]
+        if stamp["machine"] == machine and name in planned and name not in held and stamp["run"] != planned[name][1]:
+            behind[name] = path.parent.name
+    return behind
+
+
+def entry_differences(old: Path, new: Path) -> list[str]:
+    """What differs between two ledger entries of one cell: each kept file byte for byte, the metrics but the
+    hardware that trained them."""
+    def files(entry: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("*"))
+                if p.is_file() and p.name != "stamp.json"}
+
+    ours, theirs, differences = files(old), files(new), []
+    for name in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(name), theirs.get(name)
+        if name.endswith("metrics.json") and a is not None and b is not None:
+            a, b = ({k: v for k, v in json.loads(x).items() if k != "hardware"} for x in (a, b))
+        if a != b:
+            differences.append(f"{name} differs" if a is not None and b is not None else f"{name} in one entry only")
+    return differences
+
+
+def carry_entries(paper: str, behind: dict[str, str], head: dict[str, str], machine: str, commit: str,
+                  sampled: list[str]) -> None:
+    """Re-key each entry of ``behind`` to its cell's HEAD run (the old folder goes; git keeps it), and the plan."""
+    folder = ledger_dir(paper)
+    for name, entry in behind.items():
+        old, new = folder / name / entry, folder / name / f"{head[name][:16]}-{machine}"
+        stamp = json.loads((old / "stamp.json").read_text())
+        shutil.copytree(old, new)
+        (new / "stamp.json").write_text(json.dumps(
+            {**stamp, "run": head[name], "carried_from": stamp["run"], "carried_by": commit,
+             "carried_on": dt.date.today().isoformat(), "carried_because": f"{len(sampled)} cells retrained at "
+             f"{commit[:7]} came out identical: {', '.join(sampled)}"}, indent=1) + "\n")
+        shutil.rmtree(old)
+    plan_data = json.loads((folder / PLAN).read_text())
+    for name, run in head.items():
+        plan_data["cells"][name]["run"] = run
+    plan_data["commit"], plan_data["date"] = commit, dt.date.today().isoformat()
+    (folder / PLAN).write_text(json.dumps(plan_data, indent=1) + "\n")
+
+
+def train_cells(paper: str, ledger_root: Path, names: list[str]) -> None:
+    """(In a snapshot's clone whose cells' inputs are built) train the named cells at this checkout's code with the
+    stage's own ``run_cell``, one after another, each recorded in the ledger at ``ledger_root``."""
+    sys.path.insert(0, str(Path.cwd()))
+    from fedrepro.config import load_params
+    from fedrepro.io import tree_digest
+    from fedrepro.ledger import ResultsLedger, machine_class
+
+    params = load_params()
+    runs = importlib.import_module(f"fedrepro.{paper}.runs")
+    stage_spec = importlib.util.spec_from_file_location(f"{paper}_stage", Path("stages") / PAPERS[paper]["stage_script"])
+    stage = importlib.util.module_from_spec(stage_spec)
+    stage_spec.loader.exec_module(stage)
+    folders = [getattr(stage, name) for name in PAPERS[paper]["inputs"]]
+    ledger = ResultsLedger(ledger_root, runs.ledger_gold(getattr(stage, PAPERS[paper]["gold"])),
+                           machine_class("fp32" if paper == "ssvfnas" else params.train.precision))
+    cells = {cell.name: (cell, weight) for _, members, weight in snapshot_cells(paper, params) for cell in members}
+    work = Path(tempfile.mkdtemp(prefix="fedrepro-carry-"))
+    for name in names:
+        cell, weight = cells[name]
+        digest = tree_digest(*runs.cell_inputs(cell, *folders))
+        started = time.perf_counter()
+        metrics = runs.run_cell(params, cell, *folders, work / "out" / name, work / "checkpoints" / name, digest)
+        ledger.record(runs.run_fingerprint(params, cell, digest), cell, work / "out" / name, metrics,
+                      time.perf_counter() - started, weight(cell))
+        print(f"{name}: retrained at HEAD ({time.perf_counter() - started:.0f} s)", flush=True)
+
+
 def ledger_status(paper: str) -> list[str]:
     """Per table and figure, how many of the plan's cells the ledger holds (by machine class), what is missing and
     about how long it would take here, and how many entries are stale; the plan checked against HEAD first."""
@@ -315,23 +469,9 @@ def ledger_status(paper: str) -> list[str]:
         return [f"{paper} ledger: no plan yet (`python scripts/cpu_snapshot.py run {paper} --budget MINUTES` starts it)"]
     plan_data = json.loads((folder / PLAN).read_text())
     lines = [f"{paper} ledger (plan of commit {plan_data['commit'][:7]}, {plan_data['date']}):"]
-    sys.path.insert(0, str(ROOT))
-    from fedrepro.config import parse_params, read_raw_params
-
-    head_params = yaml.safe_load(git("show", "HEAD:params.yaml"))
-    mirror = plan_data.get("mirror") or "mirror"  # the plan's clone read the mirror there
-    raw = snapshot_params(paper, head_params, mirror)
-    cell_stages = [t for t in PAPERS[paper]["targets"] if not t.endswith("_report")]
-    moved = [line for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
-             if not line.split(":")[0].split("@")[0] in cell_stages]
+    planned, unplanned, moved = head_runs(paper, plan_data)
     if moved:
         return lines + ["  the cells' inputs changed since the plan (run a stretch to re-plan):"] + [f"    {m}" for m in moved]
-    params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), mirror))  # with scales/
-    runs = importlib.import_module(f"fedrepro.{paper}.runs")
-    planned = {cell.name: (group, runs.run_fingerprint(params, cell, plan_data["cells"][cell.name]["inputs"]), weight(cell))
-               for group, members, weight in snapshot_cells(paper, params) for cell in members
-               if cell.name in plan_data["cells"]}
-    unplanned = sum(len(members) for _, members, _ in snapshot_cells(paper, params)) - len(planned)
     stamps = ledger_stamps(paper)
     held = defaultdict(set)  # (cell, run) -> machine classes
     for stamp in stamps:
@@ -622,6 +762,15 @@ def main() -> None:
     run_parser.add_argument("--no-commit", action="store_true", help="record cells in the ledger without committing")
     plan_writer = commands.add_parser("write-plan", help="(in a snapshot's clone) write the ledger's PLAN.json")
     plan_writer.add_argument("paper", choices=sorted(PAPERS))
+    carry_parser = commands.add_parser("carry", help="carry the ledger's entries forward to HEAD's runs when a sample "
+                                       "of them retrained at HEAD comes out identical")
+    carry_parser.add_argument("paper", choices=sorted(PAPERS))
+    carry_parser.add_argument("--sample", type=int, default=CARRY_SAMPLE)
+    carry_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
+    trainer = commands.add_parser("train-cells", help="(in a snapshot's clone) train the named cells into a ledger")
+    trainer.add_argument("paper", choices=sorted(PAPERS))
+    trainer.add_argument("ledger", type=Path)
+    trainer.add_argument("cells", nargs="+")
     collect_parser = commands.add_parser("collect")
     collect_parser.add_argument("paper", choices=sorted(PAPERS))
     collect_parser.add_argument("workdir", type=Path)
@@ -642,6 +791,17 @@ def main() -> None:
     if args.command == "write-plan":
         write_plan(args.paper)
         return
+    if args.command == "train-cells":
+        train_cells(args.paper, args.ledger, args.cells)
+        return
+    if args.command == "carry":
+        differences = carry(args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-carry-{args.paper}",
+                            args.sample)
+        for line in differences:
+            print(f"  {line}")
+        print(f"{args.paper}: " + ("not carried: the entries stay at their runs" if differences else
+                                   "every entry behind HEAD carried forward (commit reports/cpu/<paper>/cells)"))
+        sys.exit(1 if differences else 0)
     if args.command == "canary":
         differences = canary(args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-canary-{args.paper}")
         for line in differences:

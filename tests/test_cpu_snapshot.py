@@ -124,3 +124,39 @@ def test_ledger_status_counts_each_tables_cells_by_machine_class_and_the_stale_e
     assert f"  Table 2: 2 of {table} cells (avx2-fp32: 1, avx512-bf16: 1)" in lines
     assert any(line.startswith(f"  missing: {len(cells) - 2} cells, about ") for line in lines), lines
     assert lines[-1].endswith(": 1")
+
+
+def test_carry_finds_the_entries_behind_heads_runs_compares_them_but_the_hardware_and_re_keys_them(tmp_path, monkeypatch):
+    """The ledger's carry-forward: an entry of this machine class at an older run of its cell is behind (one at HEAD's
+    run, or of another class, is not); two entries that differ only in the hardware that trained them are the same,
+    one changed prediction is a difference; carried, the entry sits under HEAD's run and says where it came from."""
+    monkeypatch.setattr(cpu_snapshot, "ledger_dir", lambda paper: tmp_path)
+
+    def entry(cell, run, machine, predicted="rel0", cpu="EPYC"):
+        folder = tmp_path / cell / f"{run[:16]}-{machine}"
+        (folder / "outputs").mkdir(parents=True)
+        (folder / "outputs" / "predictions.csv").write_text(f"sentence_id,predicted\ns1,{predicted}\n")
+        for path in (folder / "metrics.json", folder / "outputs" / "metrics.json"):
+            path.write_text(json.dumps({"f1": 0.5, "hardware": {"cpu": cpu}}))
+        (folder / "stamp.json").write_text(json.dumps({"run": run, "cell": cell, "machine": machine}))
+        return folder
+
+    old_a = entry("a", "run-a-old", "avx2-fp32")
+    entry("b", "run-b-head", "avx2-fp32")
+    entry("c", "run-c-old", "avx512-bf16")
+    planned = {"a": ("T", "run-a-head", 1.0), "b": ("T", "run-b-head", 1.0), "c": ("T", "run-c-head", 1.0)}
+    behind = cpu_snapshot.entries_behind("fedcmc", planned, "avx2-fp32")
+    assert behind == {"a": old_a.name}
+
+    same = entry("copy", "run-a-old", "avx2-fp32", cpu="another EPYC")
+    other = entry("moved", "run-a-old", "avx2-fp32", predicted="rel1")
+    assert cpu_snapshot.entry_differences(old_a, same) == []
+    assert cpu_snapshot.entry_differences(old_a, other) == ["outputs/predictions.csv differs"]
+
+    (tmp_path / cpu_snapshot.PLAN).write_text(json.dumps({"commit": "old", "date": "2026-12-01", "cells": {
+        name: {"run": "stale"} for name in planned}}))
+    cpu_snapshot.carry_entries("fedcmc", behind, {n: run for n, (_, run, _) in planned.items()}, "avx2-fp32", "abc1234", ["a"])
+    assert not old_a.exists()
+    stamp = json.loads((tmp_path / "a" / "run-a-head-avx2-fp32" / "stamp.json").read_text())
+    assert stamp["run"] == "run-a-head" and stamp["carried_from"] == "run-a-old" and stamp["carried_by"] == "abc1234"
+    assert json.loads((tmp_path / cpu_snapshot.PLAN).read_text())["cells"]["a"]["run"] == "run-a-head"
