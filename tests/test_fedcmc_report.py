@@ -16,7 +16,8 @@ from fedrepro.config import parse_params, read_raw_params
 from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedcmc.render import render_report
-from fedrepro.fedcmc.report import (chance_scores, claims_table, identical_predictions, largest_holder_share, load_fedcmc, main_table,
+from fedrepro.fedcmc.claims import claims_table
+from fedrepro.fedcmc.report import (chance_scores, identical_predictions, largest_holder_share, load_fedcmc, main_table,
                                     rounds_to_target, summary_metrics, write_figures)
 from fedrepro.report.statistics import VERDICTS, bootstrap_contrast, bootstrap_difference, micro_f1, verdict_from_p
 

@@ -11,11 +11,13 @@ import pandas as pd
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.methods import PAPER_METHODS
-from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults, chance_level, claims_table,
-                                    communication_table, convergence_table, dataset_label, fedcmc_extra_download, figure1_cells,
-                                    figure_point, health_table, identical_predictions, local_epochs_tables, main_points,
-                                    main_table, mean_of, mean_std_percent, method_label, observation3_table, partitions_table,
-                                    percent, point_name, sweep_table, values_of)
+from fedrepro.fedcmc.claims import claims_table
+from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults,
+                                    chance_level, communication_table, convergence_table, dataset_label,
+                                    fedcmc_extra_download, figure1_cells, figure_point, health_table,
+                                    identical_predictions, local_epochs_tables, main_points, main_table, mean_of,
+                                    mean_std_percent, method_label, observation3_table, partitions_table, percent,
+                                    point_name, sweep_table, values_of)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds, sweep_not_run

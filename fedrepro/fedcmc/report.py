@@ -1,8 +1,8 @@
 """FedCMC's report: Table 2, the clients table, Table 3, Figs 1, 3a, 3b and 4, the partitions, communication and
-memory, and the claims table with seed-level bootstrap tests, from the cells' outputs and params only.
+memory, from the cells' outputs and params only (the claims table is ``claims.py``'s).
 
 ``load_fedcmc`` reads every cell the params ask for once into ``FedCMCResults`` (tidy frames); the functions
-after it each build one table, figure or claim; ``render.render_report`` writes the markdown. Nothing here reads a
+after it each build one table or figure; ``render.render_report`` writes the markdown. Nothing here reads a
 clock or an unseeded random source, so a rerun on the same cells gives the same bytes.
 """
 
@@ -14,24 +14,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fedrepro.config import Params
 from fedrepro.errors import DataError
 from fedrepro.fl.algorithms import REGISTRY
 from fedrepro.fl.health import cell_health, training_losses
 from fedrepro.fedcmc.cells import SWEEPS, Cell, sweep_points, table_cells
-from fedrepro.fedcmc.methods import PAPER_METHODS
 from fedrepro.io import read_json
 from fedrepro.metrics.classification import trivial_scores
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import bar_figure, f1_curves_figure, similarity_figure
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.results import missed_clients
-from fedrepro.report.statistics import (ALPHA, HOLDS, INCONCLUSIVE, NOT_TESTABLE, REVERSED, RESAMPLES, Bootstrap, bootstrap_contrast,
-                                        bootstrap_difference, direction_verdict, hierarchical_bootstrap, micro_f1, worded)
+from fedrepro.report.statistics import micro_f1
 
 LABELS = {name: algorithm.label for name, algorithm in REGISTRY.items()}
 DATASET_LABELS = {"i2b2": "2010 i2b2/VA", "chemprot_cpr5": "ChemProt (CPR)", "pgr": "PGR"}
@@ -188,19 +184,13 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
                          missed)
 
 
-def _test_text(result: Bootstrap, what: str = "") -> str:
-    pairing = "paired by seed" if result.paired_seeds else "seeds drawn apart"
-    return (f"hierarchical bootstrap{what} over {result.seeds} seed(s) x {result.items} test sentences ({RESAMPLES} "
-            f"resamples, {pairing}): {_pts(result.difference)} points, 95% CI [{_pts(result.low)}, {_pts(result.high)}]")
-
-
 # ----- selections and formatting ----------------------------------------------------------------------------
 def percent(value: float) -> str:
     """A 0-1 score as a percentage with two decimals, the unit of every FedCMC table."""
     return f"{100 * value:.2f}"
 
 
-def _pts(value: float) -> str:
+def points_text(value: float) -> str:
     return f"{100 * value:+.2f}"
 
 
@@ -220,7 +210,7 @@ def dataset_label(dataset: str) -> str:
     return DATASET_LABELS.get(dataset, dataset)
 
 
-def _select(data: FedCMCResults, group: str, **fields) -> pd.DataFrame:
+def selected(data: FedCMCResults, group: str, **fields) -> pd.DataFrame:
     frame = data.cells[data.cells.group == group]
     for name, value in fields.items():
         frame = frame[frame[name].isna()] if value is None else frame[frame[name] == value]
@@ -229,7 +219,7 @@ def _select(data: FedCMCResults, group: str, **fields) -> pd.DataFrame:
 
 def values_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> list[float]:
     """The selected cells' ``metric``, one value per seed in seed order."""
-    return _select(data, group, **fields)[metric].tolist()
+    return selected(data, group, **fields)[metric].tolist()
 
 
 def mean_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> float:
@@ -238,9 +228,9 @@ def mean_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields)
     return float(np.mean(values)) if values else float("nan")
 
 
-def _frames(data: FedCMCResults, group: str, **fields) -> dict[int, pd.DataFrame]:
+def prediction_frames(data: FedCMCResults, group: str, **fields) -> dict[int, pd.DataFrame]:
     """seed -> test predictions of the selected cells: the bootstrap's terms, paired by seed."""
-    chosen = _select(data, group, **fields)
+    chosen = selected(data, group, **fields)
     return {int(seed): data.predictions[key] for seed, key in zip(chosen["seed"], chosen["key"])}
 
 
@@ -253,53 +243,14 @@ CHANCE_MARGIN = 0.01
 """a cell less than this (micro-F1) above the best trivial baseline learned little beyond the prior."""
 
 
-def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse: dict, dataset: str, what: str = "") -> Claim:
-    """One claims row: the cells ``better`` selects beat those ``worse`` selects (test micro-F1, hierarchical
-    bootstrap); inconclusive when the reference ``worse`` sits at its partition's best trivial baseline."""
-    a, b = _frames(data, group, **better), _frames(data, group, **worse)
-    if not a or not b:
-        return Claim.not_testable(finding, "its cells are not in this scale's grid")
-    result = bootstrap_difference(a, b, data.positive[dataset])
-    name = lambda sel: method_label(sel["method"]) + (f" (vectors: {sel['vectors']})" if "vectors" in sel else "")  # noqa: E731
-    reference = mean_of(data, group, **worse)
-    claim = Claim.from_bootstrap(finding=finding,
-                                 measured=f"{what}{name(better)} {percent(mean_of(data, group, **better))} vs "
-                                          f"{name(worse)} {percent(reference)} micro-F1 ({_pts(result.difference)} points)",
-                                 test=_test_text(result), result=result)
-    chance = chance_level(data, dataset, _select(data, group, **worse)["partition"].iloc[0])
-    if reference - chance < CHANCE_MARGIN:
-        claim.inconclusive(f"the reference {name(worse)} is at chance: {percent(reference)} vs {percent(chance)} micro-F1")
-    return _guard(data, claim, group, better, worse)
-
-
-def unsound_cells(data: FedCMCResults, group: str, *selections: dict) -> dict[str, list[str]]:
-    """'diverged' / 'not converged' -> the names of such cells among those the selections pick
-    (``fedrepro.fl.health``'s rule); a label with no cell is left out."""
-    names: dict[str, set[str]] = {}
-    for selection in selections:
-        chosen = _select(data, group, **selection)
-        for label in ("diverged", "not converged"):
-            names.setdefault(label, set()).update(chosen.loc[chosen["health"] == label, "name"])
-    return {label: sorted(found) for label, found in names.items() if found}
-
-
-def _guard(data: FedCMCResults, row: Claim, group: str, *selections: dict) -> Claim:
-    """No claim rests on a diverged or unconverged cell: its verdict says so instead of the test's."""
-    unsound = unsound_cells(data, group, *selections)
-    if unsound:
-        row.inconclusive("rests on " + "; ".join(f"{len(names)} {label} cell(s): {', '.join(names)}" for label, names in unsound.items()))
-    return row
-
-
 def health_mark(data: FedCMCResults, group: str, **fields) -> str:
     """† if any selected cell diverged, ° if any had not converged (``fedrepro.fl.health``), else nothing."""
-    return mark_of(_select(data, group, **fields)["health"])
+    return mark_of(selected(data, group, **fields)["health"])
 
 
 def health_table(data: FedCMCResults) -> pd.DataFrame:
     """Every cell that diverged or had not converged, once (a sweep point may be a main-table cell), with the reason."""
     return flagged_cells(data.cells)
-
 
 
 def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
@@ -308,7 +259,7 @@ def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
     groups = []
     for dataset, alpha in main_points(params):
         for seed in params.fedcmc.seeds:
-            cells = _select(data, TABLE, dataset=dataset, alpha=alpha, seed=seed)
+            cells = selected(data, TABLE, dataset=dataset, alpha=alpha, seed=seed)
             alike: dict[tuple, list[str]] = {}
             for key, method in zip(cells["key"], cells["method"]):
                 alike.setdefault(tuple(data.predictions[key]["predicted"]), []).append(method_label(method))
@@ -351,7 +302,7 @@ def main_table(data: FedCMCResults, params: Params, metric: str) -> pd.DataFrame
             table.setdefault(f"{CHANCE}: {name}", {})[point_name(d, a)] = percent(scores[metric])
     if metric == "micro_f1" and {"fedavg", "fedcmc"} <= set(fc.methods):
         table["FedCMC − FedAvg (measured, points)"] = {
-            point_name(d, a): _pts(mean_of(data, TABLE, method="fedcmc", dataset=d, alpha=a) - mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a))
+            point_name(d, a): points_text(mean_of(data, TABLE, method="fedcmc", dataset=d, alpha=a) - mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a))
             for d, a in main_points(params)}
         table["FedCMC − FedAvg (paper)"] = {point_name(d, a): (f"+{PAPER_GAINS[a][d]:.2f}" if d in PAPER_GAINS.get(a, {}) else "-")
                                             for d, a in main_points(params)}
@@ -378,14 +329,14 @@ def rounds_to_target(curve: pd.Series, target: float) -> int | None:
     return int(reached.index[0]) if len(reached) else None
 
 
-def _curve(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> pd.Series:
+def curve_of(data: FedCMCResults, group: str, metric: str = "micro_f1", **fields) -> pd.Series:
     """Test ``metric`` per round, mean over the selected cells (seeds); evaluated rounds only."""
-    keys = _select(data, group, **fields)["key"]
+    keys = selected(data, group, **fields)["key"]
     frame = data.rounds[data.rounds.key.isin(keys)]
     return frame.groupby("round")[metric].mean().dropna()
 
 
-def _rounds_text(rounds: int | None, total: int) -> str:
+def rounds_text(rounds: int | None, total: int) -> str:
     return str(rounds) if rounds is not None else f"not reached in {total} rounds"
 
 
@@ -402,9 +353,9 @@ def convergence_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     point, fc = figure_point(params), params.fedcmc
     rows = {}
     for method in fc.methods:
-        curve = _curve(data, TABLE, method=method, dataset=point[0], alpha=point[1])
+        curve = curve_of(data, TABLE, method=method, dataset=point[0], alpha=point[1])
         reached = rounds_to_target(curve, fc.target_f1)
-        rows[method_label(method)] = {f"rounds to {100 * fc.target_f1:g}% micro-F1": _rounds_text(reached, fc.settings.rounds),
+        rows[method_label(method)] = {f"rounds to {100 * fc.target_f1:g}% micro-F1": rounds_text(reached, fc.settings.rounds),
                                 "paper (i2b2, α=0.05)": str(PAPER_ROUNDS.get(method, "-")),
                                 "best round micro-F1": percent(curve.max()) if len(curve) else "-",
                                 "last round micro-F1": percent(curve.iloc[-1]) if len(curve) else "-"}
@@ -420,7 +371,7 @@ def local_epochs_tables(data: FedCMCResults, params: Params) -> tuple[pd.DataFra
     final.columns = [f"E={e}" for e in final.columns]
     speed = {}
     for method in sw.methods:
-        speed[method_label(method)] = {f"E={e}": _rounds_text(rounds_to_target(_curve(data, "local_epochs", method=method, local_epochs=e),
+        speed[method_label(method)] = {f"E={e}": rounds_text(rounds_to_target(curve_of(data, "local_epochs", method=method, local_epochs=e),
                                                                            fc.target_f1), fc.settings.rounds)
                                  for e in sw.local_epochs}
     speed_frame = pd.DataFrame.from_dict(speed, orient="index")
@@ -470,14 +421,14 @@ def figure1_cells(data: FedCMCResults, params: Params) -> tuple[str | None, str 
     fc = params.fedcmc
     if "fedavg" not in fc.methods:
         return None, None, "FedAvg is not in fedcmc.methods, so Fig 1 is not drawn."
-    wanted = _select(data, TABLE, method="fedavg", dataset=fc.sweeps.dataset, alpha=fc.sweeps.alpha, seed=fc.seeds[0])
+    wanted = selected(data, TABLE, method="fedavg", dataset=fc.sweeps.dataset, alpha=fc.sweeps.alpha, seed=fc.seeds[0])
     note = ""
     if wanted.empty:
-        wanted = _select(data, TABLE, method="fedavg").head(1)
+        wanted = selected(data, TABLE, method="fedavg").head(1)
         note = (f" (the sweeps' point {point_name(fc.sweeps.dataset, fc.sweeps.alpha)} is not in the main table, so the first "
                 "FedAvg cell stands in)")
     row = wanted.iloc[0]
-    other = _select(data, TABLE, method="fedcmc", dataset=row.dataset, alpha=row.alpha, seed=row.seed)
+    other = selected(data, TABLE, method="fedcmc", dataset=row.dataset, alpha=row.alpha, seed=row.seed)
     text = f"FedAvg cell `{row['name']}`{note}; FedCMC's picks from `{other['name'].iloc[0]}`." if not other.empty else \
         f"FedAvg cell `{row['name']}`{note}; no FedCMC cell at this point."
     return row["key"], (other["key"].iloc[0] if not other.empty else None), text
@@ -509,7 +460,7 @@ def observation3_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     return frame
 
 
-def _observation3_numbers(data: FedCMCResults, key: str, counts: pd.DataFrame, picks: str) -> dict[int, tuple[float, float, int]]:
+def observation3_numbers(data: FedCMCResults, key: str, counts: pd.DataFrame, picks: str) -> dict[int, tuple[float, float, int]]:
     out = {}
     for record in data.diagnostics.get(key, []):
         picked = argmin_clients(record["similarity"], record["clients"]) if picks == "argmin" else record["vector_clients"]
@@ -524,7 +475,7 @@ def _comm_cell(data: FedCMCResults, params: Params, method: str) -> str | None:
     fields = {"method": method, "seed": fc.seeds[0]}
     if point is not None:
         fields.update(dataset=point[0], alpha=point[1])
-    frame = _select(data, TABLE, **fields)
+    frame = selected(data, TABLE, **fields)
     return frame["key"].iloc[0] if not frame.empty else None
 
 
@@ -601,360 +552,6 @@ def partitions_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
 
 
 # ----- claims -------------------------------------------------------------------------------------------------
-def _methods_present(params: Params, *methods: str) -> bool:
-    return set(methods) <= set(params.fedcmc.methods)
-
-
-def claims_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
-    """Every finding the paper states (ANCHORS.md), each a Claim with its measurement, verdict and test."""
-    fc = params.fedcmc
-    rows: list[Claim] = []
-    # (a), (b): FedCMC over FedAvg at each alpha the paper reports, per dataset; other grid alphas after them
-    for alpha in [0.05, 0.5] + [a for a in fc.alphas if a not in (0.05, 0.5)]:
-        for dataset in fc.datasets:
-            paper = PAPER_GAINS.get(alpha, {}).get(dataset)
-            finding = f"Table 2: FedCMC beats FedAvg on {dataset_label(dataset)} at α={alpha:g}" + (
-                f" (paper: +{paper:.2f} F1)" if paper is not None else
-                " (the paper reports no number for this dataset)" if alpha in PAPER_GAINS else " (α of the paper's set-up; no number reported)")
-            if alpha not in fc.alphas:
-                rows.append(Claim.not_testable(finding, f"α={alpha:g} is not in fedcmc.alphas"))
-            elif not _methods_present(params, "fedcmc", "fedavg"):
-                rows.append(Claim.not_testable(finding, "FedCMC or FedAvg is not in fedcmc.methods"))
-            else:
-                rows.append(_compare(data, finding, TABLE, dict(method="fedcmc", dataset=dataset, alpha=alpha),
-                                     dict(method="fedavg", dataset=dataset, alpha=alpha), dataset))
-    # (c) FedCMC is the best method at every dataset x alpha
-    if "fedcmc" in fc.methods and set(fc.methods) & set(PAPER_METHODS) - {"fedcmc"}:
-        for dataset, alpha in main_points(params):
-            others = [m for m in fc.methods if m != "fedcmc" and m in PAPER_METHODS]
-            strongest = max(others, key=lambda m: (mean_of(data, TABLE, method=m, dataset=dataset, alpha=alpha), -others.index(m)))
-            row = _compare(data, f"Table 2: FedCMC is the best method on {dataset_label(dataset)} at α={alpha:g}", TABLE,
-                           dict(method="fedcmc", dataset=dataset, alpha=alpha), dict(method=strongest, dataset=dataset, alpha=alpha),
-                           dataset, what=f"strongest other method: {method_label(strongest)}; ")
-            rows.append(row)
-    else:
-        rows.append(Claim.not_testable("Table 2: FedCMC is the best method at every dataset and α", "FedCMC or its rivals are not in fedcmc.methods"))
-    # (d) FedRS and FedLC beat FedAvg and MOON (pooled over the main table's points)
-    for better in ("fedrs", "fedlc"):
-        for worse in ("fedavg", "moon"):
-            finding = f"Table 2: {method_label(better)} is significantly better than {method_label(worse)}"
-            if not _methods_present(params, better, worse):
-                rows.append(Claim.not_testable(finding, f"{method_label(better)} or {method_label(worse)} is not in fedcmc.methods"))
-                continue
-            points = main_points(params)
-            terms = [(s / len(points), d, _frames(data, TABLE, method=m, dataset=d, alpha=a))
-                     for d, a in points for m, s in ((better, 1.0), (worse, -1.0))]
-            result = bootstrap_contrast(terms, data.positive)
-            mean = lambda m: float(np.mean([mean_of(data, TABLE, method=m, dataset=d, alpha=a) for d, a in points]))  # noqa: E731
-            rows.append(_guard(data, Claim.from_bootstrap(
-                finding=finding,
-                measured=f"mean over {len(points)} dataset x α points: {method_label(better)} {percent(mean(better))} vs "
-                            f"{method_label(worse)} {percent(mean(worse))} micro-F1 ({_pts(result.difference)} points)",
-                test=_test_text(result, ", sentences resampled within each dataset's test set, mean of the per-point differences"),
-                result=result),
-                TABLE, *[dict(method=m, dataset=d, alpha=a) for d, a in points for m in (better, worse)]))
-    # (e) rounds to the target F1
-    rows += _rounds_claims(data, params)
-    # (f) the vector ablation
-    rows += _vector_claims(data, params)
-    # (g) the FedCMC − FedAvg gap grows with the clients; FedCMC best at every client count
-    rows += _clients_claims(data, params)
-    # (h) the subsets
-    rows += _subset_claims(data, params)
-    # (i) FedAvg loses more than FedCMC from α=0.5 to 0.05
-    for dataset in fc.datasets:
-        finding = f"FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on {dataset_label(dataset)}"
-        if not {0.05, 0.5} <= set(fc.alphas) or not _methods_present(params, "fedavg", "fedcmc"):
-            rows.append(Claim.not_testable(finding, "needs α 0.05 and 0.5 and both methods in the main table"))
-            continue
-        sel = lambda m, a: _frames(data, TABLE, method=m, dataset=dataset, alpha=a)  # noqa: E731
-        terms = [(1.0, dataset, sel("fedavg", 0.5)), (-1.0, dataset, sel("fedavg", 0.05)),
-                 (-1.0, dataset, sel("fedcmc", 0.5)), (1.0, dataset, sel("fedcmc", 0.05))]
-        result = bootstrap_contrast(terms, data.positive)
-        drop = lambda m: mean_of(data, TABLE, method=m, dataset=dataset, alpha=0.05) - mean_of(data, TABLE, method=m, dataset=dataset, alpha=0.5)  # noqa: E731
-        rows.append(_guard(data, Claim.from_bootstrap(finding=finding,
-                                                      measured=f"α 0.5 -> 0.05: FedAvg {_pts(drop('fedavg'))}, FedCMC {_pts(drop('fedcmc'))} points",
-                                                      test=_test_text(result, " of the difference of the two drops"), result=result),
-                           TABLE, *[dict(method=m, dataset=dataset, alpha=a) for m in ("fedavg", "fedcmc") for a in (0.05, 0.5)]))
-    # (j) FedAvg is worse on 8-class i2b2 than on binary PGR
-    rows.append(_i2b2_claim(data, params))
-    # (k) Observations 1 and 2, Observation 3
-    rows += _observation12_claims(data, params)
-    rows += _observation3_claims(data, params)
-    return claims_frame(rows)
-
-
-def _i2b2_claim(data: FedCMCResults, params: Params) -> Claim:
-    """FedAvg's micro-F1 on PGR minus on i2b2, mean over the main table's alphas, each test set resampled apart."""
-    finding = "Table 2: FedAvg is worse on 8-class i2b2 than on binary PGR"
-    fc = params.fedcmc
-    if "i2b2" not in fc.datasets:
-        return Claim.not_testable(finding, "i2b2 2010 is not public (n2c2 data use agreement) and not in the mirror")
-    if "pgr" not in fc.datasets or "fedavg" not in fc.methods:
-        return Claim.not_testable(finding, "PGR or FedAvg is not in the main table")
-    terms = [(sign / len(fc.alphas), dataset, _frames(data, TABLE, method="fedavg", dataset=dataset, alpha=alpha))
-             for alpha in fc.alphas for dataset, sign in (("pgr", 1.0), ("i2b2", -1.0))]
-    result = bootstrap_contrast(terms, data.positive)
-    mean = lambda d: float(np.mean([mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a) for a in fc.alphas]))  # noqa: E731
-    return _guard(data, Claim.from_bootstrap(
-        finding=finding, measured=f"FedAvg, mean over α: PGR {percent(mean('pgr'))} vs i2b2 {percent(mean('i2b2'))} micro-F1",
-        test=_test_text(result, ", each test set resampled apart, mean over α"), result=result),
-        TABLE, *[dict(method="fedavg", dataset=d) for d in ("pgr", "i2b2")])
-
-
-def _rounds_claims(data: FedCMCResults, params: Params) -> list[Claim]:
-    fc = params.fedcmc
-    point, target, total = figure_point(params), fc.target_f1, fc.settings.rounds
-    rows = []
-    for rival in ("fedavg", "fedrs"):
-        finding = (f"Fig 3a: FedCMC reaches {100 * target:g}% F1 in fewer rounds than {method_label(rival)} "
-                   f"(paper, α=0.05: FedCMC {PAPER_ROUNDS['fedcmc']}, {method_label(rival)} {PAPER_ROUNDS[rival]})")
-        if point is None or not _methods_present(params, "fedcmc", rival):
-            rows.append(Claim.not_testable(finding, "the sweeps' point or a method is not in the main table"))
-            continue
-        if not fc.settings.eval_every:
-            rows.append(Claim.not_testable(finding, "fedcmc.settings.eval_every = 0 (no per-round test F1)"))
-            continue
-        ours = rounds_to_target(_curve(data, TABLE, method="fedcmc", dataset=point[0], alpha=point[1]), target)
-        theirs = rounds_to_target(_curve(data, TABLE, method=rival, dataset=point[0], alpha=point[1]), target)
-        if ours is None and theirs is None:
-            result = worded(INCONCLUSIVE, "neither reaches the target")
-        else:
-            seeds = min(len(_select(data, TABLE, method=m, dataset=point[0], alpha=point[1])) for m in ("fedcmc", rival))
-            result = direction_verdict(ours is not None and (theirs is None or ours < theirs), "direction only, no test", seeds)
-        rows.append(_guard(data, Claim(
-            finding=finding,
-            measured=f"{point_name(*point)}: FedCMC {_rounds_text(ours, total)}, {method_label(rival)} {_rounds_text(theirs, total)} "
-                        "(rounds, seed-mean curve)",
-            verdict=result, test="descriptive (no test): first evaluated round at or above the target"),
-            TABLE, *[dict(method=m, dataset=point[0], alpha=point[1]) for m in ("fedcmc", rival)]))
-    finding = "Fig 3b: more local epochs speed FedCMC up, not FedAvg or FedRS"
-    sw = fc.sweeps
-    if len(sw.local_epochs) < 2 or not fc.settings.eval_every:
-        rows.append(Claim.not_testable(finding, "fedcmc.sweeps.local_epochs has fewer than 2 points or eval_every = 0"))
-    else:
-        low, high = min(sw.local_epochs), max(sw.local_epochs)
-        speed = {m: (rounds_to_target(_curve(data, "local_epochs", method=m, local_epochs=low), target),
-                     rounds_to_target(_curve(data, "local_epochs", method=m, local_epochs=high), target)) for m in sw.methods}
-        faster = {m: (b if b is not None else total + 1) < (a if a is not None else total + 1) for m, (a, b) in speed.items()}
-        measured = "; ".join(f"{method_label(m)} E={low}: {_rounds_text(a, total)}, E={high}: {_rounds_text(b, total)}" for m, (a, b) in speed.items())
-        if "fedcmc" not in speed:
-            result = worded(NOT_TESTABLE, "FedCMC not in fedcmc.sweeps.methods")
-        else:
-            seeds = min(len(_select(data, "local_epochs", method=m, local_epochs=e)) for m in sw.methods for e in (low, high))
-            result = direction_verdict(faster["fedcmc"] and not any(v for m, v in faster.items() if m != "fedcmc"),
-                                       "direction only, no test", seeds)
-        rows.append(_guard(data, Claim(finding=finding, measured=f"rounds to {100 * target:g}%: " + measured,
-                                       verdict=result,
-                                       test="descriptive (no test): rounds to the target at the fewest and most local epochs"),
-                           "local_epochs", *[dict(method=m) for m in sw.methods]))
-    rows.append(_variance_claim(data, params))
-    return rows
-
-
-def _vector_claims(data: FedCMCResults, params: Params) -> list[Claim]:
-    sw = params.fedcmc.sweeps
-    dataset, rows = sw.dataset, []
-    where = f" ({dataset_label(dataset)}, α={sw.vectors_alpha:g})"
-    for better, worse, finding in (("major", "random", "Fig 4: major vectors beat random vectors"),
-                                   ("major", "minor", "Fig 4: major vectors beat minor vectors"),
-                                   ("none", "minor", "Fig 4: minor vectors are worse than none (FedAvg)")):
-        if not {better, worse} <= set(sw.vectors):
-            rows.append(Claim.not_testable(finding + where, "a rule is not in fedcmc.sweeps.vectors"))
-            continue
-        rows.append(_compare(data, finding + where, "vectors", dict(method="fedcmc", vectors=better),
-                             dict(method="fedcmc", vectors=worse), dataset))
-    return rows
-
-
-def _clients_claims(data: FedCMCResults, params: Params) -> list[Claim]:
-    sw = params.fedcmc.sweeps
-    rows = []
-    finding = "Clients table: the FedCMC − FedAvg gap grows from 10 to 50 clients"
-    if len(sw.clients) < 2 or not {"fedcmc", "fedavg"} <= set(sw.methods):
-        rows.append(Claim.not_testable(finding, "needs 2 client counts and FedCMC and FedAvg in fedcmc.sweeps.methods"))
-    else:
-        low, high = min(sw.clients), max(sw.clients)
-        sel = lambda m, k: _frames(data, "clients", method=m, clients=k)  # noqa: E731
-        terms = [(1.0, sw.dataset, sel("fedcmc", high)), (-1.0, sw.dataset, sel("fedavg", high)),
-                 (-1.0, sw.dataset, sel("fedcmc", low)), (1.0, sw.dataset, sel("fedavg", low))]
-        result = bootstrap_contrast(terms, data.positive)
-        gap = lambda k: mean_of(data, "clients", method="fedcmc", clients=k) - mean_of(data, "clients", method="fedavg", clients=k)  # noqa: E731
-        rows.append(_guard(data, Claim.from_bootstrap(finding=finding,
-                                                      measured="gap " + ", ".join(f"{_pts(gap(k))} at {k}" for k in sw.clients) + " clients (points)",
-                                                      test=_test_text(result, f" of gap({high}) − gap({low})"), result=result),
-                           "clients", *[dict(method=m) for m in ("fedcmc", "fedavg")]))
-    if "fedcmc" in sw.methods and len(sw.methods) > 1:
-        for k in sw.clients:
-            if k == params.fedcmc.settings.clients:
-                continue
-            others = [m for m in sw.methods if m != "fedcmc"]
-            strongest = max(others, key=lambda m: (mean_of(data, "clients", method=m, clients=k), -others.index(m)))
-            row = _compare(data, f"Clients table: FedCMC is the best method with {k} clients", "clients",
-                           dict(method="fedcmc", clients=k), dict(method=strongest, clients=k), sw.dataset,
-                           what=f"strongest other: {method_label(strongest)}; ")
-            rows.append(row)
-    return rows
-
-
-def _subset_claims(data: FedCMCResults, params: Params) -> list[Claim]:
-    sw = params.fedcmc.sweeps
-    rows, dataset = [], sw.subset_dataset
-    rivals = [m for m in ("fedrs", "fedlc") if m in sw.subset_methods]
-    for mode in ("balanced", "natural"):
-        for rival in ("fedrs", "fedlc"):
-            if mode == "balanced":
-                finding = f"Table 3: on the balanced {sw.subset_size}-sentence subset {method_label(rival)} is close to FedCMC"
-            else:
-                finding = f"Table 3: on the natural {sw.subset_size}-sentence subset FedCMC is ahead of {method_label(rival)}"
-            if mode not in sw.subset_modes or rival not in rivals or "fedcmc" not in sw.subset_methods:
-                rows.append(Claim.not_testable(finding, "its mode or methods are not in fedcmc.sweeps"))
-                continue
-            selections = (dict(method="fedcmc", subset=mode), dict(method=rival, subset=mode))
-            row = _compare(data, finding, "subsets", *selections, dataset)
-            if mode == "balanced" and row.p_value is not None:
-                rows.append(_closeness(row))
-            else:
-                rows.append(row)
-    return rows
-
-
-def _closeness(row: Claim) -> Claim:
-    """'Close to FedCMC' holds when the difference is not significant (raw p: Holm's correction would make no
-    difference easier to find, so this claim is left out of its family); too few seeds stay inconclusive."""
-    p_value, row.p_value = row.p_value, None
-    row.test += f"; p = {p_value:.3g} (a claim of no difference: not in Holm's family)"
-    if row.verdict is None:
-        row.verdict = (worded(HOLDS, "no significant difference; not a proof of equivalence") if p_value >= ALPHA else
-                       worded(REVERSED, "FedCMC significantly " + ("ahead" if row.difference > 0 else "behind")))
-    return row
-
-
-def _observation3_claims(data: FedCMCResults, params: Params) -> list[Claim]:
-    finding = "Observation 3 (Fig 1): in every round the client holding most of class c has the smallest d_{k,c}"
-    fedavg, fedcmc, which = figure1_cells(data, params)
-    if fedavg is None or not data.diagnostics.get(fedavg):
-        return [Claim.not_testable(finding, "no FedAvg cell with per-round diagnostics")]
-    row = data.cells.set_index("key").loc[fedavg]
-    counts = cell_counts(data, fedavg)
-    numbers = _observation3_numbers(data, fedavg, counts, "argmin")
-    first, last = min(numbers), max(numbers)
-    measured = "; ".join(f"round {r}: {numbers[r][0]:.0%} of {numbers[r][2]} classes (chance {numbers[r][1]:.0%})" for r in (first, last))
-    holds = all(numbers[r][0] > numbers[r][1] for r in (first, last))
-    rows = [Claim(finding=finding, measured=f"FedAvg `{row['name']}`: " + measured,
-                  verdict=direction_verdict(holds, "direction only, no test: above chance in the first and last round", 1),
-                  test="descriptive (no test): share of classes whose argmin_k d_{k,c} is the largest holder vs a uniform pick among holders")]
-    if fedcmc is not None:
-        picks = _observation3_numbers(data, fedcmc, counts, "vector_clients")
-        if picks:
-            shares = [v[0] for v in picks.values()]
-            chance = next(iter(picks.values()))[1]
-            rows.append(Claim(finding="FedCMC's major vector of class c comes from the class's largest holder",
-                              measured=f"FedCMC `{data.cells.set_index('key').loc[fedcmc, 'name']}`: {np.mean(shares):.0%} of classes over "
-                                       f"{len(picks)} rounds ({min(shares):.0%} to {max(shares):.0%}; chance {chance:.0%})",
-                              verdict=direction_verdict(np.mean(shares) > chance, "direction only, no test: against chance", 1),
-                              test="descriptive (no test): `vector_clients` of each round against the training counts"))
-    return rows
-
-
-def client_rank_agreement(similarity: np.ndarray, clients: list[str], counts: pd.DataFrame) -> pd.Series:
-    """Per client: Kendall's tau between its row of ``counts`` (clients x classes, the similarity's columns) and its
-    d_{k,c} over the classes; Observations 1 and 2 say it is negative. NaN where the counts do not vary."""
-    taus = {}
-    for row, client in zip(np.asarray(similarity, dtype=float), clients):
-        held = counts.loc[client].to_numpy(dtype=float)
-        taus[client] = float(stats.kendalltau(held, row).statistic) if np.ptp(held) > 0 else float("nan")
-    return pd.Series(taus, dtype=float)
-
-
-def _fedavg_diagnostics(data: FedCMCResults, params: Params) -> dict[int, str]:
-    """seed -> the FedAvg main-table cell at Fig 1's point with per-round diagnostics (the seeds of Observations 1-2)."""
-    fedavg, _, _ = figure1_cells(data, params)
-    if fedavg is None:
-        return {}
-    row = data.cells.set_index("key").loc[fedavg]
-    chosen = _select(data, TABLE, method="fedavg", dataset=row.dataset, alpha=row.alpha)
-    return {int(seed): key for seed, key in zip(chosen["seed"], chosen["key"]) if data.diagnostics.get(key)}
-
-
-def _per_seed(data: FedCMCResults, cells: dict[int, str], value) -> pd.DataFrame:
-    """seeds x items: ``value(record list, counts)`` (a Series over items) of each seed's cell."""
-    return pd.DataFrame({seed: value(data.diagnostics[key], cell_counts(data, key)) for seed, key in cells.items()}).T
-
-
-def _observation12_claims(data: FedCMCResults, params: Params) -> list[Claim]:
-    """Observations 1 and 2 (Fig 1's rows), on FedAvg's d_{k,c} at Fig 1's point, every main-table seed: the unit is
-    the seed, the items are the clients (or classes), resampled together (``hierarchical_bootstrap``)."""
-    findings = ("Observation 1 (Fig 1): in the first rounds, the more of class c a client holds, the smaller its d_{k,c}",
-                "Observation 2 (Fig 1): over the rounds, the clients' d_{k,c} draw together (towards the global d_c)",
-                "Observation 2 (Fig 1): in later rounds, the more of class c all clients hold, the smaller d_{k,c}")
-    cells = _fedavg_diagnostics(data, params)
-    if not cells:
-        return [Claim.not_testable(finding, "no FedAvg cell with per-round diagnostics") for finding in findings]
-
-    def tau(round_of, counts_of):
-        return lambda records, counts: -client_rank_agreement(round_of(records)["similarity"], round_of(records)["clients"],
-                                                              counts_of(counts))
-
-    def spread(record):
-        return pd.Series(np.asarray(record["similarity"], dtype=float).std(axis=0), dtype=float)
-
-    first, last = (lambda records: records[0]), (lambda records: records[-1])
-    global_counts = lambda counts: pd.DataFrame([counts.sum(axis=0)] * len(counts), index=counts.index)  # noqa: E731
-    local_tau, global_tau = _per_seed(data, cells, tau(first, lambda c: c)), _per_seed(data, cells, tau(last, global_counts))
-    first_spread = _per_seed(data, cells, lambda records, _: spread(records[0]))
-    last_spread = _per_seed(data, cells, lambda records, _: spread(records[-1]))
-    records = data.diagnostics[next(iter(cells.values()))]
-    rounds = (records[0]["round"], records[-1]["round"])
-    contrasts = [(local_tau, 0 * local_tau, f"round {rounds[0]}: Kendall's tau of each client's own class counts vs its d_{{k,c}}",
-                  "clients", lambda r: f"mean tau {-r.difference:+.2f}"),
-                 (first_spread, last_spread, f"std over the clients of d_{{k,c}}, round {rounds[0]} vs round {rounds[1]}",
-                  "classes", lambda r: f"mean std {first_spread.mean().mean():.3f} -> {last_spread.mean().mean():.3f}"),
-                 (global_tau, 0 * global_tau, f"round {rounds[1]}: Kendall's tau of the global class counts vs each client's d_{{k,c}}",
-                  "clients", lambda r: f"mean tau {-r.difference:+.2f}")]
-    cell = data.cells.set_index("key").loc[next(iter(cells.values()))]
-    rows = []
-    for finding, (better, worse, what, items, numbers) in zip(findings, contrasts):
-        result = hierarchical_bootstrap(better, worse, label=finding)
-        rows.append(Claim.from_bootstrap(
-            finding=finding, measured=f"FedAvg at {point_name(cell.dataset, cell.alpha)}, {len(cells)} seed(s); {what}: {numbers(result)}",
-            test=(f"hierarchical bootstrap over {result.seeds} seed(s) x {result.items} {items} ({RESAMPLES} resamples): "
-                  f"{result.difference:+.3f}, 95% CI [{result.low:+.3f}, {result.high:+.3f}]"), result=result))
-    return [_guard(data, row, TABLE, *[dict(key=key) for key in cells.values()]) for row in rows]
-
-
-def squared_changes(curve: pd.Series) -> pd.Series:
-    """A test-F1 curve's squared round-to-round changes, indexed by the round they end at: their mean is the curve's
-    fluctuation (the mean squared successive difference, twice the noise variance around a smooth trend)."""
-    curve = curve.dropna().sort_index()
-    return (curve.diff() ** 2).iloc[1:]
-
-
-def _variance_claim(data: FedCMCResults, params: Params) -> Claim:
-    """Fig 3b: FedAvg's F1 fluctuates more at the most local epochs than at the fewest. The paper's 'variance of the
-    F1-score' is read as the round-to-round fluctuation of each seed's test-F1 curve (Fig 3b's curves), tested with
-    the seed as unit and the rounds as items; a spread over 3 seeds would rest on 3 values a side."""
-    finding = "Fig 3b: FedAvg's F1 varies more with more local epochs (FedCMC relatively robust)"
-    sw = params.fedcmc.sweeps
-    if len(sw.local_epochs) < 2 or "fedavg" not in sw.methods or not params.fedcmc.settings.eval_every:
-        return Claim.not_testable(finding, "needs 2 local-epoch points, FedAvg in fedcmc.sweeps.methods and eval_every > 0")
-    low, high = min(sw.local_epochs), max(sw.local_epochs)
-
-    def changes(method: str, epochs: int) -> pd.DataFrame:
-        chosen = _select(data, "local_epochs", method=method, local_epochs=epochs)
-        return pd.DataFrame({int(seed): squared_changes(data.rounds[data.rounds.key == key].set_index("round")["micro_f1"])
-                             for seed, key in zip(chosen["seed"], chosen["key"])}).T
-
-    result = hierarchical_bootstrap(changes("fedavg", high), changes("fedavg", low), label=finding)
-    fluctuation = lambda m, e: f"{100 * np.sqrt(changes(m, e).to_numpy().mean()):.2f}"  # noqa: E731
-    measured = "; ".join(f"{method_label(m)} E={low}: {fluctuation(m, low)}, E={high}: {fluctuation(m, high)}"
-                         for m in ("fedavg", "fedcmc") if m in sw.methods)
-    return _guard(data, Claim.from_bootstrap(
-        finding=finding, measured=f"root mean squared round-to-round change of test micro-F1 (points): {measured}",
-        test=(f"hierarchical bootstrap of FedAvg's mean squared change, E={high} − E={low}, over {result.seeds} seed(s) x "
-              f"{result.items} round transitions ({RESAMPLES} resamples): {result.difference:+.5f}, 95% CI "
-              f"[{result.low:+.5f}, {result.high:+.5f}]"), result=result),
-        "local_epochs", dict(method="fedavg"))
 
 
 # ----- outputs -----------------------------------------------------------------------------------------------
@@ -972,7 +569,7 @@ def _convergence_frame(data: FedCMCResults, params: Params) -> pd.DataFrame:
     point = figure_point(params)
     if point is None:
         return pd.DataFrame()
-    frame = pd.DataFrame({m: _curve(data, TABLE, method=m, dataset=point[0], alpha=point[1]) for m in params.fedcmc.methods})
+    frame = pd.DataFrame({m: curve_of(data, TABLE, method=m, dataset=point[0], alpha=point[1]) for m in params.fedcmc.methods})
     frame.index.name = "round"
     return frame
 
@@ -984,7 +581,7 @@ def _local_epochs_frame(data: FedCMCResults, params: Params) -> tuple[pd.DataFra
     for method in sw.methods:
         for index, epochs in enumerate(sw.local_epochs):
             name = f"{method_label(method)}, E={epochs}"
-            columns[name] = _curve(data, "local_epochs", method=method, local_epochs=epochs)
+            columns[name] = curve_of(data, "local_epochs", method=method, local_epochs=epochs)
             styles[name] = {"color": colours[method], "linestyle": ("-", "--", ":", "-.")[index % 4]}
     frame = pd.DataFrame(columns)
     frame.index.name = "round"
