@@ -556,7 +556,8 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
 
 def test_the_report_renders_on_fake_cell_folders(tmp_path):
     from fedrepro.ssvfnas.render import render_report
-    from fedrepro.ssvfnas.report import ALONE, MAJORITY, claims_table, load_ssvfnas, main_table, results_frame, summary_metrics, write_figures
+    from fedrepro.ssvfnas.claims import claims_table
+    from fedrepro.ssvfnas.report import ALONE, MAJORITY, load_ssvfnas, main_table, results_frame, summary_metrics, write_figures
 
     raw = raw_params()
     preset = raw["scales"]["embedded"]["ssvfnas"]
@@ -635,7 +636,8 @@ def _three_seed_fake_grid(root: Path):
 
 
 def test_a_claim_whose_reference_sits_at_the_majority_rate_is_inconclusive(tmp_path):
-    from fedrepro.ssvfnas.report import CHANCE_MARGIN, claims_table
+    from fedrepro.ssvfnas.claims import claims_table
+    from fedrepro.ssvfnas.report import CHANCE_MARGIN
 
     params, data = _three_seed_fake_grid(tmp_path)  # searched 80% / 60% with DP, hand-designed 60% / 40%
     searched = "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way"
@@ -657,7 +659,7 @@ def test_a_claim_whose_reference_sits_at_the_majority_rate_is_inconclusive(tmp_p
 
 
 def test_a_target_claim_skips_a_dataset_whose_majority_rate_is_above_the_target(tmp_path):
-    from fedrepro.ssvfnas.report import claims_table
+    from fedrepro.ssvfnas.claims import claims_table
 
     params, data = _three_seed_fake_grid(tmp_path)  # target 40%
     steps = "SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: SS-VFNAS-1 vs VFNAS-1 (DARTS bi-level)"
@@ -673,7 +675,7 @@ def test_a_target_claim_skips_a_dataset_whose_majority_rate_is_above_the_target(
 
 
 def test_the_papers_overlap_federated_nas_and_transfer_claims_have_verdicts(tmp_path):
-    from fedrepro.ssvfnas.report import claims_table
+    from fedrepro.ssvfnas.claims import claims_table
 
     params, data = _three_seed_fake_grid(tmp_path)
     verdicts = claims_table(data, params).set_index("finding (paper)")["verdict"]
@@ -690,7 +692,8 @@ def test_the_papers_overlap_federated_nas_and_transfer_claims_have_verdicts(tmp_
 def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_claim_rests_on_it(tmp_path):
     from fedrepro.fl.health import RULE
     from fedrepro.ssvfnas.render import render_report
-    from fedrepro.ssvfnas.report import claims_table, health_table, load_ssvfnas, main_table
+    from fedrepro.ssvfnas.claims import claims_table
+    from fedrepro.ssvfnas.report import health_table, load_ssvfnas, main_table
 
     params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
     bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name

@@ -13,7 +13,8 @@ from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.ssvfnas.cells import BASELINE, dp_name
-from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, SSVFNASResults, alpha_moved, alpha_table, cell_hardware, claims_table,
+from fedrepro.ssvfnas.claims import claims_table
+from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, SSVFNASResults, alpha_moved, alpha_table, cell_hardware,
                                      dp_level_text, genotypes_table, health_table, main_table, messages_table, method_label,
                                      noisy_levels, parameters_table, partition_names, percent, partitions_table, reliance_table,
                                      rule_agreement, select_cells, shown_cells, target_frame, target_table)

@@ -1,9 +1,9 @@
 """SS-VFNAS's report: the main table (each cell's health marked), the target table, accuracy vs bytes and vs epsilon,
-messages per step, the searched cells, the hand-designed baseline and the claims table, from the cells' outputs and
-params only.
+messages per step, the searched cells and the hand-designed baseline, from the cells' outputs and params only (the
+claims table is ``claims.py``'s).
 
 ``load_ssvfnas`` reads every cell the params ask for once into ``SSVFNASResults`` (tidy frames); the functions
-after it each build one table, figure or claim; ``render.render_report`` writes the markdown. Nothing here reads a clock
+after it each build one table or figure; ``render.render_report`` writes the markdown. Nothing here reads a clock
 or an unseeded random source, so a rerun on the same cells gives the same bytes.
 """
 
@@ -22,9 +22,7 @@ from fedrepro.errors import DataError
 from fedrepro.io import read_json
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figure, curve_caption, messages_figure
-from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.health import flagged_cells, mark_of
-from fedrepro.report.statistics import INCONCLUSIVE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict, exact_verdict, sign_test, worded
 from fedrepro.ssvfnas.cells import (BASELINE, METHODS, Cell, baseline_cells, dp_name, label_alone_cells, partitions, retrain_health,
                                     table_cells)
 from fedrepro.ssvfnas.runs import hold_out, load_partition
@@ -256,7 +254,7 @@ def _fmt(values: list[float]) -> str:
     return f"{100 * mean:.2f} ± {100 * std:.2f}" if len(values) > 1 else f"{100 * mean:.2f}"
 
 
-def _mb(value: float) -> str:
+def megabytes(value: float) -> str:
     return f"{value / 1e6:.3f}"
 
 
@@ -340,8 +338,8 @@ def main_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                     "collaborative steps": f"{int(sel['steps'].mean())} + {int(sel['retrain_steps'].mean())}" if search
                     else f"0 + {int(sel['retrain_steps'].mean())}",
                     "messages": f"{int(sel['messages'].mean()):,} + {int(sel['retrain_messages'].mean()):,}",
-                    "MB search": _mb(sel["bytes"].mean()) if search else "-",
-                    "MB retrain": _mb(sel["retrain_bytes"].mean()),
+                    "MB search": megabytes(sel["bytes"].mean()) if search else "-",
+                    "MB retrain": megabytes(sel["retrain_bytes"].mean()),
                     "ε search": _eps(sel["epsilon_search"].tolist(), status) if search else "-",
                     "ε total": _eps(sel["epsilon_total"].tolist(), status),
                     "ε total, amplified (Poisson assumed)": _eps(sel["epsilon_total_amplified"].tolist(), status),
@@ -384,7 +382,7 @@ def target_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
                 rows.append({"dataset-K": point, "DP": dp_level_text(level), "method": method_label(method),
                              "seeds reached": f"{len(ok)} of {len(hits)}",
                              "steps": f"{ok['target_step'].mean():.1f}" if len(ok) else f"not in {ss.search.steps}",
-                             "MB": _mb(ok["target_bytes"].mean()) if len(ok) else "-",
+                             "MB": megabytes(ok["target_bytes"].mean()) if len(ok) else "-",
                              "ε at target": _eps(ok["target_epsilon"].tolist(), status) if len(ok) else "-"})
     return pd.DataFrame(rows)
 
@@ -483,7 +481,7 @@ def reliance_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _kept_edges(genotype: dict) -> list[list[tuple[int, str]]]:
+def kept_edges(genotype: dict) -> list[list[tuple[int, str]]]:
     return [sorted((int(e["input"]), e["op"]) for e in node) for node in genotype["nodes"]]
 
 
@@ -521,13 +519,13 @@ def rule_agreement(data: SSVFNASResults, params: Params) -> list[dict]:
     for one, two in (("vfnas1", "vfnas2"), ("ss_vfnas1", "ss_vfnas2")):
         if not {one, two} <= set(params.ssvfnas.methods):
             continue
-        pairs = _pairs(data, one, two, params.ssvfnas.dp_levels)
+        pairs = matched_pairs(data, one, two, params.ssvfnas.dp_levels)
         gaps, same = [], 0
         for a, b in pairs:
             ca = data.curves[data.curves.key == a.key].set_index("step")["test_accuracy"]
             cb = data.curves[data.curves.key == b.key].set_index("step")["test_accuracy"]
             gaps += (ca - cb).abs().dropna().tolist()
-            same += [_kept_edges(g) for g in data.genotypes[a.key]] == [_kept_edges(g) for g in data.genotypes[b.key]]
+            same += [kept_edges(g) for g in data.genotypes[a.key]] == [kept_edges(g) for g in data.genotypes[b.key]]
         if pairs:
             out.append({"pair": (one, two), "pairs": len(pairs), "mean_gap": float(np.mean(gaps)), "max_gap": float(np.max(gaps)),
                         "same_genotypes": same})
@@ -558,7 +556,7 @@ def partitions_table(data: SSVFNASResults) -> pd.DataFrame:
 
 
 # ----- claims -------------------------------------------------------------------------------------------------
-def _pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float]]) -> list[tuple[pd.Series, pd.Series]]:
+def matched_pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float]]) -> list[tuple[pd.Series, pd.Series]]:
     """Matched (ours, theirs) cells: the same dataset-K, DP level and seed."""
     out = []
     index = data.cells.set_index("key", drop=False)
@@ -569,326 +567,6 @@ def _pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float
         if name in index.index:
             out.append((a, index.loc[name]))
     return out
-
-
-def _guard(row: Claim, pairs: list[tuple[pd.Series, pd.Series]]) -> Claim:
-    """No claim rests on a diverged or unconverged cell: its verdict says so instead of the test's (the numbers stay
-    beside it)."""
-    why = []
-    for label in ("diverged", "not converged"):
-        keys = sorted({cell.key for pair in pairs for cell in pair if cell.health == label})
-        if keys:
-            why.append(f"{len(keys)} {label} cell(s): {', '.join(keys)}")
-    if why:
-        row.inconclusive("rests on " + "; ".join(why))
-    return row
-
-
-def _seeds(pairs: list[tuple[pd.Series, pd.Series]]) -> int:
-    return len({int(a.seed) for a, _ in pairs})
-
-
-def _accuracy_terms(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> list[tuple[float, str, dict[int, pd.DataFrame]]]:
-    """Bootstrap terms of 'mean accuracy of ours minus theirs': the pairs grouped by condition (dataset-K and both
-    sides' methods and DP levels), each condition weighing 1 / conditions with its seeds as the bootstrap's seeds; the test
-    samples of a dataset are resampled together (its K values share the same test rows)."""
-    conditions: dict[tuple, tuple[dict, dict]] = {}
-    for a, b in pairs:
-        key = (a.dataset, a.parties, a.method, a.sigma_forward, a.sigma_backward, b.method, b.sigma_forward, b.sigma_backward)
-        ours, theirs = conditions.setdefault(key, ({}, {}))
-        ours[int(a.seed)] = _as_frame(data.predictions[a.key])
-        theirs[int(b.seed)] = _as_frame(data.predictions[b.key])
-    terms = []
-    for (dataset, *_), (ours, theirs) in conditions.items():
-        terms += [(1.0 / len(conditions), dataset, ours), (-1.0 / len(conditions), dataset, theirs)]
-    return terms
-
-
-def _as_frame(predictions: pd.DataFrame) -> pd.DataFrame:
-    """The bootstrap's columns: accuracy is micro-F1 over every class of a single-label task."""
-    return pd.DataFrame({"sentence_id": predictions["sample_id"].astype(str), "label": predictions["label"].astype(str),
-                         "predicted": predictions["predicted"].astype(str)})
-
-
-def accuracy_contrast(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> Bootstrap:
-    """Hierarchical bootstrap of the mean test-accuracy difference over matched (ours, theirs) cells."""
-    terms = _accuracy_terms(data, pairs)
-    positive = {}
-    for _, group, frames in terms:
-        labels = set(positive.get(group, []))
-        for f in frames.values():
-            labels |= set(f["label"]) | set(f["predicted"])
-        positive[group] = sorted(labels)
-    return bootstrap_contrast(terms, positive)
-
-
-def _bootstrap_text(result: Bootstrap, pairs: int) -> str:
-    pairing = "paired by seed" if result.paired_seeds else "seeds drawn apart"
-    return (f"hierarchical bootstrap over {result.seeds} seed(s) x {result.items} test samples ({RESAMPLES} resamples, "
-            f"{pairing}; {pairs} matched cell pair(s) averaged within each resample): {100 * result.difference:+.2f} points, "
-            f"95% CI [{100 * result.low:+.2f}, {100 * result.high:+.2f}]")
-
-
-def _chance_text(point: str, level: float) -> str:
-    return f"{point} majority {percent(level)}%"
-
-
-def _above_chance(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]],
-                  screened: tuple[int, ...] = (0, 1)) -> tuple[list[tuple[pd.Series, pd.Series]], list[str], list[str]]:
-    """The pairs whose condition (dataset-K, both sides' methods and DP levels) has every ``screened`` side's seed-mean accuracy at
-    least ``CHANCE_MARGIN`` above its dataset-K's majority rate; the conditions left out (why); the dataset-Ks with no
-    majority rate to screen against (no partition data)."""
-    conditions: dict[tuple, list[tuple[pd.Series, pd.Series]]] = {}
-    for a, b in pairs:
-        conditions.setdefault((a.partition, a.dp, a.method, b.dp, b.method), []).append((a, b))
-    kept, dropped, unscreened = [], [], set()
-    for (point, *_), members in conditions.items():
-        level = data.majority.get(point)
-        if level is None:
-            unscreened.add(point)
-            kept += members
-            continue
-        low = []
-        for side in screened:
-            mean = float(np.mean([pair[side].accuracy for pair in members]))
-            if mean < level + CHANCE_MARGIN:
-                low.append(f"{method_label(members[0][side].method)} {members[0][side].dp} {percent(mean)}%")
-        if low:
-            dropped.append(f"{', '.join(low)} vs {_chance_text(point, level)}")
-        else:
-            kept += members
-    return kept, sorted(set(dropped)), sorted(unscreened)
-
-
-def _chance_note(dropped: list[str], unscreened: list[str]) -> str:
-    """The test column's account of the chance screen: what it left out and what it could not screen."""
-    notes = []
-    if dropped:
-        notes.append(f"left out, not {100 * CHANCE_MARGIN:g} point(s) above the majority class: {'; '.join(dropped)}")
-    if unscreened:
-        notes.append(f"not screened against the majority class (no partition data): {', '.join(unscreened)}")
-    return "".join(f"; {note}" for note in notes)
-
-
-def _target_pairs(data: SSVFNASResults, params: Params,
-                  pairs: list[tuple[pd.Series, pd.Series]]) -> tuple[list[tuple[pd.Series, pd.Series]], str]:
-    """The pairs on dataset-Ks where the target accuracy is ``CHANCE_MARGIN`` above the majority rate (elsewhere the
-    majority class alone reaches it), and the test column's note of the dataset-Ks not counted."""
-    target = params.ssvfnas.target_accuracy
-    below = sorted({a.partition for a, _ in pairs
-                    if a.partition in data.majority and target < data.majority[a.partition] + CHANCE_MARGIN})
-    unscreened = sorted({a.partition for a, _ in pairs if a.partition not in data.majority})
-    kept = [(a, b) for a, b in pairs if a.partition not in below]
-    notes = []
-    if below:
-        notes.append(f"not counted, the target {100 * target:g}% is not {100 * CHANCE_MARGIN:g} point(s) above the majority "
-                     f"class: {', '.join(_chance_text(p, data.majority[p]) for p in below)}")
-    if unscreened:
-        notes.append(f"target not checked against the majority class (no partition data): {', '.join(unscreened)}")
-    return kept, "".join(f"; {note}" for note in notes)
-
-
-def _target_at_chance(finding: str, params: Params, note: str) -> Claim:
-    """A target claim with no dataset-K left once the target is checked against the majority class."""
-    return Claim(finding, "-", worded(INCONCLUSIVE, f"target {100 * params.ssvfnas.target_accuracy:g}% at or below the majority "
-                                                    "rate on every dataset-K"), note.lstrip("; "))
-
-
-def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
-    finding = (f"SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: {method_label(ours)} vs "
-               f"{method_label(theirs)} ({RULES[METHODS[ours][0]]})")
-    if not {ours, theirs} <= set(params.ssvfnas.methods):
-        return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    pairs, note = _target_pairs(data, params, _pairs(data, ours, theirs, params.ssvfnas.dp_levels))
-    if not pairs:
-        return _target_at_chance(finding, params, note)
-    targets = target_frame(data, params).set_index("key")
-    censored = params.ssvfnas.search.steps + 1  # not reached: later than any step of the search
-    a = [targets.loc[x.key, "target_step"] if targets.loc[x.key, "reached"] else censored for x, _ in pairs]
-    b = [targets.loc[y.key, "target_step"] if targets.loc[y.key, "reached"] else censored for _, y in pairs]
-    wins, losses, ties, p = sign_test(a, b)
-    bytes_a = [targets.loc[x.key, "target_bytes"] for x, _ in pairs if targets.loc[x.key, "reached"]]
-    bytes_b = [targets.loc[y.key, "target_bytes"] for _, y in pairs if targets.loc[y.key, "reached"]]
-    mean = lambda v: float(np.mean([s for s in v if s != censored])) if any(s != censored for s in v) else float("nan")  # noqa: E731
-    return Claim.tested(finding=finding,
-                 measured=(f"target {100 * params.ssvfnas.target_accuracy:g}% reached in {sum(s != censored for s in a)} of {len(a)} "
-                           f"{method_label(ours)} cells (mean {mean(a):.1f} steps, {_mb(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
-                           f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
-                           f"{_mb(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
-                 test=(f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
-                       f"reached = after the last step); bytes per step are equal within a pair, so bytes follow steps{note}"),
-                 difference=wins - losses, p_value=p, seeds=_seeds(pairs))
-
-
-def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
-    finding = f"Privacy is amplified by less communication: {method_label(ours)} reaches the target at a smaller epsilon than {method_label(theirs)}"
-    levels = noisy_levels(params)
-    if not levels:
-        return Claim.not_testable(finding, "no DP level with noise on both sides in ssvfnas.dp_levels")
-    if params.ssvfnas.fidelity == "released_code":
-        return Claim.not_testable(finding, "fidelity released_code has no accountant")
-    if not {ours, theirs} <= set(params.ssvfnas.methods):
-        return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    pairs, note = _target_pairs(data, params, _pairs(data, ours, theirs, levels))
-    if not pairs:
-        return _target_at_chance(finding, params, note)
-    targets = target_frame(data, params).set_index("key")
-    a, b = [], []
-    for x, y in pairs:
-        ex, ey = (targets.loc[z.key, "target_epsilon"] if targets.loc[z.key, "reached"] else math.inf for z in (x, y))
-        if math.isinf(ex) and math.isinf(ey):
-            continue
-        a.append(ex)
-        b.append(ey)
-    wins, losses, ties, p = sign_test(a, b)
-    finite_a = [v for v in a if math.isfinite(v)]
-    finite_b = [v for v in b if math.isfinite(v)]
-    return Claim.tested(finding=finding,
-                 measured=(f"{len(a)} of {len(pairs)} matched pairs with DP reach the target on at least one side; mean ε at the "
-                           f"target {np.mean(finite_a) if finite_a else float('nan'):.2f} vs {np.mean(finite_b) if finite_b else float('nan'):.2f}; "
-                           f"smaller in {wins}, larger in {losses}, tied in {ties}"),
-                 test=(f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as "
-                       f"ε = ∞){note}"),
-                 difference=wins - losses, p_value=p, seeds=_seeds(pairs))
-
-
-def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: str, theirs: str, levels: list[list[float]],
-                    why_empty: str, budget: bool = False) -> Claim:
-    if not levels:
-        return Claim.not_testable(finding, why_empty)
-    methods = set(params.ssvfnas.methods) | {BASELINE}
-    if not {ours, theirs} <= methods:
-        return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    return _contrast_claim(data, finding, _pairs(data, ours, theirs, levels), budget=budget)
-
-
-def _contrast_claim(data: SSVFNASResults, finding: str, pairs: list[tuple[pd.Series, pd.Series]], budget: bool = False,
-                    screened: tuple[int, ...] = (0, 1)) -> Claim:
-    """'Ours is more accurate than theirs' over matched pairs, tested on the conditions whose ``screened`` sides clearly
-    beat the majority class (``_above_chance``); with none left, inconclusive (reference at chance)."""
-    if not pairs:
-        return Claim.not_testable(finding, "no matched cells")
-    kept, dropped, unscreened = _above_chance(data, pairs, screened)
-    note = _chance_note(dropped, unscreened)
-    shown = kept or pairs
-    mean_a = float(np.mean([x.accuracy for x, _ in shown]))
-    mean_b = float(np.mean([y.accuracy for _, y in shown]))
-    eps = sorted({round(x.epsilon_total, 2) for x, _ in shown if math.isfinite(x.epsilon_total)})
-    at = f" at ε (total) {', '.join(f'{e:g}' for e in eps)}" if eps and budget else ""
-    measured = f"test accuracy {percent(mean_a)} vs {percent(mean_b)} (%){at}, over {len(shown)} matched pair(s)"
-    if not kept:
-        return Claim(finding, measured, worded(INCONCLUSIVE, f"reference at chance: {'; '.join(dropped)}"),
-                     f"no condition {100 * CHANCE_MARGIN:g} point(s) above the majority class on the compared sides")
-    result = accuracy_contrast(data, kept)
-    return _guard(Claim.from_bootstrap(finding=finding, measured=measured, test=_bootstrap_text(result, len(kept)) + note,
-                                       result=result), kept)
-
-
-def _messages_claim(data: SSVFNASResults, params: Params) -> Claim:
-    finding = "VFNAS-2 (MiLeNAS) needs fewer messages per collaborative step than VFNAS-1 (DARTS)"
-    pairs = [(m2, m1) for m2, m1 in (("vfnas2", "vfnas1"), ("ss_vfnas2", "ss_vfnas1")) if {m1, m2} <= set(params.ssvfnas.methods)]
-    if not pairs:
-        return Claim.not_testable(finding, "VFNAS-1 and VFNAS-2 are not both in ssvfnas.methods")
-    parts, holds, tied = [], True, True
-    for k in sorted(set(data.cells.parties)):
-        for m2, m1 in pairs:
-            a, b = select_cells(data, method=m2, parties=k), select_cells(data, method=m1, parties=k)
-            if a.empty or b.empty:
-                continue
-            ma, mb = int(a.messages_per_step.iloc[0]), int(b.messages_per_step.iloc[0])
-            xa, xb = int(a.exchanges_per_step.iloc[0]), int(b.exchanges_per_step.iloc[0])
-            holds &= ma < mb and xa < xb
-            tied &= ma == mb
-            parts.append(f"K={k}: {method_label(m2)} {ma} messages / {xa} exchanges vs {method_label(m1)} {mb} / {xb}")
-            break
-    return Claim(finding=finding, measured="; ".join(parts),
-                 verdict=exact_verdict(holds, "exact counts" + ("; equal" if tied and not holds else "")),
-                 test="exact counts from the channel's log of every step (deterministic; no sampling involved)")
-
-
-def claims_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
-    """Every finding the paper states, each a Claim with its measurement, verdict and test."""
-    ss = params.ssvfnas
-    rows = [_messages_claim(data, params)]
-    for ours, theirs in PAIRS:
-        rows.append(_steps_claim(data, params, ours, theirs))
-    for ours, theirs in PAIRS:
-        rows.append(_epsilon_claim(data, params, ours, theirs))
-    noisy, clear = noisy_levels(params), [lvl for lvl in ss.dp_levels if lvl[0] == 0 and lvl[1] == 0]
-    for ours, theirs in PAIRS:
-        rows.append(_accuracy_claim(data, params, f"At the same privacy budget (same DP level and steps), {method_label(ours)} is more "
-                                    f"accurate than {method_label(theirs)}", ours, theirs, noisy,
-                                    "no DP level with noise on both sides in ssvfnas.dp_levels", budget=True))
-    for ours, theirs in PAIRS:
-        rows.append(_accuracy_claim(data, params, f"Without DP, {method_label(ours)} is at least as accurate as {method_label(theirs)} "
-                                    "(the paper's SS-VFNAS results sit at or above VFNAS's)", ours, theirs, clear,
-                                    "no DP level [0, 0] in ssvfnas.dp_levels"))
-    rows += [_federated_nas_claim(data, params), _heterogeneity_claim(data), _overlap_claim(), _transfer_claim()]
-    for method in ss.methods:
-        rows.append(_accuracy_claim(data, params, f"Issue 8 check: the architecture {method_label(method)} searched beats the hand-designed "
-                                    "network of similar size trained the same way", method, BASELINE, list(ss.dp_levels), "no DP level"))
-    if noisy and clear:
-        for method in ss.methods:
-            rows.append(_dp_cost_claim(data, method, noisy))
-    return claims_frame(rows)
-
-
-def _dp_cost_claim(data: SSVFNASResults, method: str, noisy: list[list[float]]) -> Claim:
-    """No DP vs each noisy level on matched cells; only the no-DP side is screened against the majority class, as a
-    noisy side at chance is the very cost the claim measures."""
-    pairs = []
-    index = data.cells.set_index("key", drop=False)
-    for _, a in select_cells(data, method=method, dp="nodp").iterrows():
-        for lvl in noisy:
-            name = Cell(method, a.dataset, a.parties, float(lvl[0]), float(lvl[1]), a.seed).name
-            if name in index.index:
-                pairs.append((a, index.loc[name]))
-    finding = f"Issue 8 check: DP costs {method_label(method)} accuracy (no DP vs each noisy level)"
-    if not pairs:
-        return Claim.not_testable(finding, "no matched cells without and with DP")
-    return _contrast_claim(data, finding, pairs, screened=(0,))
-
-
-def _federated_nas_claim(data: SSVFNASResults, params: Params) -> Claim:
-    """The paper's case for federated NAS over manual design, every search method's cells pooled against the
-    hand-designed network's on matched cells (the Issue 8 rows split it by method)."""
-    finding = ("Federated NAS: parties collaboratively search for an optimal architecture, releasing the burden of designing "
-               "networks manually; the searched architectures (every method pooled) beat the hand-designed network of similar "
-               "size trained the same way")
-    pairs = [pair for method in params.ssvfnas.methods for pair in _pairs(data, method, BASELINE, params.ssvfnas.dp_levels)]
-    return _contrast_claim(data, finding, pairs)
-
-
-def _heterogeneity_claim(data: SSVFNASResults) -> Claim:
-    """Counts, per search cell, whether its parties derived different cells: the paper's 'heterogeneous networks with no
-    consensus architecture' (a fact of each cell, so no test)."""
-    finding = "VFNAS generates multiple heterogeneous networks with no consensus architecture from different participants"
-    search = data.cells[data.cells.method != BASELINE]
-    if search.empty:
-        return Claim.not_testable(finding, "no search cell")
-    differ = sum(len({str(_kept_edges(g)) for g in data.genotypes[key]}) > 1 for key in search.key)
-    return Claim(finding, f"the parties' derived cells differ in {differ} of {len(search)} search cells",
-                 direction_verdict(differ > 0, "direction only: counts of derived genotypes", search.seed.nunique()),
-                 "count over every search cell of the derived genotypes' edges (op and input) per party; 'capable of' holds "
-                 "when any cell's parties differ")
-
-
-def _overlap_claim() -> Claim:
-    return Claim.not_testable(
-        "SS-VFNAS generates high-performance, transferable architectures even with insufficient overlapping (aligned) "
-        "samples (abstract)",
-        "every partition keeps only the samples all parties hold (plain intersection), so the pre-search and the search "
-        "see the same fully overlapping rows; testing it needs partitions whose parties share a varied fraction of rows, "
-        "each party's non-overlapping rows used by its self-supervised pre-search, and SS-VFNAS vs VFNAS at each fraction")
-
-
-def _transfer_claim() -> Claim:
-    return Claim.not_testable(
-        "The self-supervised pre-training steps of SS-VFNAS allow parties to obtain a neural network that is generalized "
-        "well across tasks",
-        "the grid has one task per dataset and runs no transfer at any scale; testing it needs a second labelled task on "
-        "the same parties' features, the architecture searched on one task retrained on the other beside one searched on "
-        "that task and the hand-designed network")
 
 
 # ----- outputs --------------------------------------------------------------------------------------------
