@@ -295,6 +295,8 @@ def write_plan(paper: str) -> None:
     for group, members, weight in snapshot_cells(paper, params):
         for cell in members:
             inputs = tuple(runs.cell_inputs(cell, *folders))
+            if not all(Path(folder).is_dir() for folder in inputs):  # not built by this stretch: planned by a later one
+                continue
             if inputs not in digests:
                 digests[inputs] = tree_digest(*inputs)
             cells[cell.name] = {"group": group, "seed": cell.seed, "weight": weight(cell), "inputs": digests[inputs],
