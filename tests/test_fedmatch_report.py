@@ -4,8 +4,8 @@ patch norms."""
 import numpy as np
 import pandas as pd
 
-from fedrepro.fedmatch.report import (FedMatchResults, _compare, _figure_claims, _individuals_beat_somewhere, bm25_levels, health_table,
-                                      history_health, marked_labels, patch_table)
+from fedrepro.fedmatch.claims import _compare, _figure_claims, _individuals_beat_somewhere
+from fedrepro.fedmatch.report import FedMatchResults, bm25_levels, health_table, history_health, marked_labels, patch_table
 from fedrepro.report.claims import claims_frame
 from fedrepro.report.statistics import VERDICTS
 

@@ -7,7 +7,8 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import SWEEPS, aggregation_epochs
-from fedrepro.fedmatch.report import (BM25_ONLY, LABELS, FedMatchResults, claims_table, communication_table, health_table, marked_labels,
+from fedrepro.fedmatch.claims import claims_table
+from fedrepro.fedmatch.report import (BM25_ONLY, LABELS, FedMatchResults, communication_table, health_table, marked_labels,
                                       patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
