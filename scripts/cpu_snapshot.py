@@ -824,7 +824,8 @@ def main() -> None:
                 print(f"  {name}: {cells} cells ({worth:.1f})")
             continue
         changes = status(paper)
-        print(f"{paper} report: {'stale' if changes else 'fresh'} against HEAD")
+        none_yet = bool(changes) and changes[0].startswith(NO_REPORT)
+        print(f"{paper} report: " + ("none yet" if none_yet else f"{'stale' if changes else 'fresh'} against HEAD"))
         for line in changes:
             print(f"  {line}")
         if args.mark:
