@@ -277,20 +277,26 @@ def write_stretch(paper: str, workdir: Path, machine: str, started: float, budge
     (folder / f"{stamp:%Y%m%dT%H%M%S}-{commit[:7]}.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def write_plan(paper: str) -> None:
-    """In a snapshot's clone whose cells' inputs are built: every cell the snapshot needs, with its table or figure,
-    seed, weight, inputs digest and run fingerprint, and the lock of the stages upstream of its cells (what makes
-    those inputs), into the ledger's PLAN.json."""
+def checkout_stage(paper: str):
+    """(In a checkout, run from its root) its params, ``paper``'s runs module, its train stage's module and the
+    folders a cell reads, as that stage names them."""
     sys.path.insert(0, str(Path.cwd()))
     from fedrepro.config import load_params
-    from fedrepro.io import tree_digest
 
-    params = load_params()
     runs = importlib.import_module(f"fedrepro.{paper}.runs")
     stage_spec = importlib.util.spec_from_file_location(f"{paper}_stage", Path("stages") / PAPERS[paper]["stage_script"])
     stage = importlib.util.module_from_spec(stage_spec)
     stage_spec.loader.exec_module(stage)
-    folders = [getattr(stage, name) for name in PAPERS[paper]["inputs"]]
+    return load_params(), runs, stage, [getattr(stage, name) for name in PAPERS[paper]["inputs"]]
+
+
+def write_plan(paper: str) -> None:
+    """In a snapshot's clone whose cells' inputs are built: every cell the snapshot needs, with its table or figure,
+    seed, weight, inputs digest and run fingerprint, and the lock of the stages upstream of its cells (what makes
+    those inputs), into the ledger's PLAN.json."""
+    params, runs, _, folders = checkout_stage(paper)
+    from fedrepro.io import tree_digest
+
     digests, cells = {}, {}
     for group, members, weight in snapshot_cells(paper, params):
         for cell in members:
@@ -438,17 +444,10 @@ def carry_entries(paper: str, behind: dict[str, str], head: dict[str, str], mach
 def train_cells(paper: str, ledger_root: Path, names: list[str]) -> None:
     """(In a snapshot's clone whose cells' inputs are built) train the named cells at this checkout's code with the
     stage's own ``run_cell``, one after another, each recorded in the ledger at ``ledger_root``."""
-    sys.path.insert(0, str(Path.cwd()))
-    from fedrepro.config import load_params
+    params, runs, stage, folders = checkout_stage(paper)
     from fedrepro.io import tree_digest
     from fedrepro.ledger import ResultsLedger, machine_class
 
-    params = load_params()
-    runs = importlib.import_module(f"fedrepro.{paper}.runs")
-    stage_spec = importlib.util.spec_from_file_location(f"{paper}_stage", Path("stages") / PAPERS[paper]["stage_script"])
-    stage = importlib.util.module_from_spec(stage_spec)
-    stage_spec.loader.exec_module(stage)
-    folders = [getattr(stage, name) for name in PAPERS[paper]["inputs"]]
     ledger = ResultsLedger(ledger_root, runs.ledger_gold(getattr(stage, PAPERS[paper]["gold"])),
                            machine_class("fp32" if paper == "ssvfnas" else params.train.precision))
     cells = {cell.name: (cell, weight) for _, members, weight in snapshot_cells(paper, params) for cell in members}
