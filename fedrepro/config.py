@@ -138,8 +138,8 @@ class TrainParams(_Strict):
                                                "(the same every round); 0 = all")
     threads: int = Field(ge=1)
     precision: Literal["fp32", "bf16", "auto"] = Field(
-        description="bf16 = bfloat16 autocast for training and classification scoring on the CPU (rankings are "
-                    "scored in fp32); auto = bf16 where the CPU has bf16 "
+        description="bf16 = bfloat16 autocast for training and scoring on the CPU (each model's scores and logits "
+                    "computed in fp32 from its features); auto = bf16 where the CPU has bf16 "
                     "instructions, else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
 
     runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]

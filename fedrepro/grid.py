@@ -118,15 +118,16 @@ def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: _Job, led
     if (kept / "stamp.json").is_file() and read_json(kept / "stamp.json") == stamp:
         shutil.copytree(kept / "outputs", job.out)
         job.rescored = False
-        metrics = read_json(kept / "metrics.json")
+        metrics, seconds = read_json(kept / "metrics.json"), None
     else:
         metrics = run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)
+        seconds = None if job.restored else time.perf_counter() - job.started  # a restored run was only scored
         with atomic_dir(kept) as folder:
             shutil.copytree(job.out, folder / "outputs")
             write_json(folder / "metrics.json", metrics)
             write_json(folder / "stamp.json", stamp)
     if ledger is not None:
-        ledger.record(job.run, job.cell, job.out, metrics, time.perf_counter() - job.started, job.weight)
+        ledger.record(job.run, job.cell, job.out, seconds, job.weight)
     return metrics
 
 

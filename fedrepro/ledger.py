@@ -3,8 +3,9 @@ and stretches of work (``scripts/cpu_snapshot.py run``), where the cell store (`
 cache and holds weights.
 
 An entry is ``<root>/<cell name>/<run[:16]>-<machine class>/``: ``outputs/`` (the cell's output folder without what
-came from the raw data), ``metrics.json`` and ``stamp.json`` (the run fingerprint, the cell, the machine class, the
-commit and date it was trained at, its training seconds and weight). A stage that finds its cell's run there for this
+came from the raw data, its ``metrics.json`` included) and ``stamp.json`` (the run fingerprint, the cell, the machine
+class, the commit and date it was trained at, its training seconds, null when the process that recorded it found
+the cell already trained, and its weight). A stage that finds its cell's run there for this
 machine class copies the outputs back, joins the raw data's part back from its own inputs (``Gold.join``), and
 trains nothing.
 
@@ -35,13 +36,16 @@ from fedrepro.io import atomic_dir, read_json, write_json
 ENV = "FEDREPRO_LEDGER"
 """Environment variable: the ledger folder a stage takes finished cells from and records its cells in (unset: none)."""
 STAMP = "stamp.json"
+METRICS = "metrics.json"
+"""Every cell's output folder holds its metrics here; an entry keeps it with the outputs and reads it back from there."""
 
 
 @dataclass(frozen=True)
 class Gold:
     """What of a paper's cell outputs comes from the raw data, and how a stage puts it back.
 
-    ``keep``: globs (relative to a cell's output folder) of the files a report reads; ``dropped_files``: globs of
+    ``keep``: globs (relative to a cell's output folder) of the files a report reads, ``metrics.json`` among them;
+    ``dropped_files``: globs of
     those made of raw data alone (FedMatch's qrels); ``dropped_columns``: CSV file -> the columns of raw data in it
     (a gold label beside each prediction); ``join(cell, out)`` writes both back into ``out`` from the stage's
     inputs, as the cell's own scoring wrote them."""
@@ -66,7 +70,10 @@ def machine_class(precision: str) -> str:
 
 def _commit() -> str | None:
     """The checkout's commit, when the stage runs in one (a snapshot's clone)."""
-    found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    try:
+        found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    except OSError:  # no git on this machine: the stamp says no commit rather than the stage failing
+        return None
     return found.stdout.strip() if found.returncode == 0 else None
 
 
@@ -98,12 +105,17 @@ class ResultsLedger:
         entry = self.entry(run, cell.name)
         shutil.copytree(entry / "outputs", out)
         self.gold.join(cell, out)
-        return read_json(entry / "metrics.json")
+        return read_json(out / METRICS)
 
-    def record(self, run: str, cell: Any, out: Path, metrics: dict, seconds: float, weight: float) -> None:
-        """Keep ``out``'s files that a report reads, less the raw data's part, with the metrics and the stamp."""
+    def record(self, run: str, cell: Any, out: Path, seconds: float | None, weight: float) -> None:
+        """Keep ``out``'s files that a report reads, less the raw data's part, and the stamp; ``seconds``: None
+        when this process did not train the cell (its outputs were scored earlier)."""
+        kept = self.gold.kept_files(out)
+        if Path(METRICS) not in kept:
+            raise ValueError(f"{out}: no {METRICS} among the files the paper's Gold keeps ({self.gold.keep}); a ledger "
+                             f"entry reads its metrics from there")
         with atomic_dir(self.entry(run, cell.name)) as folder:
-            for relative in self.gold.kept_files(out):
+            for relative in kept:
                 target = folder / "outputs" / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
                 dropped = self.gold.dropped_columns.get(str(relative))
@@ -112,10 +124,9 @@ class ResultsLedger:
                         target, index=False)
                 else:
                     shutil.copy2(out / relative, target)
-            write_json(folder / "metrics.json", metrics)
             write_json(folder / STAMP, {"run": run, "cell": cell.name, "machine": self.machine, "commit": self.commit,
-                                        "date": dt.date.today().isoformat(), "seconds": round(seconds, 1),
-                                        "weight": weight})
+                                        "date": dt.date.today().isoformat(),
+                                        "seconds": None if seconds is None else round(seconds, 1), "weight": weight})
 
 
 def join_column(out: Path, file: str, key: str, column: str, values: pd.Series, position: int) -> None:

@@ -199,6 +199,22 @@ def longest_cell(paper: str, machine: str) -> float:
     return max(seconds, default=0.0)
 
 
+def seconds_per_worth(stamps: list[dict]) -> float | None:
+    """The median recorded training seconds of a main-table cell's worth over the stamps that timed their cell
+    (None when none did): what the ledger measured a cell to cost on this kind of machine."""
+    rates = sorted(stamp["seconds"] / stamp["weight"] for stamp in stamps if stamp.get("seconds") and stamp.get("weight"))
+    return rates[len(rates) // 2] if rates else None
+
+
+def minutes(worth: float, rate: float) -> str:
+    """``worth`` main-table cells' worth at ``rate`` seconds each, on the two cell workers of this machine."""
+    return f"about {worth * rate / 2 / 60:.0f} min"
+
+
+def at_rate(rate: float) -> str:
+    return f"on two cell workers at the median recorded {rate:.0f} s a cell-worth"
+
+
 def ledger_stamps(paper: str) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(ledger_dir(paper).glob("*/*/stamp.json"))]
 
@@ -209,15 +225,8 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
     dirty = git("status", "--porcelain", "--", *CODE_AND_PARAMS)
     if dirty:
         sys.exit(f"uncommitted changes to code or params:\n{dirty}the clone trains HEAD's committed code: commit first")
-    if workdir.exists() and any(workdir.iterdir()):
-        sys.exit(f"--workdir {workdir} is not empty (an earlier snapshot's clone?): remove it or name a new folder")
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
-    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), str(mirror.resolve()))
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
-    machine = subprocess.run([sys.executable, "-c", MACHINE_CLASS.format(paper=paper)],
-                             cwd=workdir, env={**ENV, "PYTHONPATH": str(workdir)}, capture_output=True, text=True,
-                             check=True).stdout.strip()
-    env = {**ENV, "PYTHONPATH": str(workdir), LEDGER_ENV: str(ledger_dir(paper))}
+    _, env, machine = snapshot_clone(paper, workdir, str(mirror.resolve()))
+    env[LEDGER_ENV] = str(ledger_dir(paper))
     started, speed_before = time.time(), machine_speed()
     if budget is not None:
         env[STOP_ENV] = str(started + budget * 60 - longest_cell(paper, machine))
@@ -257,6 +266,21 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
 MACHINE_CLASS = ("from fedrepro.config import load_params; from fedrepro.ledger import machine_class; "
                  "print(machine_class('fp32' if {paper!r} == 'ssvfnas' else load_params().train.precision))")
 """Run in a snapshot's clone: the machine class its cells record (SS-VFNAS trains in fp32, the others as resolved)."""
+
+
+def snapshot_clone(paper: str, workdir: Path, mirror: str) -> tuple[dict, dict, str]:
+    """A clone of HEAD in ``workdir`` (which must be empty) whose params.yaml is ``paper``'s snapshot's, reading the
+    mirror at ``mirror``: its params, the environment its commands run in (its own code first), and the machine
+    class its cells record (asked of the clone's code, which resolves ``precision: auto``)."""
+    if workdir.exists() and any(workdir.iterdir()):
+        sys.exit(f"--workdir {workdir} is not empty (an earlier snapshot's clone?): remove it or name a new folder")
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
+    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), mirror)
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+    env = {**ENV, "PYTHONPATH": str(workdir)}
+    machine = subprocess.run([sys.executable, "-c", MACHINE_CLASS.format(paper=paper)], cwd=workdir, env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    return params, env, machine
 
 
 def write_stretch(paper: str, workdir: Path, machine: str, started: float, budget: float | None, speed_before: float,
@@ -356,14 +380,7 @@ def carry(paper: str, workdir: Path, sample: int = CARRY_SAMPLE) -> list[str]:
     planned, _, moved = head_runs(paper, plan_data)
     if moved:
         return [f"the cells' inputs changed since the plan, so their runs at HEAD are unknown: {line}" for line in moved]
-    if workdir.exists() and any(workdir.iterdir()):
-        sys.exit(f"--workdir {workdir} is not empty: remove it or name a new folder")
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
-    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), plan_data["mirror"])
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
-    env = {**ENV, "PYTHONPATH": str(workdir)}
-    machine = subprocess.run([sys.executable, "-c", MACHINE_CLASS.format(paper=paper)], cwd=workdir, env=env,
-                             capture_output=True, text=True, check=True).stdout.strip()
+    _, env, machine = snapshot_clone(paper, workdir, plan_data["mirror"])
     behind = entries_behind(paper, planned, machine)
     if not behind:
         print(f"{paper}: no entry of {machine} is behind HEAD's runs")
@@ -456,8 +473,8 @@ def train_cells(paper: str, ledger_root: Path, names: list[str]) -> None:
         cell, weight = cells[name]
         digest = tree_digest(*runs.cell_inputs(cell, *folders))
         started = time.perf_counter()
-        metrics = runs.run_cell(params, cell, *folders, work / "out" / name, work / "checkpoints" / name, digest)
-        ledger.record(runs.run_fingerprint(params, cell, digest), cell, work / "out" / name, metrics,
+        runs.run_cell(params, cell, *folders, work / "out" / name, work / "checkpoints" / name, digest)
+        ledger.record(runs.run_fingerprint(params, cell, digest), cell, work / "out" / name,
                       time.perf_counter() - started, weight(cell))
         print(f"{name}: retrained at HEAD ({time.perf_counter() - started:.0f} s)", flush=True)
 
@@ -492,10 +509,9 @@ def ledger_status(paper: str) -> list[str]:
         lines.append(f"  {group}: {done} of {total} cells" + (f" ({classes})" if classes else ""))
     current = {(name, run) for name, (_, run, _) in planned.items()}
     stale = sum(1 for stamp in stamps if (stamp["cell"], stamp["run"]) not in current)
-    rates = [stamp["seconds"] / stamp["weight"] for stamp in stamps if stamp.get("seconds") and stamp.get("weight")]
+    rate = seconds_per_worth(stamps)
     left = sum(1 for key in current if key not in held)
-    estimate = (f", about {missing_weight * sorted(rates)[len(rates) // 2] / 2 / 60:.0f} min on two cell workers at the "
-                f"median recorded {sorted(rates)[len(rates) // 2]:.0f} s a cell-worth") if rates and left else ""
+    estimate = f", {minutes(missing_weight, rate)} {at_rate(rate)}" if rate and left else ""
     lines.append(f"  missing: {left} cells{estimate}" + (f"; {unplanned} not in the plan (re-plan)" if unplanned else ""))
     lines.append(f"  stale entries (another run of a cell than HEAD's): {stale}")
     return lines
@@ -588,15 +604,10 @@ def canary(paper: str, workdir: Path) -> list[str]:
     if moved_params:
         mark(paper, True)
         return [f"params changed, which no canary can carry forward: {moved_params}"]
-    if workdir.exists() and any(workdir.iterdir()):
-        sys.exit(f"--workdir {workdir} is not empty: remove it or name a new folder")
     old_lock = yaml.safe_load((folder / "SNAPSHOT.lock").read_text())
     mirror = yaml.safe_load((folder / "params.yaml").read_text())["data"]["mirror"]
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
+    params, env, _ = snapshot_clone(paper, workdir, mirror)
     (workdir / "dvc.lock").unlink()  # the embedded run's: the clone's lock is to hold only what the canary ran
-    env = {**ENV, "PYTHONPATH": str(workdir)}
-    params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), mirror)
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
     upstream = spec["targets"][0]
     subprocess.run(["dvc", "repro", upstream], cwd=workdir, env=env, check=True)
     ran = yaml.safe_load((workdir / "dvc.lock").read_text())
@@ -817,10 +828,12 @@ def main() -> None:
         parser.error(f"{args.command}: unknown paper(s) {unknown}; allowed {sorted(PAPERS)}")
     for paper in args.papers or sorted(PAPERS):
         if args.command == "plan":
-            groups = plan(paper)
-            print(f"{paper}: {sum(n for _, n, _ in groups)} cells, {sum(w for _, _, w in groups):.1f} main-table cells' worth")
+            groups, rate = plan(paper), seconds_per_worth(ledger_stamps(paper))
+            total = sum(w for _, _, w in groups)
+            print(f"{paper}: {sum(n for _, n, _ in groups)} cells, {total:.1f} main-table cells' worth"
+                  + (f", {minutes(total, rate)} {at_rate(rate)} of its ledger" if rate else ", no cell of its ledger timed yet"))
             for name, cells, worth in groups:
-                print(f"  {name}: {cells} cells ({worth:.1f})")
+                print(f"  {name}: {cells} cells ({worth:.1f}" + (f", {minutes(worth, rate)})" if rate else ")"))
             continue
         changes = status(paper)
         none_yet = bool(changes) and changes[0].startswith(NO_REPORT)

@@ -479,30 +479,52 @@ def test_fit_samples_scores_the_same_first_batches_every_round_and_weights_by_al
         assert history[-1]["fit"][client_id]["samples"] == SIZES[client_id]
 
 
-def test_bf16_scoring_runs_the_body_in_bf16_and_keeps_a_relation_classifiers_logits_fp32():
-    """Under ``scoring("bf16")`` the encoder runs in bf16 (faster on bf16 CPUs) but a relation classifier in eval mode
-    computes its logits in fp32 (no bf16 ties between classes); in training mode autocast decides, as before."""
+def _scoring_models():
+    """(model in eval mode, its inputs, its last layer) for each kind of model a paper scores with."""
     from transformers import BertConfig, BertModel
 
-    from fedrepro.fl.engine import scoring
+    from fedrepro.models.cross_encoder import CrossEncoder
+    from fedrepro.models.matchers import MatcherSpec, build_matcher
     from fedrepro.models.relation import RelationClassifier
 
     torch.manual_seed(0)
-    encoder = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=64), add_pooling_layer=False)
+
+    def encoder():
+        return BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64), add_pooling_layer=False)
+
     ids = torch.randint(5, 50, (6, 10))
-    mask = torch.ones_like(ids)
-    classifier = RelationClassifier(encoder, 3).eval()
+    ids[:, 0], ids[:, 4], ids[:, -1] = 1, 2, 2  # [CLS] question [SEP] answer [SEP] for the matchers
+    mask, types = torch.ones_like(ids), (torch.arange(10) > 4).long().expand(6, 10)
+    relation = RelationClassifier(encoder(), 3)
+    pair = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    re2 = build_matcher("re2", MatcherSpec(vocab_size=50, pad_id=0, cls_id=1, sep_id=2, embedding_dim=16, hidden=16))
+    return {"relation": (relation.eval(), {"input_ids": ids, "attention_mask": mask, "e1_mask": mask, "e2_mask": mask},
+                         relation.classifier),
+            "cross-encoder": (CrossEncoder(encoder(), "mean").eval(), pair, None),
+            "re2": (re2.eval(), pair, re2.head)}
+
+
+@pytest.mark.parametrize("kind", ["relation", "cross-encoder", "re2"])
+def test_bf16_scoring_runs_the_body_in_bf16_and_keeps_the_scores_fp32(kind):
+    """Under ``scoring("bf16")`` the body runs in bf16 (faster on bf16 CPUs) but each model computes its scores or
+    logits from its features in fp32 (bf16's 8-bit mantissa tied candidates and classes); in training mode autocast
+    decides, as before."""
+    from fedrepro.fl.engine import scoring
+
+    model, inputs, head = _scoring_models()[kind]
+    head = head if head is not None else model.head
     with scoring("bf16"):
-        logits, features = classifier(ids, mask, mask, mask)
-        bf16_head = classifier.classifier(features)
+        scores, features = model(**inputs)
+        bf16_head = head(features)
     with scoring("fp32"):
-        fp32_features = classifier(ids, mask, mask, mask)[1]
-    assert not torch.equal(features, fp32_features), "the body did not run under bf16 autocast"
-    assert logits.dtype == torch.float32 and torch.equal(logits, classifier.classifier(features.float()))
-    assert bf16_head.dtype == torch.bfloat16 and not torch.equal(logits, bf16_head.float())
+        fp32_features = model(**inputs)[1]
+    assert not torch.equal(features.float(), fp32_features), "the body did not run under bf16 autocast"
+    assert scores.dtype == torch.float32
+    assert torch.equal(scores, head(features.float()).squeeze(-1) if scores.dim() == 1 else head(features.float()))
+    assert bf16_head.dtype == torch.bfloat16 and not torch.equal(scores, bf16_head.float().reshape(scores.shape))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert classifier.train()(ids, mask, mask, mask)[0].dtype == torch.bfloat16
+        assert model.train()(**inputs)[0].dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "size"])

@@ -1,6 +1,7 @@
 """The results ledger (``fedrepro.ledger``): what a report needs of each finished cell, kept without any of the raw
 data, taken back untrained by a stage on a machine of the same class, and a budget that stops a stage between cells."""
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from fedrepro.cell_store import CellStore
 from fedrepro.fedcmc.runs import ledger_gold as fedcmc_gold
 from fedrepro.fedmatch.runs import ledger_gold as fedmatch_gold
+from fedrepro import ledger as ledger_module
 from fedrepro.grid import STOP_ENV, BudgetSpent, run_grid
 from fedrepro.ledger import Gold, ResultsLedger, join_column
 from fedrepro.metrics.ranking import trec_files
@@ -43,7 +45,9 @@ def toy_cell(calls: list):
         (out / "drawing.png").write_bytes(b"\x89PNG not kept")
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         (checkpoint_dir / "weights.safetensors").write_bytes(b"weights")
-        return {"f1": 0.5 + cell.seed / 10}
+        metrics = {"f1": 0.5 + cell.seed / 10}
+        (out / "metrics.json").write_text(json.dumps(metrics))
+        return metrics
     return run_cell
 
 
@@ -69,12 +73,41 @@ def test_the_ledger_keeps_no_gold_label_no_weights_and_no_file_a_report_does_not
     ledger = ResultsLedger(tmp_path / "ledger", TOY_GOLD, "avx2-fp32")
     grid(tmp_path / "first", ledger, [])
     kept = sorted(str(p.relative_to(tmp_path / "ledger")) for p in (tmp_path / "ledger").rglob("*") if p.is_file())
-    assert {Path(p).name for p in kept} == {"predictions.csv", "metrics.json", "stamp.json"}, kept
+    assert sorted(Path(p).name for p in kept) == ["metrics.json"] * 3 + ["predictions.csv"] * 3 + ["stamp.json"] * 3, kept
     for path in (tmp_path / "ledger").rglob("predictions.csv"):
         frame = pd.read_csv(path)
         assert list(frame.columns) == ["sentence_id", "client", "predicted"]
     stamp = next((tmp_path / "ledger").rglob("stamp.json")).read_text()
     assert '"machine": "avx2-fp32"' in stamp and '"seconds"' in stamp
+
+
+def test_a_cell_found_already_trained_is_recorded_without_training_seconds(tmp_path):
+    """A stage that found a cell trained and scored (its checkpoint folder) spent no training on it: its stamp says
+    null, so a snapshot's time estimate reads only cells trained where they were recorded."""
+    def seconds(ledger_root: Path) -> list:
+        return [json.loads(p.read_text())["seconds"] for p in sorted(ledger_root.rglob("stamp.json"))]
+
+    grid(tmp_path / "work", ResultsLedger(tmp_path / "first", TOY_GOLD, "avx2-fp32"), [])
+    calls = []
+    grid(tmp_path / "work", ResultsLedger(tmp_path / "second", TOY_GOLD, "avx2-fp32"), calls)
+    assert calls == [] and seconds(tmp_path / "second") == [None] * 3
+    assert all(isinstance(s, float) for s in seconds(tmp_path / "first"))
+
+
+def test_an_entry_needs_the_cells_metrics_among_what_it_keeps(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    ledger = ResultsLedger(tmp_path / "ledger", Gold(keep=("predictions.csv",), join=join_toy_labels), "avx2-fp32")
+    with pytest.raises(ValueError, match="no metrics.json among the files"):
+        ledger.record("run", ToyCell("cell-0", 0), out, 1.0, 1.0)
+
+
+def test_a_machine_without_git_records_no_commit(tmp_path, monkeypatch):
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+    monkeypatch.setattr(ledger_module.subprocess, "run", no_git)
+    assert ResultsLedger(tmp_path, TOY_GOLD, "avx2-fp32").commit is None
 
 
 def test_a_stage_takes_back_only_cells_of_its_own_machine_class(tmp_path):
@@ -137,6 +170,7 @@ def test_fedcmc_and_fedmatch_outputs_lose_their_gold_in_the_ledger_and_get_it_ba
         out.mkdir(parents=True)
         pd.DataFrame({"sentence_id": ["s1", "s2", "s3"], "label": ["rel0", "rel2", "rel1"], "client": ["c0", "c1", "c0"],
                       "predicted": ["rel0", "rel1", "rel1"]}).to_csv(out / "predictions.csv", index=False)
+        (out / "metrics.json").write_text('{"f1": 0.5}')
         return {"f1": 0.5}
 
     def fedmatch_run(cell, out, checkpoint_dir, digest):
@@ -146,6 +180,7 @@ def test_fedcmc_and_fedmatch_outputs_lose_their_gold_in_the_ledger_and_get_it_ba
         qrels_text, run_text = trec_files(qrels, run, cell.name)
         (out / "trec" / "fiqa.qrels").write_text(qrels_text)
         (out / "trec" / "fiqa.run").write_text(run_text)
+        (out / "metrics.json").write_text('{"f1": 0.5}')
         return {"f1": 0.5}
 
     for paper, gold, run_cell, gold_file in (("fedcmc", fedcmc_gold(partitions), fedcmc_run, "predictions.csv"),

@@ -187,36 +187,3 @@ def test_candidates_scored_in_batches_of_similar_length_keep_the_tables_order():
     scored = task.score(LengthTimesFirstToken(), "c", "valid")
     assert scored["answer_id"].tolist() == list("abcdef")
     assert scored["score"].tolist() == [n * (10 + i) for i, n in enumerate(lengths[:6])]
-
-
-def test_a_ranking_is_scored_in_fp32_under_bf16_training():
-    """bf16 features reordered the candidates of weakly trained models (``QAMatchingTask.score``): inside the
-    engine's bf16 scoring a ranking's scores must be the fp32 ones, bit for bit."""
-    from fedrepro.fl.engine import scoring
-    from fedrepro.tasks.qa import QAMatchingTask
-
-    class Padder:
-        def pad(self, rows, return_tensors):
-            return {"input_ids": torch.tensor([row["input_ids"] for row in rows])}
-
-    class Scorer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.body = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16)
-
-        def forward(self, input_ids):
-            features = self.body(self.embed(input_ids)).mean(dim=1)
-            return features.float().sum(dim=1), features
-
-    torch.manual_seed(0)
-    task = QAMatchingTask.__new__(QAMatchingTask)
-    task.tokenizer, task.eval_batch_size = Padder(), 4
-    task.candidates = {"c": pd.DataFrame({"question_id": ["q"] * 6, "answer_id": list("abcdef"),
-                                          "relevance": [1, 0, 0, 0, 0, 0], "split": ["test"] * 6})}
-    task.candidate_encodings = {"c": [{"input_ids": torch.randint(0, 50, (5,)).tolist()} for _ in range(6)]}
-    model = Scorer().eval()
-    with scoring("bf16"):
-        assert model(torch.tensor([[1, 2, 3]]))[1].dtype == torch.bfloat16, "bf16 scoring is not on"
-        in_bf16 = task.score(model, "c", "test")["score"].tolist()
-    with scoring("fp32"):
-        assert in_bf16 == task.score(model, "c", "test")["score"].tolist()

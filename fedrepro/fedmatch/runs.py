@@ -9,15 +9,13 @@ import functools
 import itertools
 from pathlib import Path
 
-import torch
-
 from fedrepro.code_closure import cell_code, code_digest
 from fedrepro.config import Params
 from fedrepro.fedmatch.cells import Cell, cell_params, history_health
 from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl import algorithms
 from fedrepro.fl.algorithm import Algorithm, CommonSettings
-from fedrepro.fl.engine import Engine, EngineSettings
+from fedrepro.fl.engine import Engine, EngineSettings, scoring
 from fedrepro.fl.recipe import CellRecipe, SiloRecipe, recipe_spec
 from fedrepro.fl.runtime import build_runtime
 from fedrepro.fl.silo import SILOS, Manifest, ServerTaskView, read_manifest, read_silo, write_silos
@@ -223,7 +221,7 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
     (out / "trec").mkdir(parents=True)
     per_client, norms = {}, {}
     own_task = functools.partial(silo_cell_task, cell_params(params, cell), cell, Path(tokenizer_dir).resolve())
-    with torch.no_grad():  # in fp32, as the rankings are scored (QAMatchingTask.score)
+    with scoring(engine.settings.precision):
         for client_id, model in engine.client_models():
             silo_local = isinstance(engine.task, ServerTaskView)  # the server holds no rows: each client scores its own
             task = own_task(Path(checkpoint_dir) / SILOS / client_id) if silo_local else engine.task

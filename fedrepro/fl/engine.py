@@ -65,9 +65,8 @@ class EngineSettings:
     eval_every: int = 1
     """Rounds between validation passes over every client (0: none; the test is scored after training anyway)."""
     precision: str = "fp32"
-    """``bf16``: forward passes under bfloat16 autocast: training, the ``FIT`` loss, and scoring where the task
-    allows it (relation classification; a ranking is scored in fp32, ``QAMatchingTask.score``). Weights, optimizer,
-    losses and scores stay fp32 (see ``scoring``)."""
+    """``bf16``: forward passes under bfloat16 autocast: training, the ``FIT`` loss and scoring. Weights, optimizer,
+    losses and the models' scores and logits stay fp32 (see ``scoring``)."""
     fit_samples: int = 0
     """How many training samples the ``FIT`` loss of each evaluated model is measured on: the first
     ceil(fit_samples / batch_size) batches of one fixed shuffle, the same every round, so rounds compare on the same
@@ -127,9 +126,8 @@ def autocast(precision: str) -> torch.autocast:
 @contextlib.contextmanager
 def scoring(precision: str) -> Iterator[None]:
     """Scoring as training runs its forward passes: without gradients, under ``precision`` (evaluation in fp32 beside
-    bf16 training was most of a CPU-scale cell, issue 47). The relation classifier computes its logits from the
-    features in fp32 when scoring, so bf16's 8-bit mantissa does not tie them; a task whose metric bf16 features
-    change (a ranking: ``QAMatchingTask.score``) turns autocast off for its own scoring."""
+    bf16 training was most of a CPU-scale cell, issue 47). Each model computes its scores or logits from its features
+    in fp32 when scoring (``fedrepro.models.heads``), so bf16's 8-bit mantissa does not tie them."""
     with torch.no_grad(), autocast(precision):
         yield
 

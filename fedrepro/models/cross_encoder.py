@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedrepro.models.heads import head_output
+
 POOLINGS = ("cls", "mean")
 
 
@@ -33,6 +35,6 @@ class CrossEncoder(nn.Module):
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores (batch,) and the pair features (batch, hidden)."""
+        """Scores (batch,) and the pair features (batch, hidden); scoring computes the scores in fp32 (``head_output``)."""
         features = self.represent(input_ids, attention_mask, token_type_ids)
-        return self.head(features).squeeze(-1), features
+        return head_output(self.head, features, self.training).squeeze(-1), features

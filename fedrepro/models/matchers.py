@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from fedrepro.errors import ConfigError
+from fedrepro.models.heads import head_output
 
 MATCHERS = ("esim", "re2")
 
@@ -98,11 +99,11 @@ class _Matcher(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores (batch,) and the matching features (batch, hidden)."""
+        """Scores (batch,) and the matching features (batch, hidden); scoring computes the scores in fp32 (``head_output``)."""
         q_ids, q_mask, a_ids, a_mask = split_pair(input_ids, attention_mask, token_type_ids,
                                                   self.spec.cls_id, self.spec.sep_id)
         features = self.match(self.dropout(self.embedding(q_ids)), q_mask, self.dropout(self.embedding(a_ids)), a_mask)
-        return self.head(features).squeeze(-1), features
+        return head_output(self.head, features, self.training).squeeze(-1), features
 
 
 class _BiLSTM(nn.Module):

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from fedrepro.data.schema import ENTITY_MARKERS
+from fedrepro.models.heads import head_output
 
 CLASSIFIER = "classifier.weight"
 """The parameter whose rows are the classifier vectors (FedCMC's Theta^L)."""
@@ -32,17 +33,12 @@ class RelationClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, e1_mask: torch.Tensor,
                 e2_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (batch, C) and relation features (batch, 2d). Scoring (eval mode) runs the classifier in fp32 even
-        under bf16 autocast: logits rounded to bf16's 8-bit mantissa could tie classes the prediction must tell
-        apart. Training keeps autocast's choice, so a bf16-trained model trains as it did."""
+        """Logits (batch, C) and relation features (batch, 2d); scoring computes the logits in fp32 (``head_output``)."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         e1 = (hidden * e1_mask.unsqueeze(-1).to(hidden.dtype)).sum(dim=1)
         e2 = (hidden * e2_mask.unsqueeze(-1).to(hidden.dtype)).sum(dim=1)
         features = torch.cat([e1, e2], dim=-1)
-        if self.training:
-            return self.classifier(features), features
-        with torch.autocast(features.device.type, enabled=False):
-            return self.classifier(features.float()), features
+        return head_output(self.classifier, features, self.training), features
 
 
 def local_average_similarity(classifier: torch.Tensor) -> torch.Tensor:

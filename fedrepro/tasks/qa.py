@@ -148,21 +148,19 @@ class QAMatchingTask(FederatedTask):
             yield self._pad(rows[start:start + self.eval_batch_size])
 
     def score(self, model: nn.Module, client_id: str, split: str) -> pd.DataFrame:
-        """The candidates of ``split`` with the model's score for each (higher = more relevant), in fp32 whatever the
-        training precision: scored under bf16 autocast, the same trained weights ranked differently (embedded RE2
-        (individual), life-insurance test MAP 0.487 in fp32 against 0.260 in bf16; a FedMatch I+PAL client 0.336
-        against 0.225), so a ranking would depend on the machine's instruction set. Batches hold pairs of similar
-        length (in table order a fifth to a third of BioASQ's and PrivacyQA's CPU-scale valid tokens were padding);
-        the rows keep the table's order."""
+        """The candidates of ``split`` with the model's score for each (higher = more relevant), under the caller's
+        precision (the engine's ``scoring``): the model computes its scores in fp32 from its features
+        (``fedrepro.models.heads``), so bf16 rounding does not tie candidates. Batches hold pairs of similar length
+        (in table order a fifth to a third of BioASQ's and PrivacyQA's CPU-scale valid tokens were padding); the rows
+        keep the table's order."""
         frame = self.candidates[client_id]
         rows = self._split_encodings(client_id, split)
         by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
         scores = np.empty(len(rows))
-        with torch.autocast("cpu", enabled=False):
-            for start in range(0, len(by_length), self.eval_batch_size):
-                chosen = by_length[start:start + self.eval_batch_size]
-                batch_scores, _ = model(**self._pad([rows[i] for i in chosen]))
-                scores[chosen] = batch_scores.float().numpy()
+        for start in range(0, len(by_length), self.eval_batch_size):
+            chosen = by_length[start:start + self.eval_batch_size]
+            batch_scores, _ = model(**self._pad([rows[i] for i in chosen]))
+            scores[chosen] = batch_scores.float().numpy()
         scored = frame.loc[(frame["split"] == split).to_numpy(), ["question_id", "answer_id", "relevance"]].copy()
         scored["score"] = scores
         return scored
