@@ -479,6 +479,24 @@ def test_fit_samples_scores_the_same_first_batches_every_round_and_weights_by_al
         assert history[-1]["fit"][client_id]["samples"] == SIZES[client_id]
 
 
+def test_one_bf16_scoring_context_around_every_clients_model_scores_each_with_its_own_weights(tmp_path):
+    """Autocast caches its bf16 copies of the weights for the length of its context: the clients' models, loaded one
+    after the other into the one module inside a single ``scoring`` context (as FedMatch's end-of-cell scoring does),
+    must each be scored with their own weights, as in a context of their own."""
+    from fedrepro.fl.engine import scoring
+
+    engine = make_engine(tmp_path, algorithm="individual", rounds=1)
+    engine.run()
+    with scoring("bf16"):
+        together = {client_id: engine.task.evaluate(model, client_id, "test") for client_id, model in engine.client_models()}
+    alone = {}
+    for client_id, model in engine.client_models():
+        with scoring("bf16"):
+            alone[client_id] = engine.task.evaluate(model, client_id, "test")
+    assert len(set(map(str, alone.values()))) == len(alone), "the clients' models should score differently"
+    assert together == alone
+
+
 def _scoring_models():
     """(model in eval mode, its inputs, its last layer) for each kind of model a paper scores with."""
     from transformers import BertConfig, BertModel

@@ -186,13 +186,17 @@ class LocalTrainer:
         return self.task.num_train_samples(self.members(client_id))
 
     def load(self, shared: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Put shared weights and a client's stored private tensors into the model; return its algorithm state."""
+        """Put shared weights and a client's stored private tensors into the model; return its algorithm state.
+        Autocast keeps its bf16 copies of the weights until its context closes, so one ``scoring`` context around
+        several clients' models (``Engine.client_models``) would score them all with the first one's weights: the
+        copies are dropped here, whenever the weights change under them."""
         with torch.no_grad():
             for name, value in shared.items():
                 if name in self.params:
                     self.params[name].copy_(value)
             for name in self.private_names:
                 self.params[name].copy_(stored.get(PARAM + name, self.initial_private[name]))
+        torch.clear_autocast_cache()
         return {k[len(STATE):]: v for k, v in stored.items() if k.startswith(STATE)}
 
     def stored_state(self, algorithm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
