@@ -16,7 +16,7 @@ def main() -> None:
     data = load_fedmatch(Path("data/fedmatch"), params)
     chance, bm25 = chance_levels(Path("data/mined")), bm25_levels(Path("data/mined_bm25"))
     with atomic_dir(OUT / "figures") as tmp:
-        write_figures(data, params, tmp)
+        write_figures(data, params, tmp, chance)
     report = render_report(params, data, chance, bm25, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"))
     with atomic_file(OUT / "report.md") as handle:
         handle.write(report)

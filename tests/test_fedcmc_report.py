@@ -18,7 +18,7 @@ from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedcmc.render import render_report
 from fedrepro.fedcmc.claims import claims_table
 from fedrepro.fedcmc.report import (chance_scores, identical_predictions, largest_holder_share, load_fedcmc, main_table,
-                                    rounds_to_target, summary_metrics, write_figures)
+                                    rounds_to_target, subsets_table, summary_metrics, write_figures)
 from fedrepro.report.statistics import VERDICTS, bootstrap_contrast, bootstrap_difference, micro_f1, verdict_from_p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -392,3 +392,50 @@ def test_table3s_subset_keeps_the_main_tables_classes():
     subset = next(c for c in sweep_cells(params, "subsets") if c.subset == "balanced")
     classes = [sorted(build_partition(params, cell, corpus)[0]["label"].unique()) for cell in (main, subset)]
     assert classes[0] == classes[1] == labels
+
+
+# ----- trivial rows and lines where a reader needs them ------------------------------------------------------------
+def test_table3_scores_each_subsets_trivial_baselines_in_every_column(tmp_path):
+    """The balanced subset's flat prior names its first class (rel0); the natural prior's commonest class (rel2, 49
+    training sentences) is scored beside the balanced cells too, on the test set they are scored on."""
+    params = small_params()
+    write_fake_grid(tmp_path, params)
+    balanced = next(c for c in sweep_cells(params, "subsets") if c.subset == "balanced").partition
+    flat = _counts(params.fedcmc.settings.clients)
+    flat.loc[flat.sum(axis=1) > 0] = 10  # every class alike, on the same non-empty clients
+    flat.assign(total=flat.sum(axis=1)).to_csv(tmp_path / "partitions" / balanced / "counts.csv")
+    data = load_fedcmc(tmp_path, params)
+    table = subsets_table(data, params)
+    gold = predictions(0.5).label
+    always = lambda c: f"{100 * f1_score(gold, [c] * len(gold), labels=POSITIVE, average='micro'):.2f}"  # noqa: E731
+    assert list(table.columns) == ["balanced", "natural"] and table.index[:2].tolist() == ["FedRS", "FedCMC"]
+    for prior, answer in (("balanced", "rel0"), ("natural", "rel2")):
+        assert table.loc[f"trivial: always {answer} ({prior} prior)"].tolist() == [always(answer)] * 2
+    stratified = table.loc[["trivial: stratified random (balanced prior)", "trivial: stratified random (natural prior)"]]
+    assert stratified["balanced"].tolist() == stratified["natural"].tolist() and stratified["balanced"].nunique() == 2
+    section = render_report(params, data).split("## Table 3")[1].split("## Fig 1")[0]
+    row = next(text for text in section.splitlines() if text.startswith("| trivial: always rel2 (natural prior) "))
+    assert [cell.strip() for cell in row.split("|")[2:4]] == [always("rel2")] * 2
+
+
+def test_figs_3a_and_3b_draw_the_trivial_baselines_and_cross_a_diverged_curve(tmp_path, monkeypatch):
+    from drawn import catch_figures, labels, line
+    from fedrepro.report.figures import REFERENCE_STYLES
+
+    params = small_params()
+    bad = next(c for c in table_cells(params) if c.method == "fedcmc" and c.alpha == 0.05 and c.seed == 1)
+    write_fake_grid(tmp_path / "grid", params, diverged=(bad.name,))
+    data = load_fedcmc(tmp_path / "grid", params)
+    caught = catch_figures(monkeypatch)
+    write_figures(data, params, tmp_path)
+    chance = chance_scores(data, "synthetic-re", "synthetic-re-a0.05-k4")
+    ax = caught["fig3a_convergence.png"].axes[0]
+    for (name, scores), style in zip(chance.items(), REFERENCE_STYLES):
+        trivial = line(ax, f"trivial: {name}")
+        assert trivial.get_ydata()[0] == pytest.approx(100 * scores["micro_f1"]) and trivial.get_color() == style["color"]
+    assert {"FedAvg", "FedRS", "FedCMC †", "X: the curve's cell(s) diverged"} <= set(labels(ax))
+    curve = line(ax, "FedCMC †")
+    crosses = [drawn for drawn in ax.get_lines() if drawn.get_marker() == "X" and len(drawn.get_xdata())]
+    assert [(c.get_xdata()[0], c.get_ydata()[0]) for c in crosses] == [(curve.get_xdata()[-1], curve.get_ydata()[-1])]
+    local_epochs = caught["fig3b_local_epochs.png"].axes[0]
+    assert {"trivial: stratified random", "FedCMC, E=1 †", "FedAvg, E=2"} <= set(labels(local_epochs))

@@ -3,6 +3,7 @@ patch norms."""
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from fedrepro.fedmatch.claims import _compare, _figure_claims, _individuals_beat_somewhere
 from fedrepro.fedmatch.report import FedMatchResults, bm25_levels, health_table, history_health, marked_labels, patch_table
@@ -245,3 +246,57 @@ def test_an_empty_sweep_or_a_missing_collection_is_not_testable_and_a_claim_name
         "not testable here (no PrivacyQA client at this scale)")
     assert fig7["Fig 7 (2): the large collections (FiQA, BioASQ) are the most robust to the aggregation period"] == (
         "not testable here (no FiQA or BioASQ client at this scale)")
+
+
+def test_the_sweep_figures_draw_chance_overall_and_per_client_and_fig8_each_metrics_own(tmp_path, monkeypatch):
+    """A client's point below its own chance shows: its level is dotted in its colour, overall's a reference line."""
+    from drawn import catch_figures, labels, line
+    from fedrepro.report.figures import data_ratio_figure, sweep_figure
+    from fedrepro.report.results import CHANCE
+
+    caught = catch_figures(monkeypatch)
+    table = pd.DataFrame({"a": [0.5, 0.6], "b": [0.2, 0.3], "overall": [0.35, 0.45]}, index=[1, 2])
+    sweep_figure(table, {"a": 0.25, "b": 0.3, "overall": 0.275}, "aggregate every", "Fig 7", tmp_path / "fig7.png")
+    ax = caught["fig7.png"].axes[0]
+    overall = line(ax, f"{CHANCE}, overall")
+    assert overall.get_ydata()[0] == 0.275 and overall.get_color() == "black" and overall.get_linestyle() == "-."
+    dotted = {drawn.get_ydata()[0]: drawn.get_color() for drawn in ax.get_lines() if drawn.get_linestyle() == ":"}
+    assert dotted == {0.25: line(ax, "a").get_color(), 0.3: line(ax, "b").get_color()}
+    assert labels(ax).count(f"{CHANCE}, per client (dotted, its colour)") == 1
+    ours = pd.DataFrame({"map": [0.2, 0.3], "mrr": [0.3, 0.4]}, index=[0.5, 1.0])
+    data_ratio_figure(ours, ours - 0.1, ("FedMatch H+LR", "BERT (individual)"), "a", {"map": 0.15, "mrr": 0.22},
+                      tmp_path / "fig8.png")
+    assert [line(ax, CHANCE).get_ydata()[0] for ax in caught["fig8.png"].axes] == [0.15, 0.22]
+
+
+def test_the_sweep_figures_draw_the_chance_levels_of_the_mined_test_candidates(tmp_path, monkeypatch):
+    """Fig 7 on two clients: client a's test question has 1 gold of 2 candidates (chance MRR 0.75), b's 1 of 4
+    (chance MRR (1 + 1/2 + 1/3 + 1/4) / 4); valid candidates do not count."""
+    from drawn import catch_figures, line
+    from fedrepro.config import parse_params
+    from fedrepro.fedmatch.methods import FIGURE_METHOD
+    from fedrepro.fedmatch.report import chance_levels, write_figures
+    from fedrepro.report.results import CHANCE
+    from test_config import with_change
+
+    raw = with_change("fedmatch.methods", ["fedavg", FIGURE_METHOD])
+    raw["fedmatch"]["table2"], raw["fedmatch"]["table3"] = [FIGURE_METHOD], ["fedavg", FIGURE_METHOD]
+    raw["fedmatch"]["sweeps"].update(shared_layers=[], patch_size=[], aggregate_every=[1, 2], data_ratio=[])
+    params = parse_params(raw)
+    rows = [{"row": f"aggregate_every={point}:{FIGURE_METHOD}", "method": FIGURE_METHOD, "seed": 0, "sweep": "aggregate_every",
+             "point": str(point), "client": client, "metric": metric, "value": 0.5 + 0.1 * point}
+            for point in (1, 2) for client in CLIENTS + ("overall",) for metric in ("map", "mrr")]
+    histories = pd.DataFrame([{"row": m, "method": m, "seed": 0, "sweep": None, "point": None, "round": r, "train_loss": 1.0 / r,
+                               "bytes_up": 0, "bytes_down": 0} for m in ("fedavg", FIGURE_METHOD) for r in (1, 2)])
+    data = FedMatchResults(pd.DataFrame(rows), pd.DataFrame(), histories)
+    mined = tmp_path / "mined"
+    for client, candidates in (("a", 2), ("b", 4)):
+        (mined / client).mkdir(parents=True)
+        pd.DataFrame({"split": ["test"] * candidates + ["valid", "valid"], "question_id": ["q"] * candidates + ["v", "v"],
+                      "answer_id": [f"x{i}" for i in range(candidates + 2)],
+                      "relevance": [1] + [0] * (candidates - 1) + [1, 1]}).to_parquet(mined / client / "candidates.parquet")
+    caught = catch_figures(monkeypatch)
+    write_figures(data, params, tmp_path, chance_levels(mined))
+    expected = (0.75 + (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4) / 2
+    ax = caught["fig7_aggregate_every.png"].axes[0]
+    assert line(ax, f"{CHANCE}, overall").get_ydata()[0] == pytest.approx(expected)

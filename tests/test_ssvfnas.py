@@ -783,3 +783,33 @@ def test_the_arch_choice_keeps_the_preset_unless_another_setting_is_clearly_bett
     choice = arch_choice(clear, (3e-4, 100, 0.05), 0.005)[1]
     assert (choice["arch_lr"], choice["search_steps"], choice["retrain_lr"]) == (3e-2, 100, 0.2)  # tied: fewer steps
     assert choice["mean_valid"] == pytest.approx(0.85)  # the last retraining step is scored
+
+
+def test_every_accuracy_figure_draws_both_trivial_lines_in_their_own_styles_and_a_seed_band(tmp_path, monkeypatch):
+    """Every panel of the bytes and epsilon figures of every dataset-K draws the majority rate and the label party
+    alone apart; a missing level draws nothing and leaves the other its style; retrained points over 3 seeds get a
+    band."""
+    from drawn import catch_figures, line
+    from fedrepro.report.figures import REFERENCE_STYLES, accuracy_bytes_figure
+    from fedrepro.ssvfnas.report import ALONE, MAJORITY, write_figures
+
+    params, data = _three_seed_fake_grid(tmp_path / "data")
+    data = dataclasses.replace(data, majority={"digits-k2": 0.125, "digits-k4": 0.25})
+    caught = catch_figures(monkeypatch)
+    write_figures(data, params, tmp_path)
+    styles = [(style["color"], style["linestyle"]) for style in REFERENCE_STYLES[:2]]
+    for point, majority in data.majority.items():
+        panels = caught[f"accuracy_vs_bytes_{point}.png"].axes + caught[f"accuracy_vs_epsilon_{point}.png"].axes
+        assert len(panels) == len(params.ssvfnas.dp_levels) + 2
+        for ax in panels:
+            trivial = [line(ax, MAJORITY), line(ax, ALONE)]
+            assert [drawn.get_ydata()[0] for drawn in trivial] == pytest.approx([100 * majority, 50.0])
+            assert [drawn.get_color() for drawn in trivial] == [color for color, _ in styles]
+            assert trivial[0].get_linestyle() != trivial[1].get_linestyle()
+        retrained = caught[f"accuracy_vs_epsilon_{point}.png"].axes[0]
+        assert len(retrained.collections) == len(params.ssvfnas.methods) + 1  # a band per method and the baseline
+    frame = pd.DataFrame({"bytes": [1e6, 2e6], "accuracy": [0.6, 0.7]})
+    accuracy_bytes_figure({"no DP": {"VFNAS-1": frame}}, "one seed", tmp_path / "one.png", None, {MAJORITY: None, ALONE: 0.5})
+    ax = caught["one.png"].axes[0]
+    assert line(ax, ALONE).get_color() == styles[1][0] and not ax.collections  # one seed: no band
+    assert MAJORITY not in [drawn.get_label() for drawn in ax.get_lines()]

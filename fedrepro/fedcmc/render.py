@@ -17,12 +17,19 @@ from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LAB
                                     fedcmc_extra_download, figure1_cells, figure_point, health_table,
                                     identical_predictions, local_epochs_tables, main_points, main_table, mean_of,
                                     mean_std_percent, method_label, observation3_table, partitions_table, percent,
-                                    point_name, sweep_table, values_of)
+                                    point_name, subsets_table, sweep_table, values_of)
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients_section
 from fedrepro.report.claims import tests_explained, verdict_counts
+
+
+CURVE_MARKS = ("The black and grey dash-dotted lines are the trivial baselines of the curves' partition (Table 2's "
+               "rows: always its commonest positive training class, stratified random) on their test set; † or ° after "
+               "a name marks a diverged or unconverged cell as in the tables, and a cross ends the curve of one that "
+               "diverged (its last rounds are no result).")
+"""How Figs 3a and 3b mark the trivial baselines and the cells' health (``report._curves_figure``)."""
 
 
 def _backbone_text(params: Params) -> str:
@@ -203,8 +210,12 @@ def render_report(params: Params, data: FedCMCResults) -> str:
                   f"{f'at most {settings.max_eval_sentences} test sentences' if settings.max_eval_sentences else 'the whole test set'}; "
                   f"drawn from the same corpus and classes as the main table ({CHEMPROT_READING}); "
                   f"test micro-F1 in % ({over_seeds(len(sw.seeds))}). The paper (500 ChemProt sentences, 100 per class): "
-                  "FedRS and FedLC about as good as FedCMC on the balanced subset, FedCMC ahead on the natural one.", "",
-                  sweep_table(data, "subsets", sw.subset_methods, "subset", sw.subset_modes).to_markdown(disable_numparse=True), ""]
+                  "FedRS and FedLC about as good as FedCMC on the balanced subset, FedCMC ahead on the natural one. "
+                  "The trivial rows are Table 2's for each subset's training prior, scored on the test set of each "
+                  "column's cells: the balanced prior is flat, so its 'commonest' class is merely the first, and the "
+                  "natural prior's constant answer is the one the balanced cells must beat on a test set with the "
+                  "corpus's label mix.", "",
+                  subsets_table(data, params).to_markdown(disable_numparse=True), ""]
     else:
         lines += sweep_not_run("fedcmc.sweeps.subset_modes")
     # Fig 1
@@ -231,7 +242,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     else:
         lines += [f"{point_name(*point)}: the global model's test micro-F1 after each round ({over_seeds(len(fc.seeds))}), and the rounds each "
                   f"method needs to reach the target {100 * fc.target_f1:g}% (`fedcmc.target_f1`). The paper (i2b2, α = 0.05): "
-                  "FedCMC 5 rounds, FedRS 15, FedAvg 20.", "",
+                  "FedCMC 5 rounds, FedRS 15, FedAvg 20. " + CURVE_MARKS, "",
                   "![fig 3a](figures/fig3a_convergence.png)", "", convergence_table(data, params).to_markdown(disable_numparse=True), ""]
         chance = chance_level(data, point[0], Cell("fedavg", *point, settings.clients, settings.local_epochs, 0).partition)
         if fc.target_f1 <= chance:
@@ -241,7 +252,8 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     if sw.local_epochs:
         final, speed = local_epochs_tables(data, params)
         lines += [f"{point_name(sw.dataset, sw.alpha)}, {settings.clients} clients, E local epochs between aggregations. The paper: "
-                  "more local epochs speed up FedCMC but not FedAvg or FedRS, and FedAvg's F1 varies more.", "",
+                  "more local epochs speed up FedCMC but not FedAvg or FedRS, and FedAvg's F1 varies more. "
+                  + CURVE_MARKS, "",
                   "![fig 3b](figures/fig3b_local_epochs.png)", "",
                   f"Final test micro-F1 in % ({over_seeds(len(sw.seeds))})", "", final.to_markdown(disable_numparse=True), "",
                   f"Rounds to {100 * fc.target_f1:g}% micro-F1 (seed-mean curve)", "", speed.to_markdown(disable_numparse=True), ""]

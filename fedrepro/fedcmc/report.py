@@ -268,13 +268,15 @@ def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
 
 
 # ----- tables ---------------------------------------------------------------------------------------------
-def chance_scores(data: FedCMCResults, dataset: str, partition: str) -> dict[str, dict[str, float]]:
-    """The trivial baselines on the dataset's test set (``fedrepro.metrics.classification``): always the most
-    frequent positive training class of the partition, and stratified random guessing from its training prior.
-    What a model that learned nothing but the prior scores; the majority class itself is no baseline here when it
-    is the excluded no-relation class (it scores 0)."""
+def chance_scores(data: FedCMCResults, dataset: str, partition: str,
+                  scored_on: str | None = None) -> dict[str, dict[str, float]]:
+    """The trivial baselines (``fedrepro.metrics.classification``) of a model that learned only ``partition``'s
+    training prior: always its most frequent positive training class, and stratified random guessing from the prior;
+    scored on the test set of ``scored_on``'s cells (the partition's own by default), the test set the cells a table
+    compares them with are scored on. The majority class itself is no baseline here when it is the excluded
+    no-relation class (it scores 0)."""
     totals = data.partitions[partition].counts.sum(axis=0)
-    key = data.cells[data.cells.dataset == dataset]["key"].iloc[0]
+    key = data.cells.loc[data.cells.partition == (scored_on or partition), "key"].iloc[0]
     return trivial_scores(data.predictions[key]["label"], totals.to_dict(), data.positive[dataset])
 
 
@@ -320,6 +322,24 @@ def sweep_table(data: FedCMCResults, sweep: str, rows: list[str], column: str, v
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method"
     return frame
+
+
+def subsets_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
+    """Table 3: methods x subset mode, test micro-F1 in % (``sweep_table``), then the trivial rows of each subset's
+    training prior (Table 2's), each scored on every column's test set. The balanced prior is flat, so its 'commonest'
+    class is merely the first; a reader needs the natural prior's commonest class beside the balanced cells too, as
+    the test set keeps the corpus's label mix."""
+    sw = params.fedcmc.sweeps
+    frame = sweep_table(data, "subsets", sw.subset_methods, "subset", sw.subset_modes)
+    partitions = {mode: selected(data, "subsets", subset=mode)["partition"].iloc[0] for mode in sw.subset_modes}
+    trivial: dict[str, dict[str, str]] = {}
+    for mode, partition in partitions.items():
+        for prior_mode, prior in partitions.items():
+            for name, scores in chance_scores(data, sw.subset_dataset, prior, scored_on=partition).items():
+                trivial.setdefault(f"{CHANCE}: {name} ({prior_mode} prior)", {})[mode] = percent(scores["micro_f1"])
+    table = pd.concat([frame, pd.DataFrame.from_dict(trivial, orient="index")])
+    table.index.name = "method"
+    return table
 
 
 def rounds_to_target(curve: pd.Series, target: float) -> int | None:
@@ -565,27 +585,45 @@ def summary_metrics(data: FedCMCResults, params: Params) -> dict:
     return {"f1": {m: round(mean_of(data, TABLE, method=m), 4) for m in params.fedcmc.methods}}
 
 
-def _convergence_frame(data: FedCMCResults, params: Params) -> pd.DataFrame:
-    point = figure_point(params)
-    if point is None:
-        return pd.DataFrame()
-    frame = pd.DataFrame({m: curve_of(data, TABLE, method=m, dataset=point[0], alpha=point[1]) for m in params.fedcmc.methods})
+def _curves(data: FedCMCResults, group: str, selections: dict[str, dict]) -> pd.DataFrame:
+    """Test micro-F1 per round (index) of each curve (column -> the fields selecting its cells), mean over seeds."""
+    frame = pd.DataFrame({name: curve_of(data, group, **fields) for name, fields in selections.items()})
     frame.index.name = "round"
     return frame
 
 
-def _local_epochs_frame(data: FedCMCResults, params: Params) -> tuple[pd.DataFrame, dict[str, dict]]:
+def _convergence_selections(params: Params) -> dict[str, dict]:
+    """Fig 3a's curves, one per method at the figure's point; none when the main table lacks the point."""
+    point = figure_point(params)
+    return {} if point is None else {m: dict(method=m, dataset=point[0], alpha=point[1]) for m in params.fedcmc.methods}
+
+
+def _local_epochs_selections(params: Params) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Fig 3b's curves, one per (method, local epochs E), and their styles: a colour per method, a dash per E."""
     sw = params.fedcmc.sweeps
-    columns, styles = {}, {}
+    selections, styles = {}, {}
     colours = {m: f"C{i}" for i, m in enumerate(sw.methods)}
     for method in sw.methods:
         for index, epochs in enumerate(sw.local_epochs):
             name = f"{method_label(method)}, E={epochs}"
-            columns[name] = curve_of(data, "local_epochs", method=method, local_epochs=epochs)
+            selections[name] = dict(method=method, local_epochs=epochs)
             styles[name] = {"color": colours[method], "linestyle": ("-", "--", ":", "-.")[index % 4]}
-    frame = pd.DataFrame(columns)
-    frame.index.name = "round"
-    return frame, styles
+    return selections, styles
+
+
+def _curves_figure(data: FedCMCResults, group: str, selections: dict[str, dict], labels: dict[str, str], title: str,
+                   path: Path, target: float, styles: dict[str, dict] | None = None) -> None:
+    """Fig 3a or 3b: each curve (``selections``, legend ``labels``) marked with its cells' health (``health_mark``),
+    crossed at its end where one of them diverged (its end is no result), over the trivial baselines (Table 2's) of
+    the cells' partition on their test set, which a curve must clear to have learned more than the prior."""
+    marked = {name: labels[name] + health_mark(data, group, **fields) for name, fields in selections.items()}
+    diverged = [marked[name] for name, fields in selections.items()
+                if "diverged" in set(selected(data, group, **fields)["health"])]
+    first = selected(data, group, **next(iter(selections.values()))).iloc[0]
+    references = {f"{CHANCE}: {name}": scores["micro_f1"]
+                  for name, scores in chance_scores(data, first.dataset, first.partition).items()}
+    f1_curves_figure(_curves(data, group, selections).rename(columns=marked), title, path, target,
+                     {marked[name]: style for name, style in (styles or {}).items()}, references, diverged)
 
 
 def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
@@ -602,17 +640,20 @@ def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
         similarity_figure(tables[0], tables[1], counts,
                           (f"d_(k,c), round {records[0]['round']}", f"d_(k,c), round {records[-1]['round']}",
                            f"training samples ({row.partition})"), folder / "fig1_similarity.png")
-    convergence = _convergence_frame(data, params)
-    if not convergence.empty:
-        renamed = convergence.rename(columns=LABELS)
-        f1_curves_figure(renamed, f"Fig 3a: {point_name(*figure_point(params))}, test micro-F1 ({over_seeds(len(fc.seeds))})",
-                         folder / "fig3a_convergence.png", fc.target_f1)
-    convergence.reindex(columns=list(fc.methods)).reset_index().to_csv(folder / "fig3a_convergence.csv", index=False, float_format="%.6f")
+    convergence = _convergence_selections(params)
+    if convergence:
+        _curves_figure(data, TABLE, convergence, {m: method_label(m) for m in convergence},
+                       f"Fig 3a: {point_name(*figure_point(params))}, test micro-F1 ({over_seeds(len(fc.seeds))})",
+                       folder / "fig3a_convergence.png", fc.target_f1)
+    _curves(data, TABLE, convergence).reindex(columns=list(fc.methods)).reset_index().to_csv(
+        folder / "fig3a_convergence.csv", index=False, float_format="%.6f")
     if fc.sweeps.local_epochs:
-        frame, styles = _local_epochs_frame(data, params)
-        f1_curves_figure(frame, f"Fig 3b: {point_name(fc.sweeps.dataset, fc.sweeps.alpha)}, local epochs E", folder / "fig3b_local_epochs.png",
-                         fc.target_f1, styles)
-        frame.reset_index().to_csv(folder / "fig3b_local_epochs.csv", index=False, float_format="%.6f")
+        epochs, styles = _local_epochs_selections(params)
+        _curves_figure(data, "local_epochs", epochs, {name: name for name in epochs},
+                       f"Fig 3b: {point_name(fc.sweeps.dataset, fc.sweeps.alpha)}, local epochs E",
+                       folder / "fig3b_local_epochs.png", fc.target_f1, styles)
+        _curves(data, "local_epochs", epochs).reset_index().to_csv(folder / "fig3b_local_epochs.csv", index=False,
+                                                                   float_format="%.6f")
     vectors = vectors_table(data, params)
     if not vectors.empty:
         bar_figure(vectors, f"Fig 4: FedCMC's vectors, {point_name(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}", "test micro-F1 (%)",

@@ -14,7 +14,7 @@ from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
 from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.report.formatting import over_seeds, sweep_not_run
-from fedrepro.report.results import missed_clients_section, summary_table
+from fedrepro.report.results import CHANCE, missed_clients_section, summary_table
 
 
 INSERTION_TEXT = """\
@@ -177,7 +177,10 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
                   "client's local steps, so a client with few triples keeps a patch that barely matters.", "",
                   patches.to_markdown(), ""]
     lines += missed_clients_section(data.missed)
-    lines += ["## Figures", "", "![convergence](figures/convergence.png)", ""]
+    lines += ["## Figures", "", "![convergence](figures/convergence.png)", "",
+              f"Figs 5-8 draw the '{CHANCE}' level of the tables (the same test candidates): Figs 5-7 overall as "
+              "a black dash-dotted line and each client's dotted in its colour, Fig 8 its client's, MAP and MRR each "
+              "in its own panel; a point at or below its line learned nothing a random order would not give.", ""]
     for number, sweep in zip((5, 6, 7, 8), SWEEPS):
         lines += [f"**{SWEEPS[sweep]}**" + (" (FedMatch H+LR vs individual BERT; the same ratio for every client)"
                                              if sweep == "data_ratio" else ""), ""]

@@ -16,7 +16,7 @@ from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.metrics.summary import mean_std, overall
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
-from fedrepro.report.results import OVERALL, load_cell, missed_clients
+from fedrepro.report.results import OVERALL, client_level, load_cell, missed_clients
 from fedrepro.tasks.qa import qrels_and_run
 
 LABELS = {name: method.label for name, method in METHODS.items()}
@@ -154,8 +154,10 @@ def sweep_table(data: FedMatchResults, sweep: str) -> pd.DataFrame:
     return pd.DataFrame({c: sweep_series(data, sweep, c, "mrr") for c in clients})
 
 
-def write_figures(data: FedMatchResults, params: Params, folder: Path) -> None:
-    """The PNG figures and, for `dvc plots`, one CSV per figure (overall MAP/MRR per sweep point)."""
+def write_figures(data: FedMatchResults, params: Params, folder: Path, chance: dict[str, dict[str, float]]) -> None:
+    """The PNG figures and, for `dvc plots`, one CSV per figure (overall MAP/MRR per sweep point). Figs 5-8 draw
+    ``chance``, the random-ranking level of the test candidates (``chance_levels``, the tables' chance row): a sweep
+    point can sit at or below chance."""
     tables = data.histories[data.histories.sweep.isna() & data.histories.method.isin(params.fedmatch.table3)]
     convergence_figure(tables, LABELS, folder / "convergence.png")
     tables.groupby(["method", "round"])["train_loss"].mean().reset_index().to_csv(folder / "convergence.csv", index=False, float_format="%.6g")
@@ -164,14 +166,17 @@ def write_figures(data: FedMatchResults, params: Params, folder: Path) -> None:
         table = sweep_table(data, sweep)
         if table.empty:
             continue
-        sweep_figure(table, SWEEPS[sweep].split(": ")[1], f"Fig {number}: FedMatch H+LR, test MRR", folder / f"fig{number}_{sweep}.png", **styles[sweep])
+        levels = {client: client_level(chance, client)["mrr"] for client in table.columns}
+        sweep_figure(table, levels, SWEEPS[sweep].split(": ")[1], f"Fig {number}: FedMatch H+LR, test MRR",
+                     folder / f"fig{number}_{sweep}.png", **styles[sweep])
         _figure_csv(data, sweep, FIGURE_METHOD, folder / f"fig{number}_{sweep}.csv")
     client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
     curves = [pd.DataFrame({m: sweep_series(data, "data_ratio", client, m, method) for m in ("map", "mrr")})
               for method in params.fedmatch.sweeps.data_ratio_methods[:2]]
     if len(curves) == 2 and not curves[0].empty:
         names = tuple(LABELS[m] for m in params.fedmatch.sweeps.data_ratio_methods[:2])
-        data_ratio_figure(curves[0], curves[1], names, client, folder / "fig8_data_ratio.png")
+        data_ratio_figure(curves[0], curves[1], names, client, client_level(chance, client),
+                          folder / "fig8_data_ratio.png")
     for method in params.fedmatch.sweeps.data_ratio_methods:
         _figure_csv(data, "data_ratio", method, folder / f"fig8_data_ratio_{method}.csv")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable, Mapping
 
 import matplotlib
 
@@ -11,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fedrepro.report.results import OVERALL  # noqa: E402
+from fedrepro.report.results import CHANCE, OVERALL  # noqa: E402
 
 
 def _save(fig, path: Path, dpi: int = 100) -> None:
@@ -31,6 +32,30 @@ def distinct_styles(count: int) -> list[dict]:
     colours, markers, lines = plt.get_cmap("tab20").colors, "osD^v<>ph*", ["-", "--"]
     return [{"color": colours[(2 * i) % 20 + (i // 10) % 2], "marker": markers[i % len(markers)],
              "linestyle": lines[(i // 10) % 2]} for i in range(count)]
+
+
+REFERENCE_STYLES = ({"color": "black", "linestyle": "-.", "linewidth": 1.3},
+                    {"color": "dimgray", "linestyle": (0, (6, 2, 1, 2, 1, 2)), "linewidth": 1.6},
+                    {"color": "black", "linestyle": (0, (1, 1)), "linewidth": 1.8})
+"""How the levels a model must beat are drawn (trivial baselines, chance): black or grey, dash-dotted or densely
+dotted, so none reads as a method's line (solid or dashed, in colour) or a target (thin grey dots)."""
+
+
+def reference_lines(ax, levels: Mapping[str, float | None], scale: float = 1.0) -> None:
+    """One horizontal line per level (label -> value, drawn times ``scale``), each in its own ``REFERENCE_STYLES``
+    style and in the legend, so that a point below a trivial baseline or chance shows as such. A level of None (not
+    computed) draws nothing but keeps its style's place, so a label has the same style in every figure and caption."""
+    for index, (label, level) in enumerate(levels.items()):
+        if level is not None:
+            ax.axhline(scale * level, label=label, **REFERENCE_STYLES[index % len(REFERENCE_STYLES)])
+
+
+def _seed_band(ax, x, frame: pd.DataFrame, colour) -> None:
+    """A ±1 std band over seeds around ``frame``'s accuracy (%) where it has a spread (``accuracy_std``; NaN for one
+    seed, where no band is drawn: a zero-width band would read as a measured zero spread)."""
+    if "accuracy_std" in frame and frame["accuracy_std"].notna().any():
+        accuracy, band = 100 * frame["accuracy"], 100 * frame["accuracy_std"].fillna(0.0)
+        ax.fill_between(x, accuracy - band, accuracy + band, alpha=0.12, color=colour)
 
 
 def _at_least_span(ax, points: float = 5.0) -> None:
@@ -66,16 +91,24 @@ def convergence_figure(histories: pd.DataFrame, labels: dict[str, str], path: Pa
     _save(fig, path)
 
 
-def sweep_figure(table: pd.DataFrame, x_label: str, title: str, path: Path, log2: bool = False, reverse: bool = False) -> None:
-    """A figure of Figs 5-7: test MRR of each client (thin) and overall (thick) over the sweep points.
+def sweep_figure(table: pd.DataFrame, chance: Mapping[str, float], x_label: str, title: str, path: Path,
+                 log2: bool = False, reverse: bool = False) -> None:
+    """A figure of Figs 5-7: test MRR of each client (thin) and overall (thick) over the sweep points, with the
+    random-ranking level of the same test candidates (the tables' chance row): overall as a reference line, each
+    client's dotted in its colour, so a point at or below its own chance shows as such.
 
-    ``table``: index = sweep point, columns = clients (incl. overall).
+    ``table``: index = sweep point, columns = clients (incl. overall); ``chance``: column -> its chance MRR.
     """
     fig, ax = plt.subplots(figsize=(7.5, 4))
+    per_client = f"{CHANCE}, per client (dotted, its colour)"
     for client in table.columns:
         thick = client == OVERALL
-        ax.plot(table.index, table[client], marker="o", linewidth=2.5 if thick else 1.2, color="saddlebrown" if thick else None,
-                label=client)
+        line, = ax.plot(table.index, table[client], marker="o", linewidth=2.5 if thick else 1.2,
+                        color="saddlebrown" if thick else None, label=client)
+        if not thick:
+            ax.axhline(chance[client], color=line.get_color(), linestyle=":", linewidth=0.9, label=per_client)
+            per_client = None
+    reference_lines(ax, {f"{CHANCE}, {OVERALL}": chance[OVERALL]})
     if log2:
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(table.index), [str(int(v)) for v in table.index])
@@ -88,12 +121,15 @@ def sweep_figure(table: pd.DataFrame, x_label: str, title: str, path: Path, log2
     _save(fig, path)
 
 
-def data_ratio_figure(ours: pd.DataFrame, theirs: pd.DataFrame, labels: tuple[str, str], client: str, path: Path) -> None:
-    """Fig 8: MAP and MRR over the share of training data, FedMatch H+LR against individual BERT."""
+def data_ratio_figure(ours: pd.DataFrame, theirs: pd.DataFrame, labels: tuple[str, str], client: str,
+                      chance: Mapping[str, float], path: Path) -> None:
+    """Fig 8: MAP and MRR over the share of training data, FedMatch H+LR against individual BERT, each panel with
+    the client's random-ranking level of its metric (``chance``: map and mrr)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, metric in zip(axes, ("map", "mrr")):
         ax.plot([100 * v for v in ours.index], ours[metric], marker="o", label=labels[0])
         ax.plot([100 * v for v in theirs.index], theirs[metric], marker="s", label=labels[1])
+        reference_lines(ax, {CHANCE: chance[metric]})
         ax.set(title=f"{client}: test {metric.upper()}", xlabel="training data used (%)", ylabel=metric.upper())
         ax.legend(fontsize=8)
     _save(fig, path)
@@ -152,16 +188,26 @@ def similarity_figure(first: pd.DataFrame, last: pd.DataFrame, counts: pd.DataFr
 
 
 def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float | None = None,
-                     styles: dict[str, dict] | None = None) -> None:
-    """FedCMC Fig 3: test micro-F1 (%) of the global model per round, one line per column (index = round),
-    the target F1 dotted."""
+                     styles: dict[str, dict] | None = None, references: Mapping[str, float] | None = None,
+                     diverged: Iterable[str] = ()) -> None:
+    """FedCMC Fig 3: test micro-F1 (%) of the global model per round, one line per column (index = round), the
+    target F1 dotted, the trivial baselines (``references``: label -> micro-F1) as reference lines, and a cross at
+    the last point of each curve in ``diverged`` (a cell of it diverged by the health rule, so its end is no result)."""
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    diverged = set(diverged)
     for column, style in zip(curves.columns, distinct_styles(len(curves.columns))):
         series = curves[column].dropna()
-        ax.plot(series.index, 100 * series.to_numpy(), markersize=3, label=str(column),
-                **{**style, **(styles or {}).get(column, {})})
+        line, = ax.plot(series.index, 100 * series.to_numpy(), markersize=3, label=str(column),
+                        **{**style, **(styles or {}).get(column, {})})
+        if column in diverged and len(series):
+            ax.plot(series.index[-1], 100 * series.iloc[-1], marker="X", markersize=11, color=line.get_color(),
+                    markeredgecolor="black", linestyle="none")
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
+    reference_lines(ax, references or {}, scale=100.0)
+    if diverged & set(curves.columns):
+        ax.plot([], [], marker="X", markersize=9, color="white", markeredgecolor="black", linestyle="none",
+                label="X: the curve's cell(s) diverged")
     if len(curves.index):
         ax.set_xticks(list(curves.index))
     ax.set(title=title, xlabel="communication round", ylabel="test micro-F1 (%)")
@@ -182,21 +228,23 @@ def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path, seeds: 
     _save(fig, path)
 
 
-def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str, path: Path, target: float | None = None) -> None:
+def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str, path: Path,
+                          target: float | None = None, references: Mapping[str, float | None] | None = None) -> None:
     """SS-VFNAS: test accuracy (%) of the searched supernets against the megabytes exchanged so far, one panel per
-    DP level, one line per method. ``panels``: panel title -> method label -> frame with columns bytes, accuracy
-    and, over several seeds, accuracy_std (a ±1 std band)."""
+    DP level, one line per method, and in every panel the trivial rows (``references``: label -> accuracy, which
+    send nothing). ``panels``: panel title -> method label -> frame with columns bytes, accuracy and, over several
+    seeds, accuracy_std (a ±1 std band)."""
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1) + 1.5, 4), squeeze=False)
     for ax, (name, curves) in zip(axes[0], panels.items()):
         for label, frame in curves.items():
             dashed = label.startswith("SS-")
-            megabytes, accuracy = frame["bytes"] / 1e6, 100 * frame["accuracy"]
-            line = ax.plot(megabytes, accuracy, marker="o", markersize=3, label=label, linestyle="--" if dashed else "-")
-            if "accuracy_std" in frame and frame["accuracy_std"].notna().any():
-                band = 100 * frame["accuracy_std"].fillna(0.0)
-                ax.fill_between(megabytes, accuracy - band, accuracy + band, alpha=0.12, color=line[0].get_color())
+            megabytes = frame["bytes"] / 1e6
+            line = ax.plot(megabytes, 100 * frame["accuracy"], marker="o", markersize=3, label=label,
+                           linestyle="--" if dashed else "-")
+            _seed_band(ax, megabytes, frame, line[0].get_color())
         if target is not None:
             ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
+        reference_lines(ax, references or {}, scale=100.0)
         ax.set(title=name, xlabel="MB exchanged in the search", ylabel="test accuracy (%)")
         _at_least_span(ax)
     _legend_beside(axes[0][-1])
@@ -205,29 +253,32 @@ def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str
 
 
 def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str, float], curves: dict[str, pd.DataFrame],
-                            title: str, path: Path, references: dict[str, float] | None = None) -> None:
+                            title: str, path: Path, references: Mapping[str, float | None] | None = None) -> None:
     """SS-VFNAS, two panels. Left: retrained test accuracy (%) against the total epsilon of each DP level with noise,
-    one line per method (``points``: label -> frame with columns epsilon, accuracy), each method's no-DP accuracy
-    dotted (``unbounded``) and the trivial rows (``references``, which send nothing) dash-dotted in black. Right: the supernets' test accuracy against the epsilon spent so far during the search
-    (``curves``: label -> frame with columns epsilon, accuracy). Log x when epsilon spans more than a factor 10."""
+    one line per method (``points``: label -> frame with columns epsilon, accuracy and, over several seeds,
+    accuracy_std: a ±1 std band), each method's no-DP accuracy dotted (``unbounded``). Right: the supernets' test
+    accuracy against the epsilon spent so far during the search (``curves``: label -> frame with the same columns).
+    Both panels draw the trivial rows (``references``, which send nothing) as reference lines, each in its own style.
+    Log x when epsilon spans more than a factor 10."""
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
     colours: dict[str, str] = {}
     for ax, series in ((axes[0], points), (axes[1], curves)):
         values = []
         for label, frame in series.items():
-            frame = frame.dropna()
+            frame = frame.dropna(subset=["epsilon", "accuracy"])
             if frame.empty:
                 continue
             line = ax.plot(frame["epsilon"], 100 * frame["accuracy"], marker="o", markersize=3, label=label,
                            linestyle="--" if label.startswith("SS-") else "-", color=colours.get(label))
             colours.setdefault(label, line[0].get_color())
+            _seed_band(ax, frame["epsilon"], frame, line[0].get_color())
             values += frame["epsilon"].tolist()
         if values and min(values) > 0 and max(values) / min(values) > 10:
             ax.set_xscale("log")
     for label, accuracy in unbounded.items():
         axes[0].axhline(100 * accuracy, linestyle=":", linewidth=1, color=colours.get(label, "grey"), label=f"{label}, no DP")
-    for label, accuracy in (references or {}).items():
-        axes[0].axhline(100 * accuracy, linestyle="-.", linewidth=1, color="black", alpha=0.6, label=label)
+    for ax in axes:
+        reference_lines(ax, references or {}, scale=100.0)
     axes[0].set(title="retrained networks, by DP level", xlabel="epsilon (search + retraining, worst party)",
                 ylabel="test accuracy (%)")
     axes[1].set(title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)")

@@ -55,6 +55,12 @@ def missed_clients_section(missed: list[dict]) -> list[str]:
             "only, so these cells are not the uninterrupted run.", "", table.to_markdown(index=False), ""]
 
 
+def client_level(levels: dict, client: str) -> dict[str, float]:
+    """A client's (or ``OVERALL``'s) metrics from levels shaped {"clients": {client: metrics}, "overall": metrics}:
+    the chance level (``chance_levels``) or a trivial row's."""
+    return levels["overall"] if client == OVERALL else levels["clients"][client]
+
+
 def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: dict[str, str],
                   chance: dict | None = None, baselines: dict[str, dict] | None = None) -> pd.DataFrame:
     """Rows x clients (+ overall) of 'mean ± std' over seeds (the mean alone for one seed); ``results`` has columns row, seed, client, metric, value.
@@ -70,9 +76,9 @@ def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: d
             cells[client] = f"{mean:.3f} ± {std:.3f}" if len(values) > 1 else f"{mean:.3f}"
         table[labels.get(row, row)] = cells
     for label, levels in (baselines or {}).items():
-        table[label] = {c: f"{(levels['overall'] if c == OVERALL else levels['clients'][c])[metric]:.3f}" for c in clients}
+        table[label] = {c: f"{client_level(levels, c)[metric]:.3f}" for c in clients}
     if chance is not None:
-        table[CHANCE] = {c: f"{(chance['overall'] if c == OVERALL else chance['clients'][c])[metric]:.3f}" for c in clients}
+        table[CHANCE] = {c: f"{client_level(chance, c)[metric]:.3f}" for c in clients}
     frame = pd.DataFrame.from_dict(table, orient="index")[clients]
     frame.index.name = "method"
     return frame

@@ -10,14 +10,20 @@ import pandas as pd
 from fedrepro.config import Params
 from fedrepro.fl.health import RULE
 from fedrepro.hardware import describe
+from fedrepro.report.figures import curve_caption
 from fedrepro.report.formatting import over_seeds
 from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.ssvfnas.cells import BASELINE, dp_name
 from fedrepro.ssvfnas.claims import claims_table
-from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, SSVFNASResults, alpha_moved, alpha_table, cell_hardware,
-                                     dp_level_text, genotypes_table, health_table, main_table, messages_table, method_label,
-                                     noisy_levels, parameters_table, partition_names, percent, partitions_table, reliance_table,
-                                     rule_agreement, select_cells, shown_cells, target_frame, target_table)
+from fedrepro.ssvfnas.report import (ALONE, ALPHA_MOVED, CHANCE_MARGIN, MAJORITY, SSVFNASResults, alpha_moved,
+                                     alpha_table, cell_hardware, dp_level_text, genotypes_table, health_table,
+                                     main_table, messages_table, method_label, noisy_levels, parameters_table,
+                                     partition_names, percent, partitions_table, reliance_table, rule_agreement,
+                                     select_cells, shown_cells, target_frame, target_table)
+
+TRIVIAL_LINES = (f"black dash-dotted: '{MAJORITY}', grey dash-dot-dotted: '{ALONE}' (the main table's trivial rows, "
+                 "which send nothing: ε = 0), each where it exists")
+"""What the accuracy figures' reference lines are (``report.trivial_references``, in ``REFERENCE_STYLES``' order)."""
 
 
 def _reliance_lines(data: SSVFNASResults, params: Params) -> list[str]:
@@ -283,12 +289,13 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "steps, hence bytes and ε.", "",
         target_table(data, params).to_markdown(index=False, disable_numparse=True), "",
         "## Accuracy vs bytes", "",
-        "The supernets' test accuracy against the megabytes exchanged so far (seed mean); dashed lines are the SS- methods.", "",
+        f"The supernets' test accuracy against the megabytes exchanged so far ({curve_caption(len(ss.seeds))}); "
+        "dashed lines are the SS- methods; " + TRIVIAL_LINES + ".", "",
         *[f"![accuracy vs bytes, {p}](figures/accuracy_vs_bytes_{p}.png)\n" for p in partition_names(params)],
         "## Accuracy vs ε", "",
         "Left: retrained test accuracy against the total ε of each DP level with noise on both sides; dotted: each method "
-        "without DP; dash-dotted black: the trivial rows where they exist (majority class, label party alone: ε = 0, nothing "
-        "sent). Right: the supernets' test accuracy against the ε spent so far in the search (seed means).", "",
+        "without DP. Right: the supernets' test accuracy against the ε spent so far in the search. Both: "
+        f"{curve_caption(len(ss.seeds))}; " + TRIVIAL_LINES + ".", "",
         *[f"![accuracy vs epsilon, {p}](figures/accuracy_vs_epsilon_{p}.png)\n" for p in partition_names(params)],
         "## Messages per step: DARTS vs MiLeNAS", "",
         "Counted by the channel in one search cell per method and K. A pass is K-1 embeddings up and K-1 gradients down; "

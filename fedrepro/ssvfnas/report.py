@@ -610,13 +610,12 @@ def figure_point(params: Params) -> str:
     return partition_names(params)[0]
 
 
-def trivial_references(data: SSVFNASResults, params: Params, point: str) -> dict[str, float]:
-    """The trivial rows' mean test accuracies that exist for a partition: the figures' reference lines."""
-    references = {MAJORITY: data.majority[point]} if point in data.majority else {}
+def trivial_references(data: SSVFNASResults, params: Params, point: str) -> dict[str, float | None]:
+    """The trivial rows' mean test accuracies of a partition, the accuracy figures' reference lines: the majority class
+    and the label party alone, in that order (each keeps its line style), None where one is missing (no partition data;
+    the label-alone cells not run for every seed)."""
     alone = label_alone_accuracy(data, params, point)
-    if alone is not None:
-        references[ALONE] = float(alone["accuracy"].mean())
-    return references
+    return {MAJORITY: data.majority.get(point), ALONE: None if alone is None else float(alone["accuracy"].mean())}
 
 
 def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
@@ -626,16 +625,19 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
     for point in partition_names(params):
         panels = {dp_level_text(lvl): {method_label(m): _curve(data, partition=point, dp=dp_name(lvl), method=m) for m in ss.methods}
                   for lvl in ss.dp_levels}
+        references = trivial_references(data, params, point)
         accuracy_bytes_figure(panels, f"{point}: supernets' test accuracy vs MB exchanged ({curve_caption(len(ss.seeds))})",
-                              folder / f"accuracy_vs_bytes_{point}.png", ss.target_accuracy)
+                              folder / f"accuracy_vs_bytes_{point}.png", ss.target_accuracy, references)
         points, unbounded = {}, {}
         for method in list(ss.methods) + [BASELINE]:
             rows = []
             for lvl in noisy_levels(params):
                 sel = select_cells(data, partition=point, dp=dp_name(lvl), method=method)
                 if not sel.empty and sel["epsilon_total"].notna().all():
-                    rows.append({"epsilon": sel["epsilon_total"].mean(), "accuracy": sel["accuracy"].mean()})
-            points[method_label(method)] = pd.DataFrame(rows, columns=["epsilon", "accuracy"]).sort_values("epsilon")
+                    rows.append({"epsilon": sel["epsilon_total"].mean(), "accuracy": sel["accuracy"].mean(),
+                                 "accuracy_std": sel["accuracy"].std()})
+            frame = pd.DataFrame(rows, columns=["epsilon", "accuracy", "accuracy_std"])
+            points[method_label(method)] = frame.sort_values("epsilon")
             clear = select_cells(data, partition=point, dp="nodp", method=method)
             if not clear.empty:
                 unbounded[method_label(method)] = float(clear["accuracy"].mean())
@@ -643,9 +645,10 @@ def write_figures(data: SSVFNASResults, params: Params, folder: Path) -> None:
         for lvl in noisy_levels(params):
             for method in ss.methods:
                 name = method_label(method) + (f" ({dp_level_text(lvl)})" if len(noisy_levels(params)) > 1 else "")
-                curves[name] = _curve(data, partition=point, dp=dp_name(lvl), method=method)[["epsilon", "accuracy"]]
-        accuracy_epsilon_figure(points, unbounded, curves, f"{point}: test accuracy vs epsilon (δ = {ss.dp.delta:g})",
-                                folder / f"accuracy_vs_epsilon_{point}.png", trivial_references(data, params, point))
+                curve = _curve(data, partition=point, dp=dp_name(lvl), method=method)
+                curves[name] = curve[["epsilon", "accuracy", "accuracy_std"]]
+        title = f"{point}: test accuracy vs epsilon (δ = {ss.dp.delta:g}; {curve_caption(len(ss.seeds))})"
+        accuracy_epsilon_figure(points, unbounded, curves, title, folder / f"accuracy_vs_epsilon_{point}.png", references)
     point = figure_point(params)
     for method in ss.methods:
         _curve(data, partition=point, dp=dp_name(ss.dp_levels[0]), method=method).rename(columns={"accuracy": "test_accuracy"}).to_csv(
