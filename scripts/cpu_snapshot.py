@@ -370,25 +370,33 @@ CARRY_SAMPLE = 3
 
 def carry(paper: str, workdir: Path, sample: int = CARRY_SAMPLE) -> list[str]:
     """Carry the ledger's entries of this machine class forward to HEAD's runs without retraining them all, when a
-    code change left their results as they were (a refactor, a new check): ``sample`` of them are retrained at HEAD
-    in a clone (after its stages that make their inputs ran, which must digest as the plan says) and each must come
-    out as its entry, every kept file byte for byte and its metrics but the hardware. Then every entry is re-keyed
-    to its cell's HEAD run, its stamp saying from which run and by which commit, and the plan takes HEAD's runs.
-    Returns what differed (empty: carried)."""
+    code change left their results as they were (a refactor, a new check): in a clone of HEAD the stages that make
+    the cells' inputs run again and HEAD's plan is written there; every cell's inputs must digest as the ledger's
+    plan says (the code that makes them may have changed, the data must not), and ``sample`` of the entries behind
+    are retrained at HEAD and each must come out as its entry, every kept file byte for byte and its metrics but the
+    hardware. Then every entry is re-keyed to its cell's HEAD run, its stamp saying from which run and by which
+    commit, and HEAD's plan replaces the ledger's. Returns what differed (empty: carried)."""
     folder = ledger_dir(paper)
     plan_data = json.loads((folder / PLAN).read_text())
-    planned, _, moved = head_runs(paper, plan_data)
-    if moved:
-        return [f"the cells' inputs changed since the plan, so their runs at HEAD are unknown: {line}" for line in moved]
     _, env, machine = snapshot_clone(paper, workdir, plan_data["mirror"])
+    # the stages that make the cells' inputs, and none of the cells: a stop time already passed
+    subprocess.run(["dvc", "repro", PAPERS[paper]["targets"][0]], cwd=workdir, env={**env, STOP_ENV: "0"})
+    at_head = workdir / "plan-at-head"
+    subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "write-plan", paper], cwd=workdir,
+                   env={**env, LEDGER_ENV: str(at_head)}, check=True)
+    head_plan = json.loads((at_head / PLAN).read_text())
+    moved = [f"{name}: its inputs digest {cell['inputs'][:12]} at HEAD, {plan_data['cells'][name]['inputs'][:12]} in the "
+             f"ledger's plan (the data changed: it retrains)" for name, cell in head_plan["cells"].items()
+             if name in plan_data["cells"] and cell["inputs"] != plan_data["cells"][name]["inputs"]]
+    if moved:
+        return moved
+    planned = {name: (cell["group"], cell["run"], cell["weight"]) for name, cell in head_plan["cells"].items()}
     behind = entries_behind(paper, planned, machine)
     if not behind:
         print(f"{paper}: no entry of {machine} is behind HEAD's runs")
         return []
     order = sorted(behind, key=lambda name: (planned[name][2], name))
     sampled = order[::max(1, len(order) // sample)][:sample]
-    # the stages that make the cells' inputs, and none of the cells: a stop time already passed
-    subprocess.run(["dvc", "repro", PAPERS[paper]["targets"][0]], cwd=workdir, env={**env, STOP_ENV: "0"})
     retrained = workdir / "carry-ledger"
     subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "train-cells", paper, str(retrained),
                     *sampled], cwd=workdir, env=env, check=True)
@@ -401,8 +409,7 @@ def carry(paper: str, workdir: Path, sample: int = CARRY_SAMPLE) -> list[str]:
         differences += [f"{name}: {why}" for why in entry_differences(folder / name / behind[name], fresh)]
     if differences:
         return differences
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
-    carry_entries(paper, behind, {name: run for name, (_, run, _) in planned.items()}, machine, commit, sampled)
+    carry_entries(paper, behind, head_plan, machine, sampled)
     return []
 
 
@@ -438,24 +445,21 @@ def entry_differences(old: Path, new: Path) -> list[str]:
     return differences
 
 
-def carry_entries(paper: str, behind: dict[str, str], head: dict[str, str], machine: str, commit: str,
-                  sampled: list[str]) -> None:
-    """Re-key each entry of ``behind`` to its cell's HEAD run (the old folder goes; git keeps it), and the plan."""
-    folder = ledger_dir(paper)
+def carry_entries(paper: str, behind: dict[str, str], head_plan: dict, machine: str, sampled: list[str]) -> None:
+    """Re-key each entry of ``behind`` to its cell's run in ``head_plan`` (the old folder goes; git keeps it), which
+    becomes the ledger's plan."""
+    folder, commit = ledger_dir(paper), head_plan["commit"]
     for name, entry in behind.items():
-        old, new = folder / name / entry, folder / name / f"{head[name][:16]}-{machine}"
+        run = head_plan["cells"][name]["run"]
+        old, new = folder / name / entry, folder / name / f"{run[:16]}-{machine}"
         stamp = json.loads((old / "stamp.json").read_text())
         shutil.copytree(old, new)
         (new / "stamp.json").write_text(json.dumps(
-            {**stamp, "run": head[name], "carried_from": stamp["run"], "carried_by": commit,
+            {**stamp, "run": run, "carried_from": stamp["run"], "carried_by": commit,
              "carried_on": dt.date.today().isoformat(), "carried_because": f"{len(sampled)} cells retrained at "
              f"{commit[:7]} came out identical: {', '.join(sampled)}"}, indent=1) + "\n")
         shutil.rmtree(old)
-    plan_data = json.loads((folder / PLAN).read_text())
-    for name, run in head.items():
-        plan_data["cells"][name]["run"] = run
-    plan_data["commit"], plan_data["date"] = commit, dt.date.today().isoformat()
-    (folder / PLAN).write_text(json.dumps(plan_data, indent=1) + "\n")
+    (folder / PLAN).write_text(json.dumps(head_plan, indent=1) + "\n")
 
 
 def train_cells(paper: str, ledger_root: Path, names: list[str]) -> None:

@@ -154,7 +154,8 @@ def test_carry_finds_the_entries_behind_heads_runs_compares_them_but_the_hardwar
 
     (tmp_path / cpu_snapshot.PLAN).write_text(json.dumps({"commit": "old", "date": "2026-12-01", "cells": {
         name: {"run": "stale"} for name in planned}}))
-    cpu_snapshot.carry_entries("fedcmc", behind, {n: run for n, (_, run, _) in planned.items()}, "avx2-fp32", "abc1234", ["a"])
+    head_plan = {"commit": "abc1234", "date": "2026-12-07", "cells": {n: {"run": run} for n, (_, run, _) in planned.items()}}
+    cpu_snapshot.carry_entries("fedcmc", behind, head_plan, "avx2-fp32", ["a"])
     assert not old_a.exists()
     stamp = json.loads((tmp_path / "a" / "run-a-head-avx2-fp32" / "stamp.json").read_text())
     assert stamp["run"] == "run-a-head" and stamp["carried_from"] == "run-a-old" and stamp["carried_by"] == "abc1234"
