@@ -247,6 +247,8 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                     ours.send((job, log))
                     busy[ours] = (job, child, log)
                     print(f"started {job.cell.name} (log: {log})", file=sys.stderr, flush=True)
+                if not busy:  # every job left was refused (past the stop time): nothing runs, nothing to wait for
+                    break
                 for ours in wait(list(busy)):
                     job, child, log = busy.pop(ours)
                     try:

@@ -51,12 +51,12 @@ def toy_cell(calls: list):
     return run_cell
 
 
-def grid(root: Path, ledger: ResultsLedger | None, calls: list, cells=None) -> dict[str, bytes]:
+def grid(root: Path, ledger: ResultsLedger | None, calls: list, cells=None, workers: int = 1) -> dict[str, bytes]:
     cells = cells or [ToyCell(f"cell-{seed}", seed) for seed in range(3)]
     (root / "inputs").mkdir(parents=True, exist_ok=True)
     run_grid({Path("tables"): cells}, Path("tables"), root / "out", root / "checkpoints", lambda cell: (root / "inputs",),
              toy_cell(calls), lambda metrics: f"F1 {metrics['f1']:.2f}", lambda cell, digest: f"run-of-{cell.name}-{digest}",
-             CellStore(None), ledger=ledger)
+             CellStore(None), workers=workers, ledger=ledger)
     return {str(p.relative_to(root / "out")): p.read_bytes() for p in sorted((root / "out").rglob("*.csv"))}
 
 
@@ -126,16 +126,28 @@ def test_a_missing_gold_label_is_an_error_that_names_the_file(tmp_path):
         join_toy_labels(None, out)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_past_the_stop_time_no_cell_starts_but_those_the_ledger_holds_and_the_stage_fails_saying_how_many(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, workers):
+    """In process and on forked cell workers."""
     ledger = ResultsLedger(tmp_path / "ledger", TOY_GOLD, "avx2-fp32")
     grid(tmp_path / "first", ledger, [], cells=[ToyCell("cell-0", 0)])
     monkeypatch.setenv(STOP_ENV, str(time.time() - 1))
     calls = []
     with pytest.raises(BudgetSpent, match="2 of 3 cells were not started"):
-        grid(tmp_path / "later", ledger, calls)
+        grid(tmp_path / "later", ledger, calls, workers=workers)
     assert calls == []
     assert not (tmp_path / "later" / "out" / "tables").exists(), "no half of the stage's output"
+
+
+def test_past_the_stop_time_with_no_cell_held_forked_workers_end_at_once(tmp_path, monkeypatch):
+    """Every cell refused before any started: the forked path has nothing running and must not wait on it (it
+    waited forever once, when ``cpu_snapshot.py carry`` built a clone's inputs with a stop time already passed)."""
+    monkeypatch.setenv(STOP_ENV, str(time.time() - 1))
+    calls = []
+    with pytest.raises(BudgetSpent, match="3 of 3 cells were not started"):
+        grid(tmp_path / "later", ResultsLedger(tmp_path / "ledger", TOY_GOLD, "avx2-fp32"), calls, workers=2)
+    assert calls == []
 
 
 def test_under_a_budget_cells_start_seed_by_seed(tmp_path, monkeypatch):
