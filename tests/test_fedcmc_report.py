@@ -233,7 +233,7 @@ def test_a_diverged_cell_is_marked_and_no_claim_rests_on_it(tmp_path):
     assert not table.loc["FedAvg", "synthetic-re α=0.5"].endswith(" †")
     claims = claims_table(data, params).set_index("finding (paper)")
     at_005 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.05" in f], "verdict"]
-    assert at_005.tolist() == [f"inconclusive (rests on 1 diverged cell(s): {bad.name})"]
+    assert at_005.tolist() == [f"inconclusive (rests on diverged: {bad.name})"]
     at_05 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.5" in f], "verdict"]
     assert at_05.tolist() == ["holds"]
     assert f"| {bad.name} | diverged" in render_report(params, data)
@@ -416,6 +416,24 @@ def test_table3_scores_each_subsets_trivial_baselines_in_every_column(tmp_path):
     section = render_report(params, data).split("## Table 3")[1].split("## Fig 1")[0]
     row = next(text for text in section.splitlines() if text.startswith("| trivial: always rel2 (natural prior) "))
     assert [cell.strip() for cell in row.split("|")[2:4]] == [always("rel2")] * 2
+
+
+def test_the_clients_table_ends_with_each_partitions_trivial_rows(tmp_path):
+    """Every count's partition holds the same training pool, so its commonest positive class (rel2) is the same in
+    each column, scored on the test set its cells are scored on."""
+    from fedrepro.fedcmc.report import clients_table
+
+    params = small_params()
+    write_fake_grid(tmp_path, params)
+    data = load_fedcmc(tmp_path, params)
+    table = clients_table(data, params)
+    gold = predictions(0.5).label
+    always = f"{100 * f1_score(gold, ['rel2'] * len(gold), labels=POSITIVE, average='micro'):.2f}"
+    assert list(table.columns) == ["4", "6"]
+    assert table.index.tolist() == ["FedAvg", "FedCMC", "trivial: always rel2", "trivial: stratified random"]
+    assert table.loc["trivial: always rel2"].tolist() == [always, always]
+    section = render_report(params, data).split("## The clients table")[1].split("## Table 3")[0]
+    assert f"| trivial: always rel2" in section and always in section
 
 
 def test_figs_3a_and_3b_draw_the_trivial_baselines_and_cross_a_diverged_curve(tmp_path, monkeypatch):

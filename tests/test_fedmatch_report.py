@@ -53,17 +53,17 @@ def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
     assert labels == {"fedavg": "FedAvg", "individual": "BERT (individual) [diverged]",
                       "fedprox": "FedProx [not converged]"}
     claim = _compare(data, "FedAvg beats individual", ["fedavg"], ["individual"])
-    assert claim.verdict == "inconclusive (rests on diverged BERT (individual))"
+    assert claim.verdict == "inconclusive (rests on diverged: BERT (individual))"
     # an unconverged cell voids the test too: the claim would rest on where the budget stopped, not on the method
-    assert _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict == "inconclusive (rests on not converged FedProx)"
+    assert _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict == "inconclusive (rests on not converged: FedProx)"
     assert _compare(data, "FedAvg beats FedAvg", ["fedavg"], ["fedavg"]).verdict == "inconclusive (1 seed; a seed-level test needs 3)"
     # a reference at chance voids the claim: beating it says little about the method
     at_chance = _compare(data, "FedProx beats FedAvg", ["fedprox"], ["fedavg"], chance={"overall": {"mrr": 0.28}})
-    assert at_chance.verdict == "inconclusive (rests on not converged FedProx)"  # an unsound cell is named first of all
+    assert at_chance.verdict == "inconclusive (rests on not converged: FedProx)"  # an unsound cell is named first of all
     sound = results({"fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
                      "fedper": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5])})
     assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.28}}).verdict == (
-        "inconclusive (the reference FedAvg is at chance: MRR 0.300 vs 0.280)")
+        "inconclusive (the reference FedAvg is at chance: MRR 0.300 vs 0.280 (needs 0.05 above))")
     assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.2}}).verdict == (
         "inconclusive (1 seed; a seed-level test needs 3)")
     table = health_table(data, ["fedavg", "individual"])
@@ -113,7 +113,7 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     assert RULE in report
     assert "| FedAvg [diverged]" in report and "| FedMatch H+LR [not converged]" in report
     assert "## Do the private patches learn?" in report and "0.25 / 0.2 / 3.3" in report
-    assert "inconclusive (rests on not converged FedMatch H+LR, diverged FedAvg)" in report
+    assert "inconclusive (rests on diverged: FedAvg; not converged: FedMatch H+LR)" in report
     # its one tested claim has 1 seed, inconclusive whatever its p, yet in Holm's family: the family is every p computed
     assert "Holm's correction runs over all 1 of this report's claims with a p-value" in report
     assert "Holm-adjusted over 1 claims with a p-value" in report
@@ -300,3 +300,18 @@ def test_the_sweep_figures_draw_the_chance_levels_of_the_mined_test_candidates(t
     expected = (0.75 + (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4) / 2
     ax = caught["fig7_aggregate_every.png"].axes[0]
     assert line(ax, f"{CHANCE}, overall").get_ydata()[0] == pytest.approx(expected)
+
+
+def test_a_sweep_table_ends_with_each_columns_chance_row():
+    """Figs 5-8 draw chance; their tables show it too, so a point at or below it is seen in the numbers."""
+    from fedrepro.fedmatch.report import sweep_table
+    from fedrepro.report.results import CHANCE
+
+    data = full_grid(seeds=(0,))
+    chance = {"clients": {c: {"map": 0.2, "mrr": 0.1 + 0.01 * i} for i, c in enumerate(sorted(PAPER_CLIENTS))},
+              "overall": {"map": 0.2, "mrr": 0.3}}
+    table = sweep_table(data, "shared_layers", chance)
+    assert table.index.tolist() == [0, 1, 2, CHANCE]
+    assert table.loc[CHANCE].tolist() == pytest.approx([0.1 + 0.01 * i for i in range(len(PAPER_CLIENTS))] + [0.3])
+    assert table.loc[2, "overall"] > table.loc[0, "overall"] > table.loc[CHANCE, "overall"]
+    assert CHANCE not in sweep_table(data, "shared_layers").index

@@ -5,8 +5,8 @@ import math
 
 import pandas as pd
 
-from fedrepro.fl.health import cell_health, training_losses
-from fedrepro.report.health import flagged_cells, mark_of
+from fedrepro.fl.health import RULE, SWING, cell_health, training_losses
+from fedrepro.report.health import UNSOUND, flagged_cells, mark_of
 from fedrepro.report.sanity import SanityResult, render_sanity, write_sanity
 
 
@@ -29,6 +29,21 @@ def test_a_loss_that_falls_and_climbs_most_of_the_way_back_is_diverged():
     assert not cell_health([2.15, 0.738, 0.9, 1.4]).diverged  # gave back 0.66 of a 1.41 fall: under half
     assert not cell_health([1.0, 0.01, 0.02]).diverged  # a small wobble near zero is not a drift
     assert not cell_health([0.5, 0.5]).diverged
+
+
+def test_a_validation_curve_that_swings_is_oscillating_and_marked():
+    """FedCMC's embedded FedDyn at alpha 0.05 (test micro-F1 55 -> 16 -> 56 -> 13 -> ... -> 70): two falls of more than
+    SWING, though its loss never gave back half its fall and its last points stopped improving."""
+    swinging = cell_health([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.44], [0.55, 0.16, 0.56, 0.13, 0.56, 0.36, 0.70, 0.70])
+    assert (swinging.diverged, swinging.oscillating, swinging.label) == (False, True, "oscillating")
+    assert swinging.why.startswith(f"validation score fell by more than {SWING:g} 3 times: 0.55 -> 0.16 (evaluation 2)")
+    one_fall = cell_health([1.0, 0.9, 0.8, 0.7, 0.6, 0.5], [0.5, 0.3, 0.6, 0.61, 0.60, 0.605])
+    assert not one_fall.oscillating and one_fall.label == "converged"
+    small_wobbles = cell_health([1.0, 0.9, 0.8, 0.7, 0.6], [0.50, 0.45, 0.52, 0.47, 0.53])
+    assert not small_wobbles.oscillating
+    assert cell_health([1.0, 3.0, 9.0], [0.9, 0.2, 0.9, 0.1]).label == "diverged"  # the worse label wins
+    assert mark_of(["converged", "oscillating", "not converged"]) == " ~"
+    assert UNSOUND == ("diverged", "oscillating", "not converged") and f"oscillating = " in RULE
 
 
 def test_converged_when_the_last_points_stop_improving():

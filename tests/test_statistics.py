@@ -143,6 +143,25 @@ def test_an_untestable_claim_stays_so_and_a_void_test_says_why():
                                          "inconclusive (rests on 1 diverged cell(s): x)"]
 
 
+def test_no_verdict_rests_on_an_unsound_cell_whatever_the_paper():
+    """``Claim.rests_on`` is the one rule the three papers' claims call: each unsound label voids the verdict and is
+    named, worst first; sound labels leave the test's verdict to Holm's correction."""
+    for label in ("diverged", "oscillating", "not converged"):
+        claim = Claim.tested("F", "m", "t", difference=0.2, p_value=1e-6, seeds=5).rests_on([("a", "converged"), ("b", label)])
+        assert claim.verdict == f"inconclusive (rests on {label}: b)"
+    mixed = Claim.tested("F", "m", "t", 0.2, 1e-6, 5).rests_on([("c", "not converged"), ("a", "diverged"), ("b", "diverged")])
+    assert mixed.verdict == "inconclusive (rests on diverged: a, b; not converged: c)"
+    sound = Claim.tested("F", "m", "t", 0.2, 1e-6, 5).rests_on([("a", "converged"), ("b", "unknown")])
+    assert claims_frame([sound])["verdict"].tolist() == ["holds"]
+
+
+def test_no_verdict_against_a_reference_at_chance():
+    at_chance = Claim.tested("F", "m", "t", 0.2, 1e-6, 5).against_reference("FedAvg", 0.565, 0.56, 0.01, "micro-F1")
+    assert at_chance.verdict == "inconclusive (the reference FedAvg is at chance: micro-F1 0.565 vs 0.560 (needs 0.01 above))"
+    above = Claim.tested("F", "m", "t", 0.2, 1e-6, 5).against_reference("FedAvg", 0.58, 0.56, 0.01, "micro-F1")
+    assert claims_frame([above])["verdict"].tolist() == ["holds"]
+
+
 def test_only_the_vocabulary_words_a_verdict():
     assert VERDICTS == ("holds", "reversed", "not significant", "inconclusive", "not testable here")
     assert worded("inconclusive", "neither reaches the target") == "inconclusive (neither reaches the target)"

@@ -44,28 +44,14 @@ def _compare(data: FedCMCResults, finding: str, group: str, better: dict, worse:
                                           f"{name(worse)} {percent(reference)} micro-F1 ({points_text(result.difference)} points)",
                                  test=_test_text(result), result=result)
     chance = chance_level(data, dataset, selected(data, group, **worse)["partition"].iloc[0])
-    if reference - chance < CHANCE_MARGIN:
-        claim.inconclusive(f"the reference {name(worse)} is at chance: {percent(reference)} vs {percent(chance)} micro-F1")
+    claim.against_reference(name(worse), reference, chance, CHANCE_MARGIN, "micro-F1")
     return _guard(data, claim, group, better, worse)
 
 
-def unsound_cells(data: FedCMCResults, group: str, *selections: dict) -> dict[str, list[str]]:
-    """'diverged' / 'not converged' -> the names of such cells among those the selections pick
-    (``fedrepro.fl.health``'s rule); a label with no cell is left out."""
-    names: dict[str, set[str]] = {}
-    for selection in selections:
-        chosen = selected(data, group, **selection)
-        for label in ("diverged", "not converged"):
-            names.setdefault(label, set()).update(chosen.loc[chosen["health"] == label, "name"])
-    return {label: sorted(found) for label, found in names.items() if found}
-
-
 def _guard(data: FedCMCResults, row: Claim, group: str, *selections: dict) -> Claim:
-    """No claim rests on a diverged or unconverged cell: its verdict says so instead of the test's."""
-    unsound = unsound_cells(data, group, *selections)
-    if unsound:
-        row.inconclusive("rests on " + "; ".join(f"{len(names)} {label} cell(s): {', '.join(names)}" for label, names in unsound.items()))
-    return row
+    """The shared rule on sound cells (``Claim.rests_on``) over every cell the selections pick."""
+    chosen = pd.concat([selected(data, group, **selection) for selection in selections])
+    return row.rests_on(zip(chosen["name"], chosen["health"]))
 
 
 def _methods_present(params: Params, *methods: str) -> bool:

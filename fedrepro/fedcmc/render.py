@@ -13,12 +13,13 @@ from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.methods import PAPER_METHODS
 from fedrepro.fedcmc.claims import claims_table
 from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults,
-                                    chance_level, communication_table, convergence_table, dataset_label,
+                                    chance_level, clients_table, communication_table, convergence_table, dataset_label,
                                     fedcmc_extra_download, figure1_cells, figure_point, health_table,
                                     identical_predictions, local_epochs_tables, main_points, main_table, mean_of,
                                     mean_std_percent, method_label, observation3_table, partitions_table, percent,
-                                    point_name, subsets_table, sweep_table, values_of)
+                                    point_name, subsets_table, values_of)
 from fedrepro.fl.health import RULE
+from fedrepro.report.health import LEGEND
 from fedrepro.hardware import describe
 from fedrepro.report.formatting import over_seeds, sweep_not_run
 from fedrepro.report.results import missed_clients_section
@@ -26,8 +27,8 @@ from fedrepro.report.claims import tests_explained, verdict_counts
 
 
 CURVE_MARKS = ("The black and grey dash-dotted lines are the trivial baselines of the curves' partition (Table 2's "
-               "rows: always its commonest positive training class, stratified random) on their test set; † or ° after "
-               "a name marks a diverged or unconverged cell as in the tables, and a cross ends the curve of one that "
+               "rows: always its commonest positive training class, stratified random) on their test set; †, ~ or ° after "
+               "a name marks a diverged, oscillating or unconverged cell as in the tables, and a cross ends the curve of one that "
                "diverged (its last rounds are no result).")
 """How Figs 3a and 3b mark the trivial baselines and the cells' health (``report._curves_figure``)."""
 
@@ -182,7 +183,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     for metric, name in (("micro_f1", "micro-F1"), ("macro_f1", "macro-F1")):
         lines += [f"Test {name} in % ({over_seeds(len(fc.seeds))})", "", main_table(data, params, metric).to_markdown(disable_numparse=True), ""]
     counts = data.cells["health"].value_counts()
-    lines += [f"† a cell diverged, ° a cell had not converged: {RULE}. Of {len(data.cells)} cells: "
+    lines += [f"{LEGEND}: {RULE}. Of {len(data.cells)} cells: "
               + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
     flagged = health_table(data)
     if not flagged.empty:
@@ -199,7 +200,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
         lines += [f"{dataset_label(sw.dataset)}, α = {sw.alpha:g}, test micro-F1 in % ({over_seeds(len(sw.seeds))}), columns = "
                   "clients. The paper reports FedCMC best at 10, 20 and 50 clients on i2b2 with its gap over the others "
                   "growing with the clients (ANCHORS.md gives no numbers).", "",
-                  sweep_table(data, "clients", sw.methods, "clients", sw.clients).to_markdown(disable_numparse=True), ""]
+                  clients_table(data, params).to_markdown(disable_numparse=True), ""]
     else:
         lines += sweep_not_run("fedcmc.sweeps.clients")
     # Table 3

@@ -244,7 +244,7 @@ CHANCE_MARGIN = 0.01
 
 
 def health_mark(data: FedCMCResults, group: str, **fields) -> str:
-    """† if any selected cell diverged, ° if any had not converged (``fedrepro.fl.health``), else nothing."""
+    """The worst mark of the selected cells' health (``fedrepro.report.health.mark_of``)."""
     return mark_of(selected(data, group, **fields)["health"])
 
 
@@ -322,6 +322,23 @@ def sweep_table(data: FedCMCResults, sweep: str, rows: list[str], column: str, v
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method"
     return frame
+
+
+def clients_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
+    """The clients table: methods x client counts, test micro-F1 in % (``sweep_table``), then the trivial rows (Table
+    2's) of each count's partition on its test set: a method's number is read against them as in Table 2."""
+    sw = params.fedcmc.sweeps
+    frame = sweep_table(data, "clients", sw.methods, "clients", sw.clients)
+    trivial: dict[str, dict[str, str]] = {}
+    for count in sw.clients:
+        cells = selected(data, "clients", clients=count)
+        if cells.empty:
+            continue
+        for name, scores in chance_scores(data, sw.dataset, cells["partition"].iloc[0]).items():
+            trivial.setdefault(f"{CHANCE}: {name}", {})[str(count)] = percent(scores["micro_f1"])
+    table = pd.concat([frame, pd.DataFrame.from_dict(trivial, orient="index")]).fillna("-")
+    table.index.name = "method"
+    return table
 
 
 def subsets_table(data: FedCMCResults, params: Params) -> pd.DataFrame:

@@ -25,17 +25,6 @@ from fedrepro.report.results import OVERALL
 from fedrepro.report.statistics import ALPHA, NOT_TESTABLE, RESAMPLES, Bootstrap, direction_verdict, hierarchical_bootstrap, worded
 
 
-def unsound_rows(data: FedMatchResults, rows: list[str]) -> dict[str, str]:
-    """row -> 'diverged' / 'not converged' for the rows with such a cell in any seed (diverged first)."""
-    unsound = {}
-    for row in rows:
-        labels = {h.label for h in data.health.get(row, {}).values()}
-        label = next((x for x in ("diverged", "not converged") if x in labels), None)
-        if label:
-            unsound[row] = label
-    return unsound
-
-
 def _per_question(data: FedMatchResults, rows: list[str], metric: str, clients: list[str] | None = None) -> pd.DataFrame:
     """Per-question metric, one row per seed and one column per (client, question), averaged over the given rows
     (e.g. the four LR variants) and kept to ``clients`` when given: the hierarchical bootstrap's input."""
@@ -62,13 +51,10 @@ def _chance_level(chance: dict, metric: str, clients: list[str] | None = None) -
 
 def _inconclusive_if_reference_at_chance(claim: Claim, chance: dict | None, reference: str, value: float, metric: str,
                                           clients: list[str] | None = None) -> None:
-    """Marks ``claim`` inconclusive when its reference (named ``reference``, scoring ``value`` on ``metric``) sits
-    within ``CHANCE_MARGIN`` of chance (overall, or mean over ``clients``); no-op without ``chance``."""
-    if chance is None:
-        return
-    level = _chance_level(chance, metric, clients)
-    if value - level < CHANCE_MARGIN:
-        claim.inconclusive(f"the reference {reference} is at chance: {metric.upper()} {value:.3f} vs {level:.3f}")
+    """The shared rule on references (``Claim.against_reference``) at chance overall, or mean over ``clients``; no-op
+    without ``chance``."""
+    if chance is not None:
+        claim.against_reference(reference, value, _chance_level(chance, metric, clients), CHANCE_MARGIN, metric.upper())
 
 
 def _compare(data: FedMatchResults, finding: str, better: list[str], worse: list[str], metric: str = "mrr",
@@ -120,11 +106,8 @@ def _combined(finding: str, contrasts: dict[str, Bootstrap], every: bool, measur
 
 
 def _guarded(data: FedMatchResults, claim: Claim, rows: list[str]) -> Claim:
-    """No claim rests on a diverged or unconverged cell: its verdict says so (the numbers stay beside it)."""
-    unsound = unsound_rows(data, rows)
-    if unsound:
-        claim.inconclusive("rests on " + ", ".join(f"{label} {row_label(r)}" for r, label in unsound.items()))
-    return claim
+    """The shared rule on sound cells (``Claim.rests_on``) over every seed's cell of the rows, named by row."""
+    return claim.rests_on((row_label(row), health.label) for row in rows for health in data.health.get(row, {}).values())
 
 
 def _seeds(data: FedMatchResults, sweep: str | None = None) -> int:

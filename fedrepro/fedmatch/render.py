@@ -11,6 +11,7 @@ from fedrepro.fedmatch.claims import claims_table
 from fedrepro.fedmatch.report import (BM25_ONLY, LABELS, FedMatchResults, communication_table, health_table, marked_labels,
                                       patch_table, sweep_table, training_caveats)
 from fedrepro.fl.health import RULE
+from fedrepro.report.health import UNSOUND
 from fedrepro.hardware import describe
 from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.report.formatting import over_seeds, sweep_not_run
@@ -113,7 +114,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
         "",
         clients.to_markdown(),
         "",
-        f"Training health (every cell, shared rule): {RULE}. A row marked [diverged] or [not converged] is such a cell "
+        f"Training health (every cell, shared rule): {RULE}. A row marked [diverged], [oscillating] or [not converged] is such a cell "
         "(the section 'Training health' lists each with its numbers); no claim below rests on a diverged cell. "
         + ("" if train.eval_every else "`train.eval_every` is 0 at this scale, so no validation MRR was recorded and "
            "convergence is unknown; only divergence is judged."),
@@ -162,8 +163,8 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
               "MRR at this scale (`train.eval_every` = 0): convergence is unknown.", "",
               health_table(data, rows).to_markdown(index=False), ""]
     sweep_health = health_table(data, [r for r in data.health if r not in rows])
-    unsound = sweep_health[sweep_health["health"].isin(["diverged", "not converged"])]
-    lines += [f"Figure (sweep) cells: {len(sweep_health)}, of which {len(unsound)} diverged or not converged"
+    unsound = sweep_health[sweep_health["health"].isin(UNSOUND)]
+    lines += [f"Figure (sweep) cells: {len(sweep_health)}, of which {len(unsound)} diverged, oscillated or not converged"
               + (":" if len(unsound) else "."), ""] + ([unsound.to_markdown(index=False), ""] if len(unsound) else [])
     patches = patch_table(data, list(dict.fromkeys(fm.table2 + fm.table3)))
     if not patches.empty:
@@ -191,7 +192,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
             lines += sweep_not_run(f"fedmatch.sweeps.{sweep}", " to fit the time budget")
             continue
         if sweep != "data_ratio":
-            lines += [sweep_table(data, sweep).to_markdown(floatfmt=".3f"), ""]
+            lines += [sweep_table(data, sweep, chance).to_markdown(floatfmt=".3f"), ""]
         lines += [f"![fig {number}](figures/fig{number}_{sweep}.png)", ""]
     if params.scale == "embedded":
         lines += ["## What this run is and is not", "",

@@ -12,11 +12,12 @@ from fedrepro.config import Params
 from fedrepro.fedmatch.cells import SWEEPS, Cell, history_health, sweep_cells, table_cells
 from fedrepro.fedmatch.methods import FIGURE_METHOD, METHODS
 from fedrepro.fl.health import Health
+from fedrepro.report.health import UNSOUND
 from fedrepro.io import read_table
 from fedrepro.metrics.ranking import random_ranking_metrics, ranking_metrics
 from fedrepro.metrics.summary import mean_std, overall
 from fedrepro.report.figures import convergence_figure, data_ratio_figure, sweep_figure
-from fedrepro.report.results import OVERALL, client_level, load_cell, missed_clients
+from fedrepro.report.results import CHANCE, OVERALL, client_level, load_cell, missed_clients
 from fedrepro.tasks.qa import qrels_and_run
 
 LABELS = {name: method.label for name, method in METHODS.items()}
@@ -72,9 +73,10 @@ def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
 
 
 def health_marker(data: FedMatchResults, row: str) -> str:
-    """'' for a sound row, else ' [diverged]' / ' [not converged]' (with 'k of n seeds' when not all are)."""
+    """'' for a sound row, else ' [diverged]' / ' [oscillating]' / ' [not converged]' (with 'k of n seeds' when not all
+    are), the worst label first."""
     cells = list(data.health.get(row, {}).values())
-    for label in ("diverged", "not converged"):
+    for label in UNSOUND:
         count = sum(h.label == label for h in cells)
         if count:
             return f" [{label}]" if count == len(cells) else f" [{label}: {count} of {len(cells)} seeds]"
@@ -148,10 +150,15 @@ def bm25_levels(scores_dir: Path, split: str = "test") -> dict | None:
     return {"clients": clients, "overall": overall(clients)}
 
 
-def sweep_table(data: FedMatchResults, sweep: str) -> pd.DataFrame:
-    """Sweep points x clients (+ overall): FedMatch H+LR's test MRR, mean over the sweep's seeds."""
+def sweep_table(data: FedMatchResults, sweep: str, chance: dict | None = None) -> pd.DataFrame:
+    """Sweep points x clients (+ overall): FedMatch H+LR's test MRR, mean over the sweep's seeds; with ``chance``
+    (``chance_levels``), a last row of each column's random-ranking MRR, which every point is read against."""
     clients = sorted(c for c in set(data.results.client) if c != OVERALL) + [OVERALL]
-    return pd.DataFrame({c: sweep_series(data, sweep, c, "mrr") for c in clients})
+    table = pd.DataFrame({c: sweep_series(data, sweep, c, "mrr") for c in clients})
+    if chance is not None and not table.empty:
+        table.index = table.index.astype(object)
+        table.loc[CHANCE] = [client_level(chance, c)["mrr"] for c in clients]
+    return table
 
 
 def write_figures(data: FedMatchResults, params: Params, folder: Path, chance: dict[str, dict[str, float]]) -> None:

@@ -5,10 +5,12 @@ correction for the number of claims (Holm's, over every claim of a report that h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
+from fedrepro.report.health import UNSOUND
 from fedrepro.report.statistics import (ALPHA, BOOTSTRAP_SEED, HOLDS, INCONCLUSIVE, MIN_SEEDS, NOT_SIGNIFICANT, NOT_TESTABLE, RESAMPLES,
                                         REVERSED, VERDICTS, Bootstrap, verdict_from_p, too_few_seeds, worded)
 
@@ -53,6 +55,28 @@ class Claim:
         the grid cannot test stays so."""
         if not (self.verdict or "").startswith(NOT_TESTABLE):
             self.verdict = worded(INCONCLUSIVE, why)
+
+    def rests_on(self, cells: Iterable[tuple[str, str]]) -> Claim:
+        """The rule on sound cells, for every paper: a claim resting on a cell whose health label is unsound
+        (``fedrepro.report.health.UNSOUND``: diverged, oscillating, not converged) is inconclusive, and its verdict
+        names them, worst label first. ``cells`` is (name, health label) for every cell (or table row) it rests on."""
+        names: dict[str, set[str]] = {}
+        for name, label in cells:
+            if label in UNSOUND:
+                names.setdefault(label, set()).add(name)
+        if names:
+            self.inconclusive("rests on " + "; ".join(f"{label}: {', '.join(sorted(names[label]))}"
+                                                     for label in UNSOUND if label in names))
+        return self
+
+    def against_reference(self, reference: str, value: float, chance: float, margin: float, metric: str) -> Claim:
+        """The rule on references, for every paper: a claim that a method beats a reference whose score (``value``)
+        is less than ``margin`` above its trivial baseline (``chance``) is inconclusive: beating a model that learned
+        nothing says nothing of the method."""
+        if value - chance < margin:
+            self.inconclusive(f"the reference {reference} is at chance: {metric} {value:.3f} vs {chance:.3f} "
+                              f"(needs {margin:g} above)")
+        return self
 
 
 def holm(p_values: list[float], alpha: float = ALPHA) -> list[float]:

@@ -1,9 +1,11 @@
 """SS-VFNAS's claims table: each finding the paper states, with the measured numbers, the test used and its verdict.
 
 Contrasts of methods pair cells of one dataset-K and DP level and test the accuracy over the test samples with the
-seed-level bootstrap; claims against a target or chance leave out the conditions where the target or the label party
-alone cannot discriminate (``_target_pairs``, ``_above_chance``); exact counts from the channel's log are facts of
-every seed. No claim rests on a diverged or unconverged cell (``_guard``). ``claims_table`` corrects every p for their
+seed-level bootstrap; claims against a target or chance leave out the conditions where the target cannot discriminate
+(the majority class or the label party alone reaches it: ``_target_pairs``) or a side sits at chance
+(``_above_chance``), and claims about the searched architecture leave out searches that did not move α (``_searched``);
+with nothing left a claim is not testable here. Exact counts from the channel's log are facts of every seed. No claim
+rests on an unsound cell (``_guard``, the shared rule). ``claims_table`` corrects every p for their
 number (Holm, ``fedrepro.report.claims``). It reads the tidy results of ``report.load_ssvfnas``.
 """
 
@@ -16,24 +18,17 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.report.claims import Claim, claims_frame
-from fedrepro.report.statistics import (INCONCLUSIVE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict,
+from fedrepro.report.statistics import (INCONCLUSIVE, NOT_TESTABLE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict,
                                         exact_verdict, sign_test, worded)
 from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell
-from fedrepro.ssvfnas.report import (CHANCE_MARGIN, PAIRS, RULES, SSVFNASResults, kept_edges, matched_pairs, megabytes,
-                                     method_label, noisy_levels, percent, select_cells, target_frame)
+from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, PAIRS, RULES, SSVFNASResults, alpha_moved, kept_edges,
+                                     label_alone_accuracy, matched_pairs, megabytes, method_label, noisy_levels, percent,
+                                     select_cells, target_frame)
 
 
 def _guard(row: Claim, pairs: list[tuple[pd.Series, pd.Series]]) -> Claim:
-    """No claim rests on a diverged or unconverged cell: its verdict says so instead of the test's (the numbers stay
-    beside it)."""
-    why = []
-    for label in ("diverged", "not converged"):
-        keys = sorted({cell.key for pair in pairs for cell in pair if cell.health == label})
-        if keys:
-            why.append(f"{len(keys)} {label} cell(s): {', '.join(keys)}")
-    if why:
-        row.inconclusive("rests on " + "; ".join(why))
-    return row
+    """The shared rule on sound cells (``Claim.rests_on``) over both cells of every pair."""
+    return row.rests_on((cell.key, cell.health) for pair in pairs for cell in pair)
 
 
 def _seeds(pairs: list[tuple[pd.Series, pd.Series]]) -> int:
@@ -124,26 +119,53 @@ def _chance_note(dropped: list[str], unscreened: list[str]) -> str:
 
 def _target_pairs(data: SSVFNASResults, params: Params,
                   pairs: list[tuple[pd.Series, pd.Series]]) -> tuple[list[tuple[pd.Series, pd.Series]], str]:
-    """The pairs on dataset-Ks where the target accuracy is ``CHANCE_MARGIN`` above the majority rate (elsewhere the
-    majority class alone reaches it), and the test column's note of the dataset-Ks not counted."""
+    """The pairs on dataset-Ks where reaching the target accuracy says something of the collaboration: the target is
+    ``CHANCE_MARGIN`` above the majority rate (elsewhere the majority class alone reaches it) and above what the label
+    party reaches alone (elsewhere it needs no other party); and the test column's note of the dataset-Ks not counted."""
     target = params.ssvfnas.target_accuracy
     below = sorted({a.partition for a, _ in pairs
                     if a.partition in data.majority and target < data.majority[a.partition] + CHANCE_MARGIN})
+    alone = {a.partition: label_alone_accuracy(data, params, a.partition) for a, _ in pairs}
+    alone = {p: float(cells["accuracy"].mean()) for p, cells in alone.items() if cells is not None}
+    solo = sorted(p for p, level in alone.items() if level >= target and p not in below)
     unscreened = sorted({a.partition for a, _ in pairs if a.partition not in data.majority})
-    kept = [(a, b) for a, b in pairs if a.partition not in below]
+    kept = [(a, b) for a, b in pairs if a.partition not in below and a.partition not in solo]
     notes = []
     if below:
         notes.append(f"not counted, the target {100 * target:g}% is not {100 * CHANCE_MARGIN:g} point(s) above the majority "
                      f"class: {', '.join(_chance_text(p, data.majority[p]) for p in below)}")
+    if solo:
+        notes.append(f"not counted, the label party alone reaches the target {100 * target:g}%: "
+                     + ", ".join(f"{p} ({percent(alone[p])}%)" for p in solo))
     if unscreened:
         notes.append(f"target not checked against the majority class (no partition data): {', '.join(unscreened)}")
     return kept, "".join(f"; {note}" for note in notes)
 
 
 def _target_at_chance(finding: str, params: Params, note: str) -> Claim:
-    """A target claim with no dataset-K left once the target is checked against the majority class."""
-    return Claim(finding, "-", worded(INCONCLUSIVE, f"target {100 * params.ssvfnas.target_accuracy:g}% at or below the majority "
-                                                    "rate on every dataset-K"), note.lstrip("; "))
+    """A target claim with no dataset-K left where the target discriminates (``_target_pairs``): the grid cannot test it."""
+    return Claim(finding, "-", worded(NOT_TESTABLE, f"the target {100 * params.ssvfnas.target_accuracy:g}% is reached by the "
+                                                    "majority class or the label party alone on every dataset-K"),
+                 note.lstrip("; "))
+
+
+def _searched(data: SSVFNASResults, pairs: list[tuple[pd.Series, pd.Series]]) -> tuple[list[tuple[pd.Series, pd.Series]], str]:
+    """The pairs whose search cell(s) moved α (``report.alpha_moved``), and the test column's note of those left out: a
+    search that left α where it started derived the architecture the initial α give, so comparing it says nothing of
+    architecture search."""
+    index = data.cells.set_index("key")
+    moved = alpha_moved(index[index.method != BASELINE])
+    keep = lambda cell: cell.method == BASELINE or bool(moved.get(cell.key, False))  # noqa: E731
+    kept = [pair for pair in pairs if all(keep(cell) for cell in pair)]
+    still = len(pairs) - len(kept)
+    return kept, (f"; not counted, α did not move in the search cell: {still} of {len(pairs)} pairs" if still else "")
+
+
+def _not_searched(finding: str, cells: str) -> Claim:
+    """An architecture claim none of whose ``cells`` (say which and how many) moved α: the grid cannot test it."""
+    return Claim.not_testable(finding, f"α did not move in any of its {cells} (the entropy of "
+                                       f"softmax(α) fell by at most {ALPHA_MOVED:.0%} of the uniform value), so the derived "
+                                       "architecture is the one the initial α give")
 
 
 def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
@@ -211,17 +233,25 @@ def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: st
     methods = set(params.ssvfnas.methods) | {BASELINE}
     if not {ours, theirs} <= methods:
         return Claim.not_testable(finding, f"{ours} or {theirs} is not in ssvfnas.methods")
-    return _contrast_claim(data, finding, matched_pairs(data, ours, theirs, levels), budget=budget)
+    return _contrast_claim(data, finding, matched_pairs(data, ours, theirs, levels), budget=budget,
+                           architecture=theirs == BASELINE)
 
 
 def _contrast_claim(data: SSVFNASResults, finding: str, pairs: list[tuple[pd.Series, pd.Series]], budget: bool = False,
-                    screened: tuple[int, ...] = (0, 1)) -> Claim:
+                    screened: tuple[int, ...] = (0, 1), architecture: bool = False) -> Claim:
     """'Ours is more accurate than theirs' over matched pairs, tested on the conditions whose ``screened`` sides clearly
-    beat the majority class (``_above_chance``); with none left, inconclusive (reference at chance)."""
+    beat the majority class (``_above_chance``); with none left, inconclusive (reference at chance). A claim about the
+    searched ``architecture`` counts only pairs whose search moved α (``_searched``)."""
     if not pairs:
         return Claim.not_testable(finding, "no matched cells")
+    searched_note = ""
+    if architecture:
+        searched, searched_note = _searched(data, pairs)
+        if not searched:
+            return _not_searched(finding, f"{len(pairs)} pairs' search cells")
+        pairs = searched
     kept, dropped, unscreened = _above_chance(data, pairs, screened)
-    note = _chance_note(dropped, unscreened)
+    note = searched_note + _chance_note(dropped, unscreened)
     shown = kept or pairs
     mean_a = float(np.mean([x.accuracy for x, _ in shown]))
     mean_b = float(np.mean([y.accuracy for _, y in shown]))
@@ -308,7 +338,7 @@ def _federated_nas_claim(data: SSVFNASResults, params: Params) -> Claim:
                "networks manually; the searched architectures (every method pooled) beat the hand-designed network of similar "
                "size trained the same way")
     pairs = [pair for method in params.ssvfnas.methods for pair in matched_pairs(data, method, BASELINE, params.ssvfnas.dp_levels)]
-    return _contrast_claim(data, finding, pairs)
+    return _contrast_claim(data, finding, pairs, architecture=True)
 
 
 def _heterogeneity_claim(data: SSVFNASResults) -> Claim:
@@ -318,9 +348,13 @@ def _heterogeneity_claim(data: SSVFNASResults) -> Claim:
     search = data.cells[data.cells.method != BASELINE]
     if search.empty:
         return Claim.not_testable(finding, "no search cell")
-    differ = sum(len({str(kept_edges(g)) for g in data.genotypes[key]}) > 1 for key in search.key)
-    return Claim(finding, f"the parties' derived cells differ in {differ} of {len(search)} search cells",
-                 direction_verdict(differ > 0, "direction only: counts of derived genotypes", search.seed.nunique()),
+    moved = search[alpha_moved(search)]
+    if moved.empty:
+        return _not_searched(finding, f"{len(search)} search cells")
+    differ = sum(len({str(kept_edges(g)) for g in data.genotypes[key]}) > 1 for key in moved.key)
+    return Claim(finding, f"the parties' derived cells differ in {differ} of the {len(moved)} search cells that moved α "
+                          f"(of {len(search)})",
+                 direction_verdict(differ > 0, "direction only: counts of derived genotypes", moved.seed.nunique()),
                  "count over every search cell of the derived genotypes' edges (op and input) per party; 'capable of' holds "
                  "when any cell's parties differ")
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.fl.health import RULE
+from fedrepro.report.health import LEGEND
 from fedrepro.hardware import describe
 from fedrepro.report.figures import curve_caption
 from fedrepro.report.formatting import over_seeds
@@ -196,7 +197,7 @@ def _deviations(params: Params) -> list[str]:
 def _health_lines(data: SSVFNASResults, params: Params) -> list[str]:
     """The marks' legend, the shared rule quoted, what a round and a score are here, and the flagged cells."""
     counts = pd.concat([data.cells["health"], data.label_alone["health"]]).value_counts()
-    lines = [f"† a cell diverged, ° a cell had not converged: {RULE}. A round is a validation point of the cell's "
+    lines = [f"{LEGEND}: {RULE}. A round is a validation point of the cell's "
              f"retraining (every {params.ssvfnas.retrain.eval_every} steps, its mean training loss since the previous one) "
              "and the validation score its accuracy on the held-out rows. The rule judges the retraining, whose accuracy the "
              "tables report; the claims on steps and ε to the target rest on the searches' supernet curves, and the messages "
@@ -270,7 +271,7 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "and splits); each party scales only its own features from its own training rows.", "",
         partitions_table(data).to_markdown(disable_numparse=True), "",
         "## Main table", "",
-        f"Retrained test accuracy ({over_seeds(len(ss.seeds))}; † / ° mark a diverged / unconverged cell, see below), the "
+        f"Retrained test accuracy ({over_seeds(len(ss.seeds))}; † / ~ / ° mark a diverged / oscillating / unconverged cell, see below), the "
         "retrained networks' accuracy on the held-out validation rows at their last point (not test), the supernets' last "
         "test accuracy, collaborative steps and "
         "messages (search + retraining), megabytes exchanged, and ε (worst party) of the search and in total: the headline "
@@ -323,7 +324,11 @@ def render_report(params: Params, data: SSVFNASResults) -> str:
         "point(s) above their dataset-K's majority class (for DP's cost, the no-DP side only: a noisy side at chance is the "
         "cost); the rest are left out and named in the test column, and a claim with none left is inconclusive (reference "
         "at chance). A target claim does not count a dataset-K where the target is not that far above the majority rate "
-        "(answering the majority class would reach it), and is inconclusive where none is left. " + tests_explained(claims), "",
+        "(answering the majority class would reach it) or where the label party alone reaches it (it needs no other "
+        "party), and is not testable here where none is left. A claim about the searched architecture (searched vs "
+        f"hand-designed, the parties' heterogeneous cells) counts only searches that moved α (its entropy fell by more "
+        f"than {ALPHA_MOVED:.0%} of the uniform value: see 'Architecture weights') and is not testable here where none "
+        "did. " + tests_explained(claims), "",
         claims.to_markdown(index=False, disable_numparse=True), "",
         "## What this run can and cannot say", "",
         *_closing(data, params, claims),
