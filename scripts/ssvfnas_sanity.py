@@ -22,7 +22,7 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.errors import ConfigError
 from fedrepro.ssvfnas.cells import partitions
-from fedrepro.ssvfnas.runs import load_partition
+from fedrepro.ssvfnas.phases import load_partition
 from fedrepro.ssvfnas.sanity import SanitySettings, preset, sanity_partition, write_ssvfnas_sanity
 
 PARTITIONS = Path("data/ssvfnas/partitions")

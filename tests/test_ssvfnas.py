@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+import fedrepro.ssvfnas.phases as phases
 import fedrepro.ssvfnas.runs as runs
 from fedrepro.config import parse_params, read_raw_params
 from fedrepro.data.prepare import write_vertical
@@ -204,7 +205,7 @@ def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
         saved["test"]["accuracy"])
     assert {g["kind"] for g in saved["genotypes"]} == {"mlp"}
     assert 0 <= saved["test"]["accuracy_label_party_only"] <= 1 and set(saved["retrain"]["top_weight_norms"]) == {"party_0", "party_1"}
-    assert metrics["parameters"]["bottom"] == [runs.count_parameters(runs.build_derived(g)) for g in saved["genotypes"]]
+    assert metrics["parameters"]["bottom"] == [phases.count_parameters(phases.build_derived(g)) for g in saved["genotypes"]]
     # the baseline: retraining only, sized before any search, epsilon of the retraining alone
     base = _run(params, Cell(BASELINE, "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "base", tmp_path / "base_ckpt")
     assert "search" not in base and base["retrain"]["steps"] == 4 and 0 < base["epsilon_total_max"] < metrics["epsilon_total_max"]
@@ -249,7 +250,7 @@ def test_the_curve_logs_how_far_alpha_moved(toy_partition, tmp_path):
 
 def _killed_after_the_second_checkpoint(params, cell, partition, tmp_path, monkeypatch) -> None:
     """Run ``cell`` into tmp_path/killed until its second checkpoint is written, then kill it (checkpoints: tmp_path/ckpt)."""
-    save_state, calls = runs.save_state, []
+    save_state, calls = phases.save_state, []
 
     def dies_after_the_second_checkpoint(folder, search):
         save_state(folder, search)
@@ -257,10 +258,10 @@ def _killed_after_the_second_checkpoint(params, cell, partition, tmp_path, monke
         if len(calls) == 2:
             raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(runs, "save_state", dies_after_the_second_checkpoint)
+    monkeypatch.setattr(phases, "save_state", dies_after_the_second_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         _run(params, cell, partition, tmp_path / "killed", tmp_path / "ckpt")
-    monkeypatch.setattr(runs, "save_state", save_state)
+    monkeypatch.setattr(phases, "save_state", save_state)
 
 
 @pytest.mark.parametrize("method", ["ss_vfnas2", "vfnas1"])
@@ -289,12 +290,12 @@ def test_the_retraining_is_validated_on_held_out_train_rows_that_nothing_trains_
     """Every retraining point scores the held-out rows (a share of train, never test), none of which a pre-search, search
     or retraining batch holds; the cell's health is the shared rule on those points."""
     params = tiny_params()
-    data = runs.load_partition(toy_partition)
-    rows = runs.hold_out(data, params.ssvfnas.retrain.held_out_fraction, params.data.seed)
-    held_out, test = set(rows.splits[runs.HELD_OUT].tolist()), set(data.splits["test"].tolist())
+    data = phases.load_partition(toy_partition)
+    rows = phases.hold_out(data, params.ssvfnas.retrain.held_out_fraction, params.data.seed)
+    held_out, test = set(rows.splits[phases.HELD_OUT].tolist()), set(data.splits["test"].tolist())
     assert held_out and held_out <= set(data.splits["train"].tolist()) and not held_out & test
     evaluated, batches, pretrained = [], set(), []
-    evaluate, batch_at, pretrain = runs.VerticalProtocol.evaluate, runs.batch_at, runs.pretrain
+    evaluate, batch_at, pretrain = phases.VerticalProtocol.evaluate, phases.batch_at, phases.pretrain
 
     def recording_evaluate(self, indices, **kwargs):
         result = evaluate(self, indices, **kwargs)
@@ -310,16 +311,16 @@ def test_the_retraining_is_validated_on_held_out_train_rows_that_nothing_trains_
         pretrained.append(features)
         return pretrain(moco, features, *args)
 
-    monkeypatch.setattr(runs.VerticalProtocol, "evaluate", recording_evaluate)
-    monkeypatch.setattr(runs, "batch_at", recording_batch_at)
-    monkeypatch.setattr(runs, "pretrain", recording_pretrain)
+    monkeypatch.setattr(phases.VerticalProtocol, "evaluate", recording_evaluate)
+    monkeypatch.setattr(phases, "batch_at", recording_batch_at)
+    monkeypatch.setattr(phases, "pretrain", recording_pretrain)
     metrics = _run(params, Cell("ss_vfnas2", "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "out", tmp_path / "ckpt")
     curve = metrics["retrain"]["curve"]
     assert [p["step"] for p in curve] == [1, 2, 3, 4] and metrics["retrain"]["held_out_samples"] == len(held_out)
-    validations = [(scored, accuracy) for split, scored, accuracy in evaluated if split == runs.HELD_OUT]
+    validations = [(scored, accuracy) for split, scored, accuracy in evaluated if split == phases.HELD_OUT]
     assert [scored for scored, _ in validations] == [held_out] * 4
     assert [p["valid_accuracy"] for p in curve] == [accuracy for _, accuracy in validations]
-    assert all(scored == test for split, scored, _ in evaluated if split != runs.HELD_OUT)  # the rest is test, measured
+    assert all(scored == test for split, scored, _ in evaluated if split != phases.HELD_OUT)  # the rest is test, measured
     assert batches and not held_out & batches
     assert all(torch.equal(x, data.features[k][rows.training_rows]) for k, x in enumerate(pretrained)) and len(pretrained) == 2
     assert all(p["train_loss"] > 0 for p in curve) and metrics["retrain"]["valid_accuracy"] == curve[-1]["valid_accuracy"]
@@ -340,14 +341,14 @@ def test_a_cell_killed_mid_retraining_resumes_to_the_same_validation_points(toy_
 
 def test_presearch_moves_weights_and_alphas_and_is_shared_between_dp_levels(toy_partition, tmp_path):
     params = tiny_params()
-    data = runs.load_partition(toy_partition)
-    fresh = runs.build_supernets(params, data, 0)
-    searched = runs.build_supernets(params, data, 0)
+    data = phases.load_partition(toy_partition)
+    fresh = phases.build_supernets(params, data, 0)
+    searched = phases.build_supernets(params, data, 0)
     cache: dict = {}
     runs.run_presearch(params, Cell("ss_vfnas1", "toy", 2, 0.0, 0.0, 0), data, searched, tmp_path / "p1", cache)
     assert not torch.equal(fresh[0].alphas, searched[0].alphas)
     assert not torch.equal(fresh[1].stem[0].weight, searched[1].stem[0].weight)
-    again = runs.build_supernets(params, data, 0)
+    again = phases.build_supernets(params, data, 0)
     runs.run_presearch(params, Cell("ss_vfnas2", "toy", 2, 1.0, 1.0, 0), data, again, tmp_path / "p2", cache)
     assert all(torch.equal(a, b) for net_a, net_b in zip(searched, again) for a, b in zip(net_a.state_dict().values(),
                                                                                              net_b.state_dict().values()))
@@ -426,10 +427,10 @@ def test_a_party_of_its_own_builds_only_from_its_own_columns(toy_partition):
     from fedrepro.ssvfnas.parties import CellParty
     params, cell = tiny_params(), Cell("vfnas1", "toy", 2, 1.0, 1.0, 0)
     host, guest = CellParty(params, cell, toy_partition, "search")(1), CellParty(params, cell, toy_partition, "search")(0)
-    data = runs.load_partition(toy_partition)
+    data = phases.load_partition(toy_partition)
     assert host.labels is None and host.top is None and torch.equal(host.features, data.features[1])
     assert torch.equal(guest.labels, data.labels) and torch.equal(guest.features, data.features[0])
-    held = runs.load_partition(toy_partition, label_only=True).features  # the label party's process: its columns only
+    held = phases.load_partition(toy_partition, label_only=True).features  # the label party's process: its columns only
     assert torch.equal(held[0], data.features[0]) and held[1] is None
 
 
@@ -470,7 +471,7 @@ def test_the_label_party_alone_reads_only_its_own_columns_and_is_deterministic(t
     for name in ("again", "scrambled"):
         assert outputs[name][0].equals(outputs["plain"][0]) and outputs[name][1:] == outputs["plain"][1:]
     # the pooled protocol on both parties does read the scrambled columns (so the check above can fail)
-    pooled = [runs.one_party(params, runs.load_partition(tmp_path / f / "toy-k2"), [0, 1], 0).parties[0].features
+    pooled = [phases.one_party(params, phases.load_partition(tmp_path / f / "toy-k2"), [0, 1], 0).parties[0].features
               for f in ("plain", "scrambled")]
     assert not torch.equal(*pooled)
 
@@ -482,11 +483,11 @@ def test_majority_class_is_the_training_rows_majority_scored_on_test():
 
     def partition(labels, splits):
         rows = {name: torch.tensor(r) for name, r in splits.items()}
-        return runs.PartitionData("p", {"classes": 3, "label_party": 0}, [torch.zeros(len(labels), 1)], torch.tensor(labels),
+        return phases.PartitionData("p", {"classes": 3, "label_party": 0}, [torch.zeros(len(labels), 1)], torch.tensor(labels),
                                   np.arange(len(labels)), rows)
 
     data = partition([0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 0],
-                     {"train": [0, 1, 2, 3, 4], "valid": [5], runs.HELD_OUT: [6, 7, 8], "test": [9, 10, 11, 12]})
+                     {"train": [0, 1, 2, 3, 4], "valid": [5], phases.HELD_OUT: [6, 7, 8], "test": [9, 10, 11, 12]})
     assert majority_accuracy(data, "test") == 0.5 and majority_accuracy(data) == 0.0
     tie = partition([0, 0, 1, 1, 0, 1, 1], {"train": [0, 1, 2], "valid": [3], "test": [4, 5, 6]})
     assert majority_accuracy(tie, "test") == pytest.approx(1 / 3)
@@ -782,7 +783,7 @@ def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_tes
     from fedrepro.ssvfnas.sanity import HELD_OUT, SanitySettings, majority_accuracy, sanity_data, sanity_partition, write_ssvfnas_sanity
 
     params = tiny_params()
-    data = runs.load_partition(toy_partition)
+    data = phases.load_partition(toy_partition)
     held = sanity_data(data, 0.25, 0)
     test = set(data.splits["test"].tolist())
     assert set(held.splits) == {"train", "valid", HELD_OUT} and not test & set(torch.cat(list(held.splits.values())).tolist())

@@ -29,14 +29,14 @@ from fedrepro.errors import ConfigError
 from fedrepro.io import atomic_dir, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed
 from fedrepro.ssvfnas.cells import Cell
-from fedrepro.ssvfnas.runs import (EVAL_BATCH, HELD_OUT, PartitionData, PartyRunner, _curve_point, baseline_networks,
-                                   baseline_targets, build_supernets, build_top, combine_alpha_summaries,
-                                   count_parameters, derived_network, load_party_columns, mechanisms,
-                                   party_alpha_summary, presearch_party, retrain_metrics, run_fingerprint, run_steps,
-                                   search_metrics, validation_point)
+from fedrepro.ssvfnas.phases import (EVAL_BATCH, HELD_OUT, PartitionData, PartyRunner, baseline_networks, baseline_targets,
+                                     build_supernets, build_top, combine_alpha_summaries, curve_point,
+                                     derived_network, load_party_columns, mechanisms, party_alpha_summary, presearch_party,
+                                     retrain_metrics, run_steps, search_metrics, validation_point)
 from fedrepro.vfl.nodes import LocalTransport, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import Party, party_name
 from fedrepro.vfl.search import rule_cost
+from fedrepro.vfl.spaces import count_parameters
 
 GENOTYPE, REPORTS = "genotype.json", "reports.json"
 
@@ -110,7 +110,7 @@ class CellTasks:
         raise ValueError(f"{party.name}: unknown task {task!r} (allowed begin, alphas, finish, parameters)")
 
     def _presearch(self, party: Party, directory: Path | None, rows: list[int]) -> list[float]:
-        """Its MoCo pre-search (``runs.presearch_party``) on its own rows, kept in its directory once done, so a
+        """Its MoCo pre-search (``phases.presearch_party``) on its own rows, kept in its directory once done, so a
         resumed cell loads it, and in ``PRESEARCHED``, so a later cell of this process does."""
         folder = Path(directory) / "presearch"
         if (folder / "presearch.json").exists():
@@ -133,8 +133,8 @@ class CellTasks:
 
 def cell_recipe(params: Params, cell: Cell, data: PartitionData, partition: Path, phase: str, fingerprint: str,
                 genotypes: Path | None = None) -> VerticalRecipe:
-    """What every party needs to rebuild its side of one phase: the settings ``runs.make_protocol`` and
-    ``runs.make_search`` give the in-process run."""
+    """What every party needs to rebuild its side of one phase: the settings ``phases.make_protocol`` and
+    ``phases.make_search`` give the in-process run."""
     ss = params.ssvfnas
     s, search = ss.search, phase == "search"
     forward, backward = mechanisms(params, cell)
@@ -152,7 +152,7 @@ def cell_recipe(params: Params, cell: Cell, data: PartitionData, partition: Path
 
 
 class HubSteps:
-    """The label party's hub as ``runs.run_steps``' stepper."""
+    """The label party's hub as ``phases.run_steps``' stepper."""
 
     def __init__(self, hub: VerticalHub) -> None:
         self.hub = hub
@@ -207,7 +207,7 @@ class SearchPhase:
         alphas = lambda: [r for _, r in sorted(hub.local("alphas", _every_party(cell)).items())]  # noqa: E731
         run_steps(HubSteps(hub), data.splits["train"], data.splits["valid"], ss.search.batch_size, ss.search.steps,
                   ss.search.lr, ss.search.lr_min, ss.search.eval_every, ss.search.checkpoint_every,
-                  self.root / "label", _curve_point(hub, data.splits["test"], ss.dp.delta, alphas))
+                  self.root / "label", curve_point(hub, data.splits["test"], ss.dp.delta, alphas))
         finish = [r for _, r in sorted(hub.local("finish", _every_party(cell)).items())]
         found = search_metrics(self.params, cell, hub, hub.history, self.cost, losses,
                                combine_alpha_summaries([r["alpha"] for r in finish]), [r["genotype"] for r in finish])
@@ -243,12 +243,12 @@ class RetrainPhase:
 
 
 def run_on_parties(params: Params, cell: Cell, data: PartitionData, partition: Path, checkpoints: Path,
-                   inputs_digest: str, parties: PartyRunner) -> tuple[dict[str, Any], torch.Tensor]:
+                   fingerprint: str, parties: PartyRunner) -> tuple[dict[str, Any], torch.Tensor]:
     """``runs.run_in_process`` with the parties on their own sides; this process is the label party. Each phase keeps
     its checkpoints under ``checkpoints/parties/<phase>`` (the label party's in ``label``, each party's in its own
-    directory), so a killed cell resumes to the same outputs."""
+    directory), so a killed cell resumes to the same outputs; ``fingerprint`` (``runs.run_fingerprint``) names the run
+    every party's checkpoints belong to."""
     root = Path(checkpoints).resolve() / "parties"
-    fingerprint = run_fingerprint(params, cell, inputs_digest)
     measured: dict[str, Any] = {}
     search_ledger = None
     if not cell.baseline:

@@ -25,7 +25,7 @@ from fedrepro.report.figures import accuracy_bytes_figure, accuracy_epsilon_figu
 from fedrepro.report.health import flagged_cells, mark_of
 from fedrepro.ssvfnas.cells import (BASELINE, METHODS, Cell, baseline_cells, dp_name, label_alone_cells, partitions, retrain_health,
                                     table_cells)
-from fedrepro.ssvfnas.runs import hold_out, load_partition
+from fedrepro.ssvfnas.phases import hold_out, load_partition
 from fedrepro.ssvfnas.sanity import majority_accuracy
 
 LABELS = {"vfnas1": "VFNAS-1", "vfnas2": "VFNAS-2", "ss_vfnas1": "SS-VFNAS-1", "ss_vfnas2": "SS-VFNAS-2",

@@ -12,7 +12,7 @@ Before any federated cell at a scale is trusted:
   as the grid does, score them.
 
 Rows: the partition's test split is left out entirely; a stratified, seeded share of its train split is held out
-(``held_out``: ``fedrepro.ssvfnas.runs.hold_out``, at the grid's fraction the very rows its cells are validated on) and
+(``held_out``: ``fedrepro.ssvfnas.phases.hold_out``, at the grid's fraction the very rows its cells are validated on) and
 every score here is on it; the rest of train is the fit split, so the search sees fit + search-valid and every trained
 network is fitted on fit + search-valid, as in the grid's cells. (Each party's feature scaling was fitted on the whole
 train split, held-out rows included: means and spreads only.)
@@ -41,9 +41,9 @@ from fedrepro.io import read_json, write_json
 from fedrepro.report.sanity import SanityResult, render_sanity
 from fedrepro.seeding import derive_seed, seed_everything
 from fedrepro.ssvfnas.cells import Cell
-from fedrepro.ssvfnas.runs import (HELD_OUT, PartitionData, alpha_summary, build_supernets, build_top, derived_networks,
-                                   hold_out, make_protocol, make_search, one_party, run_steps, validation_curve,
-                                   validation_point)
+from fedrepro.ssvfnas.phases import (HELD_OUT, PartitionData, alpha_summary, build_supernets, build_top, derived_networks,
+                                     hold_out, make_protocol, make_search, one_party, run_steps, validation_curve,
+                                     validation_point)
 from fedrepro.vfl.protocol import VerticalProtocol
 
 METRIC = "accuracy"
