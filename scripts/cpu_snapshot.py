@@ -13,7 +13,7 @@ A snapshot grows across stretches of work in its results ledger, ``reports/cpu/<
 each cell's outputs a report needs, none of the raw data, committed as it lands. ``run`` clones HEAD (its committed
 code: commit first), trains in the clone every cell the ledger lacks for this machine class (the main table seed by
 seed, then the figures), takes the others back from the ledger untrained, and with ``--budget`` starts no cell past
-the budget less its longest cell; it then writes the ledger's plan (``PLAN.json``: every cell the snapshot needs, its
+the budget less its longest cell (Ctrl-C stops it at once, losing only the cells still running); it then writes the ledger's plan (``PLAN.json``: every cell the snapshot needs, its
 run fingerprint and inputs) and the stretch's manifest (``stretches/``: commit, dates, the machine, its one-thread
 matmul GFLOP/s, what it trained), and commits them. A code change in a cell's closure moves its run fingerprint, and
 so leaves its entry behind; when the change moved no result, ``carry`` re-keys the entries to HEAD's runs after a
@@ -242,6 +242,9 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
                 complete = False
                 break
             timings.append(f"{target}: {time.perf_counter() - target_started:.0f} s")
+    except KeyboardInterrupt:  # Ctrl-C: the running cells are lost, what landed is kept, planned and committed below
+        complete = False
+        print("stopped by hand: recording the cells that landed (Ctrl-C again abandons that too)", file=sys.stderr)
     finally:
         if committer:
             committer.stop()
