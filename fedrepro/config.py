@@ -415,20 +415,20 @@ class Params(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _qa_collections_are_known_or_declared(self) -> "Params":
+        for index, name in enumerate(self.partition.collections):
+            if name not in QA_LAYOUTS and name not in self.data.qa_layouts:
+                raise ValueError(f"partition.collections.{index} = {name!r}: allowed {list(QA_LAYOUTS)}, or a collection of "
+                                 "your own named in data.qa_layouts with the layout it follows")
+        return self
+
+    @model_validator(mode="after")
     def _clients_per_round_fits(self) -> "Params":
         n_clients = len(self.qa_clients)
         for key, value, least in (("train.clients_per_round", self.train.clients_per_round, "0 (all)"),
                                   ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled, "1")):
             if value > n_clients:
                 raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed {least} .. {n_clients}")
-        return self
-
-    @model_validator(mode="after")
-    def _qa_collections_are_known_or_declared(self) -> "Params":
-        for index, name in enumerate(self.partition.collections):
-            if name not in QA_LAYOUTS and name not in self.data.qa_layouts:
-                raise ValueError(f"partition.collections.{index} = {name!r}: allowed {list(QA_LAYOUTS)}, or a collection of "
-                                 "your own named in data.qa_layouts with the layout it follows")
         return self
 
     @property
@@ -481,7 +481,7 @@ def read_raw_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     return raw
 
 
-def _fill_from_scale(raw: dict[str, Any]) -> dict[str, Any]:
+def fill_from_scale(raw: dict[str, Any]) -> dict[str, Any]:
     """Replace every ``null`` in a group by the active scale's value for it."""
     scale = raw.get("scale")
     if scale not in SCALES:
@@ -517,17 +517,43 @@ def check_names(key: str, names: list[str], allowed: Any) -> None:
             raise ConfigError(f"params: {key}.{index} = {name!r}: allowed {sorted(allowed)}")
 
 
+def _is_group(loc: tuple, prefix: str) -> bool:
+    """Whether ``loc`` (a validation error's) is a whole group of params (a model, checked by its model validator)
+    rather than one key: the root of the model validated, or, under ``Params``, a key whose type is a model."""
+    if not loc:
+        return True
+    if prefix:
+        return False
+    model: Any = Params
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return False
+        model = field.annotation
+    return isinstance(model, type) and issubclass(model, BaseModel)
+
+
+def validation_lines(error: ValidationError, prefix: str = "") -> list[str]:
+    """Every problem of ``error``, one line each, its key under ``prefix`` (the group a model validated). A check of a
+    whole group (a model validator) names its own key in its message, so its input, the whole group, is not printed."""
+    lines = []
+    for problem in error.errors():
+        key = ".".join(([prefix] if prefix else []) + [str(part) for part in problem["loc"]])
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "missing":
+            lines.append(f"params: {key} is missing")
+        elif problem["type"] == "extra_forbidden":
+            lines.append(f"params: {key} is not a known key")
+        elif _is_group(problem["loc"], prefix):
+            lines.append(f"params: {message}")
+        else:
+            lines.append(f"params: {key} = {problem.get('input')!r}: {message}")
+    return lines
+
+
 def one_line(error: ValidationError, prefix: str = "") -> str:
-    """The first problem of ``error`` in one line, its key under ``prefix`` (the group a model validated)."""
-    first = error.errors()[0]
-    key = ".".join(([prefix] if prefix else []) + [str(part) for part in first["loc"]])
-    if first["type"] == "missing":
-        return f"params: {key} is missing"
-    if first["type"] == "extra_forbidden":
-        return f"params: {key} is not a known key"
-    value = first.get("input")
-    where = f"{key} = {value!r}: " if key else ""
-    return f"params: {where}{first['msg']}"
+    """The first problem of ``error`` in one line (``validation_lines``)."""
+    return validation_lines(error, prefix)[0]
 
 
 def parse_params(raw: dict[str, Any]) -> Params:
@@ -535,7 +561,7 @@ def parse_params(raw: dict[str, Any]) -> Params:
     problem."""
     if not isinstance(raw, dict):
         raise ConfigError("params: expected a mapping at the top of params.yaml")
-    filled = _fill_from_scale(raw)
+    filled = fill_from_scale(raw)
     try:
         return Params.model_validate(filled)
     except ValidationError as error:

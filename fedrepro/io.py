@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import pandas as pd
 
+from fedrepro.errors import DataError
+
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
@@ -84,6 +86,18 @@ def write_table(path: str | os.PathLike, frame: pd.DataFrame) -> None:
     """Parquet without the pandas index, written atomically."""
     with atomic_file(path, "wb") as handle:
         frame.to_parquet(handle, index=False)
+
+
+def read_csv(path: str | os.PathLike, **options: Any) -> pd.DataFrame:
+    """``pandas.read_csv`` for a file a user brings: an empty or malformed file stops in one line that names it
+    (pandas' own error names no file and ends a long traceback)."""
+    try:
+        return pd.read_csv(path, **options)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the file is empty; expected a header row, then one row per record") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        kind = "tab-separated" if options.get("sep") == "\t" else "comma-separated"
+        raise DataError(f"{path}: not a readable {kind} table ({str(error).strip()})") from None
 
 
 def read_table(path: str | os.PathLike) -> pd.DataFrame:

@@ -105,7 +105,7 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeyp
     ("train.runtime", "ray", "train.runtime = 'ray': Input should be 'engine', 'flower-simulation' or 'flower-deployment'"),
     ("train.reply_timeout", 0, "train.reply_timeout = 0: Input should be greater than 0"),
     ("train.run_timeout", -1, "train.run_timeout = -1: Input should be greater than 0"),
-    ("train.silo_local", True, "train.silo_local = True: Value error, needs train.runtime flower-simulation or flower-deployment"),
+    ("train.silo_local", True, "train.silo_local = True: needs train.runtime flower-simulation or flower-deployment"),
 ])
 def test_bad_params_name_the_key_and_value(path, value, expected):
     with pytest.raises(ConfigError) as error:
@@ -140,7 +140,7 @@ def test_own_layouts_at_the_embedded_source_are_refused_not_silently_ignored(key
     raw = with_change(f"data.{key}", layouts)
     with pytest.raises(ConfigError) as error:
         parse_params(raw)
-    assert str(error.value) == (f"params: data.{key} = {layouts!r}: Value error, applies only with data.source mirror or "
+    assert str(error.value) == (f"params: data.{key} = {layouts!r}: applies only with data.source mirror or "
                                 f"official (the embedded source prepares only its own data); set data.source: mirror, or "
                                 f"data.{key}: {{}}")
     raw["data"]["source"] = "mirror"

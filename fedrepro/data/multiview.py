@@ -26,6 +26,7 @@ import pandas as pd
 
 from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import DataError
+from fedrepro.io import read_csv
 
 MODELNET_VIEWS = 12
 MODELNET_FILE = re.compile(r"^(?P<cls>.+)_(?P<obj>\d{4})_(?P<view>\d{3})\.png$")
@@ -125,7 +126,7 @@ def _chexpert_table(root: Path, split: str) -> tuple[pd.DataFrame, Path]:
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:
         raise DataError(f"CheXpert: no {split} table; looked for {[str(p) for p in candidates]}")
-    table = pd.read_csv(found)
+    table = read_csv(found)
     missing = [c for c in ("Path", *CHEXPERT_OBSERVATIONS) if c not in table.columns]
     if missing:
         raise DataError(f"{found}: missing column(s) {missing}")

@@ -21,6 +21,7 @@ import pandas as pd
 from fedrepro.data import schema
 from fedrepro.data.schema import need_file, normalise_space
 from fedrepro.errors import DataError
+from fedrepro.io import read_csv
 
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 
@@ -235,8 +236,8 @@ def load_bioasq(raw_dir: Path, seed: int = 0, folder: str = "bioasq") -> QAColle
 def load_fiqa(raw_dir: Path, seed: int = 0, folder: str = "fiqa") -> QACollection:
     """FiQA task 2: keep a question only if one of its gold answers has text (most texts are absent)."""
     base = Path(raw_dir) / folder
-    questions = pd.read_csv(need_file(base / "FiQA_train_question_final.tsv"), sep="\t", index_col=0, dtype=str)
-    qrels = pd.read_csv(need_file(base / "FiQA_train_question_doc_final.tsv"), sep="\t", index_col=0, dtype=str)
+    questions = read_csv(need_file(base / "FiQA_train_question_final.tsv"), sep="\t", index_col=0, dtype=str)
+    qrels = read_csv(need_file(base / "FiQA_train_question_doc_final.tsv"), sep="\t", index_col=0, dtype=str)
     texts = {}
     with open(need_file(base / "FinBERT-QA_test_answers.csv"), encoding="utf-8") as handle:
         for line in handle:
@@ -289,7 +290,7 @@ def load_privacyqa_original_csv(paths: Path | Sequence[Path], name: str = "priva
     paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     rows, answers, notes = [], {}, []
     for path in paths:
-        frame = pd.read_csv(need_file(path), sep="\t", dtype=str, keep_default_na=False, quoting=3)
+        frame = read_csv(need_file(path), sep="\t", dtype=str, keep_default_na=False, quoting=3)
         frame = schema.check_columns(frame, ("DocID", "QueryID", "SentID", "Split", "Query", "Segment"), str(path)).join(
             frame[[c for c in frame.columns if c in ("Label", "Any_Relevant") or c.startswith("Ann")]])
         if "Label" in frame:
@@ -319,7 +320,7 @@ def load_privacyqa(raw_dir: Path, seed: int = 0, folder: str = "privacyqa") -> Q
     policies: dict[str, set[str]] = {}
     meta = base / "meta-annotations" / "test_opp_annotations.csv"
     if meta.is_file():
-        opp = pd.read_csv(meta, sep="\t", dtype=str)
+        opp = read_csv(meta, sep="\t", dtype=str)
         for query, doc in zip(opp["Query"], opp["DocID"]):
             policies.setdefault(normalise_space(query), set()).add(normalise_space(doc))
     rows, answers, questions = [], {}, set()

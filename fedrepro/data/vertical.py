@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.errors import DataError
+from fedrepro.io import read_csv
 
 LABEL_COLUMNS = ("y", "label", "motor_speed", "doctorco")
 ID_COLUMNS = ("id", "sid", "idx")
@@ -92,7 +93,9 @@ def own_vertical_sets(vertical_sets: Mapping[str, Sequence[str] | None], own_fil
 def _read(path: Path) -> tuple[pd.DataFrame, str]:
     if not path.is_file():
         raise DataError(f"missing FATE file {path}")
-    frame = pd.read_csv(path)
+    frame = read_csv(path)
+    if frame.empty:
+        raise DataError(f"{path}: a header row and no data rows; expected one row per sample")
     key = frame.columns[0]
     if key not in ID_COLUMNS:
         raise DataError(f"{path}: first column is {key!r}; expected one of {list(ID_COLUMNS)}")

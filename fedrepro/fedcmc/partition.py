@@ -53,8 +53,12 @@ def build_partition(params: Params, cell: Cell, corpus: pd.DataFrame) -> tuple[p
         table = cap_splits(corpus, settings.max_train_sentences, settings.max_eval_sentences, seed)
     else:  # Table 3's subset is drawn from the whole training split (smaller than any cap), from the same corpus and
         # classes as the main table: one reading of ChemProt everywhere (docs/fedcmc.md)
-        table = cap_splits(subsample_train(corpus, params.fedcmc.sweeps.subset_size, cell.subset, seed),
-                           0, settings.max_eval_sentences, seed)
+        try:
+            subset = subsample_train(corpus, params.fedcmc.sweeps.subset_size, cell.subset, seed)
+        except DataError as error:  # the library speaks of its arguments; the user set them as params
+            raise DataError(f"params: fedcmc.sweeps.subset_size = {params.fedcmc.sweeps.subset_size} with subset mode "
+                            f"{cell.subset!r} on {cell.dataset}: {str(error).removeprefix('subsample_train: ')}") from None
+        table = cap_splits(subset, 0, settings.max_eval_sentences, seed)
     assignment, proportions = partition_corpus(table, cell.clients, settings.partition, cell.alpha, seed,
                                                settings.min_client_size, settings.balance)
     return table, assignment, proportions

@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from fedrepro.config import one_line
+from fedrepro.config import validation_lines
 from fedrepro.errors import ConfigError
 from fedrepro.fl.algorithm import Algorithm, CommonSettings
 from fedrepro.fl.algorithms.centralised import Centralised
@@ -50,7 +50,8 @@ def _validated(name: str, knobs: Mapping[str, Any]) -> Algorithm.Settings:
     try:
         return REGISTRY[name].Settings.model_validate(dict(knobs))
     except ValidationError as error:
-        raise ConfigError(one_line(error, f"algorithms.{name}")) from None
+        first, *others = validation_lines(error, f"algorithms.{name}")
+        raise ConfigError("; ".join([first] + [line.removeprefix("params: ") for line in others])) from None
 
 
 def build_algorithm(name: str, settings: Algorithm.Settings, common: CommonSettings) -> Algorithm:
