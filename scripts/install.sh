@@ -2,6 +2,14 @@
 # Installs fedrepro and everything it needs into ./.venv (idempotent). Offline-safe: only package registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# DVC needs this clone as a git repository. Git refuses one that another user owns (root in a CI container over the
+# runner's workspace, "dubious ownership"): say so before the long install, with git's reason and its fix, which the
+# `git config` calls at the end would hide behind "not in a git directory".
+if ! git_refusal=$(git rev-parse --git-dir 2>&1 >/dev/null) && [[ $git_refusal == *"dubious ownership"* ]]; then
+  echo "install.sh: git refuses $PWD, which another user owns:" >&2
+  echo "$git_refusal" >&2
+  exit 1
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
