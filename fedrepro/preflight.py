@@ -1,5 +1,5 @@
 """Every mistake in params.yaml found before any work, all at once: the first stage (``stages/check.py``) and the
-``fedrepro check`` command run it.
+``fedrepro check`` command (``fedrepro.commands``) run it.
 
 A stage that met a mistake only when it needed the key would stop after the stages before it had run (an unknown
 algorithm in ``fedcmc.methods`` once surfaced after every FedMatch stage had trained; a hub backbone at paper scale
@@ -37,13 +37,15 @@ CHECKED = ["params and their values", "names in lists", "algorithm knobs", "back
 """What a passed check vouches for: the check stage's whole output, the same for every valid params.yaml."""
 
 
-def check_params(params_file: str | Path = "params.yaml", out: str | Path = "data/check.json") -> None:
-    """Raise one ConfigError listing every problem of ``params_file`` (with its scale's presets); else write ``out``."""
+def check_params(params_file: str | Path = "params.yaml", out: str | Path | None = "data/check.json") -> None:
+    """Raise one ConfigError listing every problem of ``params_file`` (with its scale's presets); else write ``out``
+    (the check stage's output; None writes nothing)."""
     found = problems(read_raw_params(params_file))
     if found:
         raise ConfigError(f"{len(found)} problem(s) in {params_file}, each with its key, value and what is allowed "
                           "(nothing was run):\n  " + "\n  ".join(found))
-    write_json(Path(out), {"checked": CHECKED})
+    if out is not None:
+        write_json(Path(out), {"checked": CHECKED})
 
 
 def problems(raw: dict[str, Any]) -> list[str]:

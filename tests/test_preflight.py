@@ -117,3 +117,21 @@ def test_an_empty_or_header_only_table_of_ones_own_names_its_file(tmp_path):
         _read(header)
     assert read_csv(header, dtype=str).columns.tolist() == ["id", "x0", "x1"]
     assert isinstance(read_csv(header), pd.DataFrame)
+
+
+def test_the_fedrepro_check_command_lists_the_problems_and_writes_nothing(raw, tmp_path, capsys):
+    from fedrepro.commands import main
+
+    bad = {k: v for k, v in raw.items() if k != "scales"}
+    bad["fedcmc"] = {**bad["fedcmc"], "methods": ["fedavg", "fedsgd"]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+    (tmp_path / "scales").mkdir()
+    for scale, preset in raw["scales"].items():
+        (tmp_path / "scales" / f"{scale}.yaml").write_text(yaml.safe_dump(preset))
+    with pytest.raises(SystemExit) as stopped:
+        main(["check", str(tmp_path / "params.yaml")])
+    assert stopped.value.code == 2
+    assert "params: fedcmc.methods.1 = 'fedsgd' is no federated algorithm" in capsys.readouterr().err
+    main(["check", str(ROOT / "params.yaml")])
+    assert capsys.readouterr().out.startswith(f"{ROOT / 'params.yaml'}: no problem found")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "scales"]
