@@ -54,27 +54,44 @@ class CellStore:
         cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
         return cls(Path(cache) / "fedrepro" / "cells")
 
-    def _held(self, checkpoint_dir: Path) -> str | None:
-        marker = checkpoint_dir / MARKER
+    @staticmethod
+    def finished_run(checkpoint_dir: Path) -> str | None:
+        """The fingerprint of the finished run ``checkpoint_dir`` holds (kept or restored), None if none."""
+        marker = Path(checkpoint_dir) / MARKER
         return read_json(marker).get("fingerprint") if marker.exists() else None
+
+    def holds(self, fingerprint: str) -> bool:
+        return self.root is not None and (self.root / fingerprint).is_dir()
+
+    def costs(self, label: str, machine: str) -> list[dict]:
+        """What the kept runs of grid ``label`` on ``machine`` cost to train (``keep``'s ``cost``): a plan's measure."""
+        if self.root is None or not self.root.is_dir():
+            return []
+        found = []
+        for marker in self.root.glob(f"*/{MARKER}"):
+            cost = read_json(marker).get("cost")
+            if cost and cost.get("label") == label and cost.get("machine") == machine:
+                found.append(cost)
+        return found
 
     def restore(self, fingerprint: str, checkpoint_dir: Path) -> bool:
         """Put the stored finished run ``fingerprint`` into ``checkpoint_dir`` unless it holds it already (whatever
         else is there is replaced: a stale or unfinished run). True if it was restored."""
         stored = self.root / fingerprint if self.root is not None else None
         checkpoint_dir = Path(checkpoint_dir)
-        if stored is None or not stored.is_dir() or self._held(checkpoint_dir) == fingerprint:
+        if stored is None or not stored.is_dir() or self.finished_run(checkpoint_dir) == fingerprint:
             return False
         if checkpoint_dir.exists():
             shutil.rmtree(checkpoint_dir)
         shutil.copytree(stored, checkpoint_dir, copy_function=_link_or_copy)
         return True
 
-    def keep(self, fingerprint: str, checkpoint_dir: Path) -> None:
+    def keep(self, fingerprint: str, checkpoint_dir: Path, cost: dict | None = None) -> None:
         """Keep ``checkpoint_dir``, the finished run ``fingerprint``, in the store (once; a copy running the same
-        cell at the same time keeps its own identical files or finds them kept)."""
+        cell at the same time keeps its own identical files or finds them kept), with what it cost to train where it
+        was trained here (``cost``: its grid's label, the machine, seconds, table cells' worth, bytes)."""
         checkpoint_dir = Path(checkpoint_dir)
-        write_json(checkpoint_dir / MARKER, {"fingerprint": fingerprint})
+        write_json(checkpoint_dir / MARKER, {"fingerprint": fingerprint, **({"cost": cost} if cost else {})})
         if self.root is None or (self.root / fingerprint).is_dir():
             return
         self.root.mkdir(parents=True, exist_ok=True)

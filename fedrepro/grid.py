@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from fedrepro.cell_store import CellStore
 from fedrepro.errors import ConfigError, FedreproError
+from fedrepro.hardware import resolve_precision
 from fedrepro.io import atomic_dir, read_json, tree_digest, write_json
 from fedrepro.ledger import ResultsLedger
 
@@ -42,8 +43,19 @@ STOP_ENV = "FEDREPRO_STOP_AT"
 ``BudgetSpent``. Cells are then started seed by seed, so a budget spent leaves whole seeds of the table."""
 
 
+CONFIRM_ENV = "FEDREPRO_CONFIRM_MINUTES"
+"""Environment variable: a stage whose plan (``GridPlan``) estimates more minutes of training than this asks before
+its first cell, in a terminal (elsewhere it says so and goes on); unset, ``CONFIRM_MINUTES``; 0 never asks. Not a
+param: it moves no result, so changing it must not rerun a stage."""
+CONFIRM_MINUTES = 30.0
+
+
 class BudgetSpent(FedreproError):
     """A stage stopped at ``$FEDREPRO_STOP_AT`` with cells left to train."""
+
+
+class NotConfirmed(FedreproError):
+    """The user declined a plan above ``$FEDREPRO_CONFIRM_MINUTES``."""
 
 
 def fingerprint(identity: dict[str, Any], inputs_digest: str, shaping: dict[str, Any], code: str) -> str:
@@ -98,6 +110,97 @@ class _Job:
     rescored: bool = True
     from_ledger: bool = False
     started: float = 0.0
+    held: str = ""
+    """Where its finished run already is before the stage starts (``GridPlan``): "ledger", "checkpoint", "store" or
+    "" (it trains here, and what that costs is kept with it in the cell store)."""
+
+
+@dataclass
+class GridPlan:
+    """What a stage is about to do, said before its first cell: how many cells its grid has, where the finished ones
+    come from, and what the rest will cost, measured from the cells of the same ``label`` (paper, grid, scale,
+    precision) this machine kept in the cell store (``CellStore.costs``)."""
+
+    label: str
+    cells: int
+    held: dict[str, int]
+    to_train: int
+    worth: float
+    """the cells to train in table cells' worth (a grid's ``weight``)"""
+    workers: int
+    seconds_per_worth: float | None
+    bytes_per_cell: float | None
+    measured: int
+
+    @property
+    def minutes(self) -> float | None:
+        if self.seconds_per_worth is None:
+            return None
+        return self.worth * self.seconds_per_worth / max(1, min(self.workers, self.to_train)) / 60
+
+    def line(self) -> str:
+        came = {"ledger": "from the results ledger", "checkpoint": "finished in their checkpoints",
+                "store": "finished in the cell store"}
+        parts = [f"{n} {came[where]}" for where, n in self.held.items() if n] + [f"{self.to_train} to train"]
+        text = f"plan, {self.label}: {self.cells} cells: " + ", ".join(parts)
+        if not self.to_train:
+            return text
+        if self.minutes is None:
+            return text + " (no cost measured yet for this grid on this machine: the first cells will tell)"
+        disk = (self.bytes_per_cell or 0) * self.to_train
+        size = f"{disk / 1e9:.1f} GB" if disk >= 1e9 else f"{disk / 1e6:.0f} MB"
+        return (text + f": about {self.minutes:.0f} min on {min(self.workers, self.to_train)} worker(s) and "
+                f"{size} of checkpoints, from {self.measured} cell(s) measured on this machine")
+
+
+def grid_label(paper: str, folder: Path, scale: str, precision: str, runtime: str) -> str:
+    """What a grid's cells' costs are kept and read under (``GridPlan``): a cell costs what its paper, grid, scale,
+    resolved precision and runtime make it cost."""
+    return f"{paper} {folder} at {scale} scale, {resolve_precision(precision)}, {runtime}"
+
+
+def _machine() -> str:
+    """The CPU kernels torch uses here (AVX2, AVX512): a plan reads costs measured on the same kind of machine."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def plan_of(jobs: list[_Job], label: str, store: CellStore, ledger: ResultsLedger | None, workers: int) -> GridPlan:
+    """Marks each job ``held`` where its finished run already is, and estimates the rest (``GridPlan``)."""
+    for job in jobs:
+        if ledger is not None and ledger.holds(job.run, job.cell.name):
+            job.held = "ledger"
+        elif CellStore.finished_run(job.checkpoint_dir) == job.run:
+            job.held = "checkpoint"
+        elif store.holds(job.run):
+            job.held = "store"
+    costs = store.costs(label, _machine()) if label else []
+    rates = sorted(cost["seconds"] / cost["worth"] for cost in costs if cost.get("worth"))
+    sizes = sorted(cost["bytes"] for cost in costs if "bytes" in cost)
+    training = [job for job in jobs if not job.held]
+    return GridPlan(label, len(jobs), {where: sum(job.held == where for job in jobs) for where in ("ledger", "checkpoint", "store")},
+                    len(training), sum(job.weight for job in training), workers,
+                    rates[len(rates) // 2] if rates else None, sizes[len(sizes) // 2] if sizes else None, len(costs))
+
+
+def confirm(plan: GridPlan) -> None:
+    """Ask before a plan above ``$FEDREPRO_CONFIRM_MINUTES`` in a terminal; elsewhere say so and go on."""
+    raw = os.environ.get(CONFIRM_ENV, "").strip()
+    try:
+        limit = float(raw) if raw else CONFIRM_MINUTES
+    except ValueError:
+        raise ConfigError(f"${CONFIRM_ENV} = {raw!r}: expected minutes (0: never ask)") from None
+    if not limit or plan.minutes is None or plan.minutes <= limit:
+        return
+    if not sys.stdin.isatty():
+        print(f"plan above ${CONFIRM_ENV} = {limit:g} min; not a terminal, so going on", file=sys.stderr, flush=True)
+        return
+    print(f"about {plan.minutes:.0f} min, above ${CONFIRM_ENV} = {limit:g}: train? [y/N] ", end="", file=sys.stderr,
+          flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise NotConfirmed(f"{plan.label}: not started ({plan.to_train} cells, about {plan.minutes:.0f} min); set "
+                           f"${CONFIRM_ENV} higher, or 0, to run without asking")
 
 
 SCORED = "scored"
@@ -135,7 +238,7 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
              headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
              store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None,
-             ledger: ResultsLedger | None = None) -> None:
+             ledger: ResultsLedger | None = None, label: str = "") -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
@@ -145,7 +248,10 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     finished cell is kept there, and in ``ledger`` (``fedrepro.ledger``), from which a cell it holds is taken back
     untrained. With ``workers`` > 1 the cells train in forked children, that many at a time (``_run_forked``), those of
     the greatest ``weight`` (a cell's training in table cells' worth) first: a sweep of a few cells otherwise leaves a
-    worker idle while its longest ends. Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell starts."""
+    worker idle while its longest ends. Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell starts. Before the first
+    cell, the stage says its plan (``GridPlan``: the cells already finished, the rest's estimated minutes and disk,
+    measured from the cells of the same ``label`` this machine trained) and, above ``$FEDREPRO_CONFIRM_MINUTES``,
+    asks in a terminal (``confirm``)."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     digests: dict[tuple[Path, ...], str] = {}
     store = store if store is not None else CellStore.from_environment()
@@ -153,7 +259,10 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     def finish(job: _Job, metrics: dict) -> None:
         nonlocal done
         if not job.from_ledger:  # no checkpoint was made: there is nothing to keep
-            store.keep(job.run, job.checkpoint_dir)
+            trained = not (job.held or job.restored or not job.rescored)
+            cost = {"label": label, "machine": _machine(), "seconds": round(time.perf_counter() - job.started, 3),
+                    "worth": job.weight, "bytes": _size(job.checkpoint_dir)} if trained and label else None
+            store.keep(job.run, job.checkpoint_dir, cost)
         done += 1
         came = (", from the results ledger" if job.from_ledger else
                 (", finished run from the cell store" if job.restored else "") + ("" if job.rescored else ", outputs as scored before"))
@@ -171,6 +280,9 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
                 jobs.append(_Job(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
                                  digests[folders], fingerprint_of(cell, digests[folders]),
                                  weight(cell) if weight is not None else 1.0))
+        plan = plan_of(jobs, label, store, ledger, workers)
+        print(plan.line(), file=sys.stderr, flush=True)
+        confirm(plan)
         stop_at = _stop_time()
         if stop_at is not None:  # seed by seed, so that a budget spent leaves whole seeds
             jobs.sort(key=lambda job: (getattr(job.cell, "seed", 0), -job.weight))
@@ -189,6 +301,10 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         if done < total:
             raise BudgetSpent(f"${STOP_ENV} passed: {total - done} of {total} cells were not started ({done} "
                               "finished, each kept in the results ledger)")
+
+
+def _size(folder: Path) -> int:
+    return sum(file.stat().st_size for file in Path(folder).rglob("*") if file.is_file())
 
 
 def _restore(job: _Job, store: CellStore, ledger: ResultsLedger | None) -> bool:

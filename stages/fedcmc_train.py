@@ -13,7 +13,7 @@ from fedrepro.config import load_params
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells, training_weight
 from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, ledger_gold, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
-from fedrepro.grid import cell_workers, run_grid, sweep_rows, table_rows
+from fedrepro.grid import cell_workers, grid_label, run_grid, sweep_rows, table_rows
 from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
@@ -43,7 +43,8 @@ def main() -> None:
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
                  workers=workers, weight=lambda cell: training_weight(params, cell),
-                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision))
+                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision),
+                 label=grid_label("fedcmc", folder, params.scale, params.train.precision, params.train.runtime))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells, training_weight
 from fedrepro.fedmatch.runs import cell_inputs, headline, ledger_gold, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
-from fedrepro.grid import cell_workers, run_grid, sweep_rows, table_rows
+from fedrepro.grid import cell_workers, grid_label, run_grid, sweep_rows, table_rows
 from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
@@ -42,7 +42,8 @@ def main() -> None:
                  headline,
                  lambda cell, digest: run_fingerprint(params, cell, digest),
                  workers=workers, weight=lambda cell: training_weight(params, cell),
-                 ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision))
+                 ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision),
+                 label=grid_label("fedmatch", folder, params.scale, params.train.precision, params.train.runtime))
 
 
 if __name__ == "__main__":

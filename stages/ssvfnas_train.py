@@ -14,7 +14,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fl.flower.ray_head import simulated_stage
-from fedrepro.grid import cell_workers, run_grid, table_rows
+from fedrepro.grid import cell_workers, grid_label, run_grid, table_rows
 from fedrepro.ledger import ResultsLedger
 from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
 from fedrepro.ssvfnas.runs import cell_inputs, headline, ledger_gold, run_cell, run_fingerprint
@@ -41,7 +41,8 @@ def main() -> None:
                  lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest,
                                                                  presearch_cache),
                  headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
-                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32"))  # SS-VFNAS trains in fp32
+                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32"),  # SS-VFNAS trains in fp32
+                 label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime))
 
 
 if __name__ == "__main__":

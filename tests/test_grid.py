@@ -168,3 +168,53 @@ def test_the_heaviest_cells_start_first(tmp_path, capfd):
              CellStore(None), workers=2, weight=lambda cell: {2: 3.0, 3: 2.0}.get(cell.seed, 1.0))
     started = [line.split()[1] for line in capfd.readouterr().err.splitlines() if line.startswith("started ")]
     assert started[:2] == ["cell-2", "cell-3"] and sorted(started[2:]) == ["cell-0", "cell-1"]
+
+
+def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_above_the_limit(tmp_path, capfd, monkeypatch):
+    """Before its first cell a stage says how many cells are finished and where, and what the rest will cost, from
+    what the cells of the same grid cost here (kept with them in the cell store); above $FEDREPRO_CONFIRM_MINUTES it
+    asks in a terminal, and elsewhere says so and goes on."""
+    import io
+
+    from fedrepro.grid import CONFIRM_ENV, NotConfirmed
+
+    (tmp_path / "inputs").mkdir()
+    store = CellStore(tmp_path / "store")
+
+    def run(cells, label="toy tables", weight=None):
+        run_grid({Path("tables"): cells}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
+                 lambda cell: (tmp_path / "inputs",), train_toy, lambda metrics: "", lambda cell, digest: cell.name,
+                 store, workers=1, weight=weight, label=label)
+        return capfd.readouterr().err
+
+    first = run([ToyCell(f"cell-{seed}", seed) for seed in range(2)])
+    assert "plan, toy tables: 2 cells: 2 to train (no cost measured yet for this grid on this machine" in first
+    costs = store.costs("toy tables", __import__("fedrepro.grid", fromlist=["_machine"])._machine())
+    assert len(costs) == 2 and all(cost["seconds"] > 0 and cost["worth"] == 1.0 and cost["bytes"] > 0 for cost in costs)
+    shutil.rmtree(tmp_path / "checkpoints" / "tables" / "cell-1")  # its finished run is still in the store
+    weights = {0: 1.0, 1: 1.0, 2: 3.0, 3: 1.0}
+    second = run([ToyCell(f"cell-{seed}", seed) for seed in range(4)], weight=lambda cell: weights[cell.seed])
+    rate = sorted(cost["seconds"] / cost["worth"] for cost in costs)[1]
+    line = next(text for text in second.splitlines() if text.startswith("plan, "))
+    assert line.startswith("plan, toy tables: 4 cells: 1 finished in their checkpoints, 1 finished in the cell store, "
+                           f"2 to train: about {4 * rate / 60:.0f} min on 1 worker(s) and ")
+    assert line.endswith(" MB of checkpoints, from 2 cell(s) measured on this machine")
+    assert len(store.costs("toy tables", costs[0]["machine"])) == 4, "a restored or finished cell adds no measure"
+    assert "2 to train" not in run([ToyCell(f"cell-{seed}", seed) for seed in range(4)], label="other grid")
+    # above the limit: a terminal is asked, and a no stops the stage before any cell
+    monkeypatch.setenv(CONFIRM_ENV, "0.000001")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    with pytest.raises(NotConfirmed, match="toy tables: not started"):
+        run([ToyCell("cell-9", 9)])
+    assert not (tmp_path / "checkpoints" / "tables" / "cell-9").exists()
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    assert "train? [y/N]" in run([ToyCell("cell-9", 9)])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # CI: nobody to ask
+    assert "not a terminal, so going on" in run([ToyCell("cell-8", 8)])
+    monkeypatch.setenv(CONFIRM_ENV, "0")
+    assert "train? [y/N]" not in run([ToyCell("cell-7", 7)])
