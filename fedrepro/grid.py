@@ -238,7 +238,7 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
              headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
              store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None,
-             ledger: ResultsLedger | None = None, label: str = "") -> None:
+             ledger: ResultsLedger | None = None, label: str = "", plan_only: bool = False) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
@@ -251,9 +251,9 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     worker idle while its longest ends. Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell starts. Before the first
     cell, the stage says its plan (``GridPlan``: the cells already finished, the rest's estimated minutes and disk,
     measured from the cells of the same ``label`` this machine trained) and, above ``$FEDREPRO_CONFIRM_MINUTES``,
-    asks in a terminal (``confirm``)."""
+    asks in a terminal (``confirm``). With ``plan_only`` it prints the plan (to stdout) and stops there, writing
+    nothing."""
     total, done = sum(len(cells) for cells in rows.values()), 0
-    digests: dict[tuple[Path, ...], str] = {}
     store = store if store is not None else CellStore.from_environment()
 
     def finish(job: _Job, metrics: dict) -> None:
@@ -269,17 +269,13 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         print(f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s{came})",
               file=sys.stderr, flush=True)
 
+    if plan_only:
+        print(plan_of(_jobs(rows, folder, out / folder, checkpoints, inputs, fingerprint_of, weight), label, store,
+                      ledger, workers).line(), flush=True)
+        return
     (checkpoints / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     with atomic_dir(out / folder) as tmp:
-        jobs = []
-        for row, cells in rows.items():
-            for cell in cells:
-                folders = inputs(cell)
-                if folders not in digests:
-                    digests[folders] = tree_digest(*folders)
-                jobs.append(_Job(cell, tmp / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
-                                 digests[folders], fingerprint_of(cell, digests[folders]),
-                                 weight(cell) if weight is not None else 1.0))
+        jobs = _jobs(rows, folder, tmp, checkpoints, inputs, fingerprint_of, weight)
         plan = plan_of(jobs, label, store, ledger, workers)
         print(plan.line(), file=sys.stderr, flush=True)
         confirm(plan)
@@ -301,6 +297,24 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         if done < total:
             raise BudgetSpent(f"${STOP_ENV} passed: {total - done} of {total} cells were not started ({done} "
                               "finished, each kept in the results ledger)")
+
+
+def _jobs(rows: dict[Path, list], folder: Path, written: Path, checkpoints: Path,
+          inputs: Callable[[Any], tuple[Path, ...]], fingerprint_of: Callable[[Any, str], str],
+          weight: Callable[[Any], float] | None) -> list[_Job]:
+    """A job per cell: it writes under ``written`` (the stage's output folder, or its temporary stand-in), with the
+    folders it reads digested once each."""
+    digests: dict[tuple[Path, ...], str] = {}
+    jobs = []
+    for row, cells in rows.items():
+        for cell in cells:
+            folders = inputs(cell)
+            if folders not in digests:
+                digests[folders] = tree_digest(*folders)
+            jobs.append(_Job(cell, written / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
+                             digests[folders], fingerprint_of(cell, digests[folders]),
+                             weight(cell) if weight is not None else 1.0))
+    return jobs
 
 
 def _size(folder: Path) -> int:

@@ -6,6 +6,7 @@ keeps its own checkpoint and output folder (``tables/<method>/<cell>``, ``fedrep
 """
 
 import argparse
+import functools
 from pathlib import Path
 
 from fedrepro.cli import run_stage
@@ -28,6 +29,7 @@ def main() -> None:
     which.add_argument("--method", help="one method's row of the main table, in place")
     which.add_argument("--sweeps", action="store_true", help="every point x method x seed of every sweep")
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="one sweep's points, in place")
+    parser.add_argument("--plan", action="store_true", help="say what it would train and what that would cost; train nothing")
     args = parser.parse_args()
     params = load_params()
     check_methods(params)
@@ -38,13 +40,18 @@ def main() -> None:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
     workers = cell_workers(params.train.threads, params.train.runtime)
+    grid = functools.partial(
+        run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
+        lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
+        lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
+        weight=lambda cell: training_weight(params, cell),
+        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision),
+        label=grid_label("fedcmc", folder, params.scale, params.train.precision, params.train.runtime))
+    if args.plan:
+        grid(plan_only=True)
+        return
     with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", workers * params.train.threads):
-        run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
-                 lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
-                 lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=workers, weight=lambda cell: training_weight(params, cell),
-                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision),
-                 label=grid_label("fedcmc", folder, params.scale, params.train.precision, params.train.runtime))
+        grid()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Each cell keeps its own checkpoint and output folder (``fedrepro.grid``).
 """
 
 import argparse
+import functools
 from pathlib import Path
 
 from fedrepro.cli import run_stage
@@ -28,6 +29,7 @@ def main() -> None:
     which.add_argument("--method", help="one row, in place: every seed of fedmatch.seeds")
     which.add_argument("--sweeps", action="store_true", help="Figs 5-8: every point x method x seed of fedmatch.sweeps")
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="one figure's points, in place")
+    parser.add_argument("--plan", action="store_true", help="say what it would train and what that would cost; train nothing")
     args = parser.parse_args()
     params = load_params()
     check_loadable(params.model.backbone, "model.backbone")
@@ -36,14 +38,18 @@ def main() -> None:
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
     workers = cell_workers(params.train.threads, params.train.runtime)
+    grid = functools.partial(
+        run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
+        lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
+        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
+        weight=lambda cell: training_weight(params, cell),
+        ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision),
+        label=grid_label("fedmatch", folder, params.scale, params.train.precision, params.train.runtime))
+    if args.plan:
+        grid(plan_only=True)
+        return
     with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", workers * params.train.threads):
-        run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
-                 lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
-                 headline,
-                 lambda cell, digest: run_fingerprint(params, cell, digest),
-                 workers=workers, weight=lambda cell: training_weight(params, cell),
-                 ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision),
-                 label=grid_label("fedmatch", folder, params.scale, params.train.precision, params.train.runtime))
+        grid()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ in place. Each cell keeps its own checkpoint folder (``data/checkpoints/ssvfnas/
 """
 
 import argparse
+import functools
 from pathlib import Path
 
 from fedrepro.cli import run_stage
@@ -28,6 +29,7 @@ def main() -> None:
     which.add_argument("--tables", action="store_true", help="every method's cells, the baseline's and the label party alone's")
     which.add_argument("--method", help="one method's cells, in place: every dataset/K x DP level x seed")
     which.add_argument("--baseline", action="store_true", help="the hand-designed baseline's cells, in place")
+    parser.add_argument("--plan", action="store_true", help="say what it would train and what that would cost; train nothing")
     args = parser.parse_args()
     params = load_params()
     folder, rows = table_rows(all_cells(params), [*params.ssvfnas.methods, BASELINE, LABEL_ALONE],
@@ -36,13 +38,17 @@ def main() -> None:
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process (each
     # child a stage forks to train cells at once runs its own, to the same result)
     workers = cell_workers(params.ssvfnas.threads, params.train.runtime)
+    grid = functools.partial(
+        run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
+        lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache),
+        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
+        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32"),  # SS-VFNAS trains in fp32
+        label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime))
+    if args.plan:
+        grid(plan_only=True)
+        return
     with simulated_stage(params.train.runtime, workers * params.ssvfnas.threads):
-        run_grid(rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
-                 lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest,
-                                                                 presearch_cache),
-                 headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
-                 ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32"),  # SS-VFNAS trains in fp32
-                 label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime))
+        grid()
 
 
 if __name__ == "__main__":

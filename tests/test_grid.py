@@ -218,3 +218,12 @@ def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_abo
     assert "not a terminal, so going on" in run([ToyCell("cell-8", 8)])
     monkeypatch.setenv(CONFIRM_ENV, "0")
     assert "train? [y/N]" not in run([ToyCell("cell-7", 7)])
+
+
+def test_a_plan_only_run_says_its_plan_on_stdout_and_writes_nothing(tmp_path, capfd):
+    (tmp_path / "inputs").mkdir()
+    run_grid({Path("tables"): [ToyCell("cell-0", 0)]}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
+             lambda cell: (tmp_path / "inputs",), train_toy, lambda metrics: "", lambda cell, digest: cell.name,
+             CellStore(tmp_path / "store"), label="toy tables", plan_only=True)
+    assert capfd.readouterr().out.startswith("plan, toy tables: 1 cells: 1 to train")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs"]

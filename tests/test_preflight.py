@@ -135,3 +135,11 @@ def test_the_fedrepro_check_command_lists_the_problems_and_writes_nothing(raw, t
     main(["check", str(ROOT / "params.yaml")])
     assert capsys.readouterr().out.startswith(f"{ROOT / 'params.yaml'}: no problem found")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "scales"]
+
+
+def test_fedrepro_plan_finds_the_stages_a_train_stage_waits_for():
+    from fedrepro.commands import _upstream
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert set(_upstream(stages, "fedcmc_table")) == {"check", "acquire", "prepare", "fedcmc_partition"}
+    assert "fedmatch_mine" in _upstream(stages, "fedmatch_sweeps") and "fedcmc_partition" not in _upstream(stages, "ssvfnas_table")
