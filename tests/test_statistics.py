@@ -186,3 +186,17 @@ def test_a_direction_without_a_test_is_a_verdict_only_from_three_seeds_up():
     assert direction_verdict(False, "direction only", 2).startswith("inconclusive (direction against the claim")
     assert direction_verdict(True, "direction only", 3) == "holds (direction only)"
     assert direction_verdict(False, "direction only", 5) == "reversed (direction only)"
+
+
+def test_a_sign_test_over_too_few_untied_pairs_to_reach_alpha_decides_nothing():
+    """2 / 2^5 = 0.0625: five untied pairs all one way cannot reach 0.05, so 'not significant' on them would be the
+    test's floor (CPU SS-VFNAS: 'not significant' on 0-3 untied pairs once the breast and digits K=2 pairs were out)."""
+    from fedrepro.report.statistics import sign_test_pairs_needed
+    from fedrepro.ssvfnas.claims import _sign_tested
+
+    assert sign_test_pairs_needed(0.05) == 6 and sign_test_pairs_needed(0.01) == 8
+    few = _sign_tested(Claim.tested("F", "m", "t", difference=3, p_value=0.25, seeds=3), untied=3)
+    assert few.verdict == "inconclusive (3 untied pair(s): a two-sided sign test needs 6 to reach p <= 0.05)"
+    assert claims_frame([few])["test"].str.contains("Holm-adjusted over 1 claims").all()
+    enough = _sign_tested(Claim.tested("F", "m", "t", difference=6, p_value=0.03125, seeds=3), untied=6)
+    assert claims_frame([enough])["verdict"].tolist() == ["holds"]

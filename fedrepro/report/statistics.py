@@ -66,6 +66,15 @@ def too_few_seeds(seeds: int) -> str | None:
     return f"{seeds} seed{'s' if seeds != 1 else ''}; a seed-level test needs {MIN_SEEDS}"
 
 
+def sign_test_pairs_needed(alpha: float = ALPHA) -> int:
+    """The fewest untied pairs with which a two-sided exact sign test can reach ``alpha`` (all pairs one way:
+    p = 2 / 2^n): 6 at 0.05. Fewer cannot discriminate, so a verdict on them would be the test's floor, not the data."""
+    n = 1
+    while 2 / 2 ** n > alpha:
+        n += 1
+    return n
+
+
 def sign_test(ours: list[float], theirs: list[float]) -> tuple[int, int, int, float]:
     """Two-sided exact sign test that ``ours`` is lower than ``theirs`` over paired values: (wins, losses, ties, p);
     ties are left out (p = 1 when every pair ties)."""

@@ -18,8 +18,8 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.report.claims import Claim, claims_frame
-from fedrepro.report.statistics import (INCONCLUSIVE, NOT_TESTABLE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict,
-                                        exact_verdict, sign_test, worded)
+from fedrepro.report.statistics import (ALPHA, INCONCLUSIVE, NOT_TESTABLE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict,
+                                        exact_verdict, sign_test, sign_test_pairs_needed, worded)
 from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell
 from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, PAIRS, RULES, SSVFNASResults, alpha_moved, kept_edges,
                                      label_alone_accuracy, matched_pairs, megabytes, method_label, noisy_levels, percent,
@@ -183,15 +183,24 @@ def _steps_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -
     wins, losses, ties, p = sign_test(a, b)
     bytes_a = [targets.loc[x.key, "target_bytes"] for x, _ in pairs if targets.loc[x.key, "reached"]]
     bytes_b = [targets.loc[y.key, "target_bytes"] for _, y in pairs if targets.loc[y.key, "reached"]]
-    mean = lambda v: float(np.mean([s for s in v if s != censored])) if any(s != censored for s in v) else float("nan")  # noqa: E731
-    return Claim.tested(finding=finding,
+    mean = lambda v: f"{np.mean([s for s in v if s != censored]):.1f}" if any(s != censored for s in v) else "-"  # noqa: E731
+    return _sign_tested(Claim.tested(finding=finding,
                  measured=(f"target {100 * params.ssvfnas.target_accuracy:g}% reached in {sum(s != censored for s in a)} of {len(a)} "
-                           f"{method_label(ours)} cells (mean {mean(a):.1f} steps, {megabytes(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
-                           f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b):.1f} steps, "
+                           f"{method_label(ours)} cells (mean {mean(a)} steps, {megabytes(np.mean(bytes_a)) if bytes_a else '-'} MB) and "
+                           f"{sum(s != censored for s in b)} of {len(b)} {method_label(theirs)} cells (mean {mean(b)} steps, "
                            f"{megabytes(np.mean(bytes_b)) if bytes_b else '-'} MB); earlier in {wins} pairs, later in {losses}, tied in {ties}"),
                  test=(f"exact two-sided sign test over {wins + losses} untied matched pairs (same dataset-K, DP level, seed; not "
                        f"reached = after the last step); bytes per step are equal within a pair, so bytes follow steps{note}"),
-                 difference=wins - losses, p_value=p, seeds=_seeds(pairs))
+                 difference=wins - losses, p_value=p, seeds=_seeds(pairs)), wins + losses)
+
+
+def _sign_tested(claim: Claim, untied: int) -> Claim:
+    """A sign test over fewer untied pairs than can reach significance (``sign_test_pairs_needed``) decides nothing:
+    the claim is inconclusive, its p stays in Holm's family."""
+    needed = sign_test_pairs_needed()
+    if untied < needed:
+        claim.inconclusive(f"{untied} untied pair(s): a two-sided sign test needs {needed} to reach p <= {ALPHA:g}")
+    return claim
 
 
 def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str) -> Claim:
@@ -215,15 +224,13 @@ def _epsilon_claim(data: SSVFNASResults, params: Params, ours: str, theirs: str)
         a.append(ex)
         b.append(ey)
     wins, losses, ties, p = sign_test(a, b)
-    finite_a = [v for v in a if math.isfinite(v)]
-    finite_b = [v for v in b if math.isfinite(v)]
-    return Claim.tested(finding=finding,
+    mean = lambda values: f"{np.mean([v for v in values if math.isfinite(v)]):.2f}" if any(map(math.isfinite, values)) else "-"  # noqa: E731
+    return _sign_tested(Claim.tested(finding=finding,
                  measured=(f"{len(a)} of {len(pairs)} matched pairs with DP reach the target on at least one side; mean ε at the "
-                           f"target {np.mean(finite_a) if finite_a else float('nan'):.2f} vs {np.mean(finite_b) if finite_b else float('nan'):.2f}; "
-                           f"smaller in {wins}, larger in {losses}, tied in {ties}"),
+                           f"target {mean(a)} vs {mean(b)}; smaller in {wins}, larger in {losses}, tied in {ties}"),
                  test=(f"exact two-sided sign test over {wins + losses} untied pairs (a side that never reaches the target counts as "
                        f"ε = ∞){note}"),
-                 difference=wins - losses, p_value=p, seeds=_seeds(pairs))
+                 difference=wins - losses, p_value=p, seeds=_seeds(pairs)), wins + losses)
 
 
 def _accuracy_claim(data: SSVFNASResults, params: Params, finding: str, ours: str, theirs: str, levels: list[list[float]],
