@@ -187,7 +187,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
               + ", ".join(f"{n} {label}" for label, n in counts.items()) + ".", ""]
     flagged = health_table(data)
     if not flagged.empty:
-        lines += ["Cells flagged by that rule (no claim rests on a diverged one):", "",
+        lines += ["Cells flagged by that rule (no verdict rests on any of them: a claim that needs one is inconclusive):", "",
                   flagged.to_markdown(index=False), ""]
     alike = identical_predictions(data, params)
     if alike:

@@ -115,7 +115,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
         clients.to_markdown(),
         "",
         f"Training health (every cell, shared rule): {RULE}. A row marked [diverged], [oscillating] or [not converged] is such a cell "
-        "(the section 'Training health' lists each with its numbers); no claim below rests on a diverged cell. "
+        "(the section 'Training health' lists each with its numbers); no verdict below rests on such a cell. "
         + ("" if train.eval_every else "`train.eval_every` is 0 at this scale, so no validation MRR was recorded and "
            "convergence is unknown; only divergence is judged."),
         "",
