@@ -394,6 +394,23 @@ def test_table3s_subset_keeps_the_main_tables_classes():
     assert classes[0] == classes[1] == labels
 
 
+def test_a_subset_size_the_corpus_cannot_give_names_its_param():
+    """subsample_train speaks of its arguments; the user set fedcmc.sweeps.subset_size, so the stage's line names it."""
+    from fedrepro.errors import DataError
+    from fedrepro.fedcmc.partition import build_partition
+
+    params = small_params()
+    corpus = pd.DataFrame([(f"{split}-{i}", f"<e1>a</e1> b <e2>c</e2> {i}", f"rel{i % 2}", split)
+                           for split, n in (("train", 30), ("valid", 10), ("test", 10)) for i in range(n)],
+                          columns=["sentence_id", "text", "label", "split"])
+    subset = next(c for c in sweep_cells(params, "subsets") if c.subset == "natural")
+    sweeps = params.fedcmc.sweeps.model_copy(update={"subset_size": 500})
+    too_many = params.model_copy(update={"fedcmc": params.fedcmc.model_copy(update={"sweeps": sweeps})})
+    with pytest.raises(DataError, match=r"^params: fedcmc.sweeps.subset_size = 500 with subset mode 'natural' on "
+                                        r"synthetic-re: size=500; must be an integer in 1..30 \(the train rows\)$"):
+        build_partition(too_many, subset, corpus)
+
+
 # ----- trivial rows and lines where a reader needs them ------------------------------------------------------------
 def test_table3_scores_each_subsets_trivial_baselines_in_every_column(tmp_path):
     """The balanced subset's flat prior names its first class (rel0); the natural prior's commonest class (rel2, 49
