@@ -8,6 +8,7 @@
     python scripts/cpu_snapshot.py carry fedcmc              # after a code change: re-key the ledger if 3 cells retrain identical
     python scripts/cpu_snapshot.py canary ssvfnas            # a stale one carried forward, or marked
     python scripts/cpu_snapshot.py plan [fedmatch]           # the cells a snapshot trains, by table and figure
+    python scripts/cpu_snapshot.py partial fedcmc WORKDIR    # Table 2 as the ledger holds it, no verdicts (PARTIAL.md)
 
 A snapshot grows across stretches of work in its results ledger, ``reports/cpu/<paper>/cells`` (``fedrepro.ledger``):
 each cell's outputs a report needs, none of the raw data, committed as it lands. ``run`` clones HEAD (its committed
@@ -138,6 +139,8 @@ def snapshot_params(paper: str, base: dict, mirror: str) -> dict:
 
 LEDGER_ENV, STOP_ENV = "FEDREPRO_LEDGER", "FEDREPRO_STOP_AT"  # fedrepro.ledger.ENV, fedrepro.grid.STOP_ENV
 PLAN, STRETCHES = "PLAN.json", "stretches"
+PREFLIGHT_STAGE = "check"
+"""dvc.yaml's first stage (``fedrepro.preflight``): a gate, not an input of any cell."""
 COMMIT_EVERY = 60.0
 """Seconds between two commits of the cells a stretch has recorded."""
 CODE_AND_PARAMS = ("fedrepro", "stages", "params.yaml", "dvc.yaml", "scales")
@@ -255,9 +258,16 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
     if complete:
         (workdir / f"stage_times_{paper}.txt").write_text("\n".join(timings) + "\n")
         collect(paper, workdir)
+    elif paper == "fedcmc" and (workdir / "data" / "fedcmc" / "partitions").is_dir():
+        write_partial(paper, workdir)
     if commit:
         commit_ledger(paper, f"ledger: {paper}, a stretch of {(time.time() - started) / 60:.0f} min on {machine} "
                              f"trained {len(trained)} cells" + ("; every cell is in" if complete else ""))
+        partial = (ROOT / "reports" / "cpu" / paper / PARTIAL).relative_to(ROOT)
+        if not complete and (ROOT / partial).is_file():
+            git("add", "--", str(partial))
+            if git("diff", "--cached", "--name-only", "--", str(partial)).strip():
+                git("commit", "-q", "-m", f"{paper}: its main table so far, from the ledger (no verdicts)", "--", str(partial))
         if complete:
             git("add", "--", str((ROOT / "reports" / "cpu" / paper).relative_to(ROOT)))
             git("commit", "-q", "-m", f"{paper} CPU snapshot assembled from its ledger", "--",
@@ -524,6 +534,39 @@ def ledger_status(paper: str) -> list[str]:
     return lines
 
 
+PARTIAL = "PARTIAL.md"
+"""Beside a snapshot that is still being built: its main table as the ledger holds it (``partial``)."""
+
+
+def held_metrics(paper: str) -> dict[str, dict]:
+    """Cell name -> the metrics of its ledger entry at HEAD's run (the plan's), on any machine class it was trained on."""
+    plan_data = json.loads((ledger_dir(paper) / PLAN).read_text())
+    planned, _, moved = head_runs(paper, plan_data)
+    if moved:
+        sys.exit(f"{paper}: the cells' inputs changed since the plan; run a stretch to re-plan first")
+    held = {}
+    for stamp in ledger_stamps(paper):
+        if stamp["cell"] in planned and planned[stamp["cell"]][1] == stamp["run"]:
+            entry = ledger_dir(paper) / stamp["cell"] / f"{stamp['run'][:16]}-{stamp['machine']}"
+            held[stamp["cell"]] = json.loads((entry / "outputs" / "metrics.json").read_text())
+    return held
+
+
+def write_partial(paper: str, workdir: Path) -> Path:
+    """``reports/cpu/<paper>/PARTIAL.md`` from the ledger's entries at HEAD and the partitions of ``workdir``."""
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.config import parse_params, read_raw_params
+    from fedrepro.fedcmc.partial import render_partial
+
+    partitions = Path(workdir) / "data" / "fedcmc" / "partitions"
+    if not partitions.is_dir():
+        sys.exit(f"{partitions} does not exist: give the workdir of a stretch or a carry (its data stages made it)")
+    params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
+    target = ROOT / "reports" / "cpu" / paper / PARTIAL
+    target.write_text(render_partial(params, held_metrics(paper), partitions, git("rev-parse", "HEAD").strip()))
+    return target
+
+
 def collect(paper: str, workdir: Path) -> None:
     """Copy the clone's report here with a stamp: the commit that trained it, the date, the params."""
     target = ROOT / "reports" / "cpu" / paper
@@ -703,7 +746,9 @@ def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], 
 def dependency_changes(lock: str, params: dict, targets: list[str], revision: str = "HEAD") -> list[str]:
     """What differs between a snapshot's dvc.lock and ``revision``'s code and dvc.yaml run with ``params``: one
     line per changed dependency, param or command of ``targets`` and the stages upstream of them (DVC's own
-    comparison, in a copy of ``revision``; outputs are absent there, so those are not counted). Empty = fresh."""
+    comparison, in a copy of ``revision``; outputs are absent there, so those are not counted). Empty = fresh. The
+    ``check`` stage is left out: it reads every param and writes the same output for every valid params.yaml, so
+    what changes it changes no cell."""
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp)
         archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
@@ -717,6 +762,8 @@ def dependency_changes(lock: str, params: dict, targets: list[str], revision: st
         raise SystemExit(f"dvc status failed: {status.stderr.strip()}")
     changes = []
     for stage, entries in json.loads(status.stdout).items():
+        if stage == PREFLIGHT_STAGE:
+            continue
         for entry in entries:
             if isinstance(entry, str):
                 changes.append(f"{stage}: {entry}")
@@ -802,6 +849,11 @@ def main() -> None:
     canary_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
     plan_parser = commands.add_parser("plan")
     plan_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
+    partial_parser = commands.add_parser("partial", help="FedCMC's Table 2 as the ledger holds it, no verdicts "
+                                         "(reports/cpu/fedcmc/PARTIAL.md)")
+    partial_parser.add_argument("paper", choices=["fedcmc"])
+    partial_parser.add_argument("workdir", type=Path, help="a clone whose data stages ran at HEAD (a stretch's or a "
+                                "carry's workdir): the partitions give the trivial rows")
     args = parser.parse_args()
     if args.command == "run":
         run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}",
@@ -829,6 +881,9 @@ def main() -> None:
         sys.exit(1 if differences else 0)
     if args.command == "collect":
         collect(args.paper, args.workdir)
+        return
+    if args.command == "partial":
+        print(f"written: {write_partial(args.paper, args.workdir).relative_to(ROOT)}")
         return
     unknown = sorted(set(args.papers) - set(PAPERS))
     if unknown:

@@ -474,3 +474,36 @@ def test_figs_3a_and_3b_draw_the_trivial_baselines_and_cross_a_diverged_curve(tm
     assert [(c.get_xdata()[0], c.get_ydata()[0]) for c in crosses] == [(curve.get_xdata()[-1], curve.get_ydata()[-1])]
     local_epochs = caught["fig3b_local_epochs.png"].axes[0]
     assert {"trivial: stratified random", "FedCMC, E=1 †", "FedAvg, E=2"} <= set(labels(local_epochs))
+
+
+def test_a_partial_table2_says_how_many_seeds_each_entry_has_and_gives_no_verdict(tmp_path):
+    """While the ledger is being built: each entry with its seeds in, its health mark, 'missing' where none is, and
+    the partition's trivial rows on its test sentences (scripts/cpu_snapshot.py partial)."""
+    from fedrepro.fedcmc.partial import partial_table2, render_partial
+    from fedrepro.io import write_json, write_table
+
+    params = small_params()
+    cells = table_cells(params)
+    for partition in {c.partition for c in cells}:
+        folder = tmp_path / partition
+        folder.mkdir()
+        labels = ["false", "rel0", "rel0", "rel1"] * 10
+        write_table(folder / "assignment.parquet", pd.DataFrame(
+            {"sentence_id": [f"s{i}" for i in range(40)], "label": labels,
+             "split": ["train"] * 20 + ["test"] * 20, "client": "client_00"}))
+        pd.DataFrame({"false": [5], "rel0": [10], "rel1": [5], "total": [20]}, index=pd.Index(["client_00"], name="client")
+                     ).to_csv(folder / "counts.csv")
+        write_json(folder / "partition.json", {"classes": ["false", "rel0", "rel1"]})
+    sound = [{"round": r, "fit_loss": 1.0 / r, "valid": {"global": {"micro_f1": 0.5}}} for r in range(1, 5)]
+    rising = [{"round": r, "fit_loss": float(r), "valid": {"global": {"micro_f1": 0.5}}} for r in range(1, 5)]
+    fedavg = [c for c in cells if c.method == "fedavg" and c.alpha == 0.05]
+    held = {fedavg[0].name: {"test": {"micro_f1": 0.60}, "history": sound},
+            fedavg[1].name: {"test": {"micro_f1": 0.70}, "history": rising}}
+    table = partial_table2(params, held, tmp_path)
+    assert table.loc["FedAvg", "synthetic-re α=0.05"] == "65.00 ± 7.07 † (2 of 3 seeds)"
+    assert table.loc["FedCMC", "synthetic-re α=0.5"] == "missing (0 of 3 seeds)"
+    precision, recall = 10 / 20, 10 / 15  # test: rel0 10, rel1 5, false 5; always rel0 on all 20
+    assert table.loc["trivial: always rel0"].tolist() == [f"{100 * 2 * precision * recall / (precision + recall):.2f}"] * 2
+    text = render_partial(params, held, tmp_path, "abc1234")
+    assert "**2 of 18 Table 2 cells** (seed 0: 1 of 6, seed 1: 1 of 6, seed 2: 0 of 6)" in text
+    assert "no verdict" in text and "holds" not in text and "inconclusive" not in text
