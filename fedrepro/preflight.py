@@ -8,7 +8,8 @@ offline after seven minutes and 446 MB of data). So this checks, in one pass:
 - every key and value ``config.Params`` validates (one line per problem, not the first only);
 - every name a list holds: FedMatch's methods, FedCMC's algorithms, vector rules and corpora (the sweeps' too),
   SS-VFNAS's methods, FedMatch's QA collections;
-- every algorithm's knobs (``params.yaml``'s ``algorithms``) against its Settings;
+- every algorithm's knobs (``params.yaml``'s ``algorithms``) against its Settings, and FedMatch's patch as its methods
+  build it;
 - every backbone: loadable offline or from the hub (``models.backbone.check_loadable``, one probe, no retries);
 - every file of the user's own (``data.own_files``) present in the mirror (its checksum is acquire's to verify).
 
@@ -29,6 +30,7 @@ from fedrepro.fedmatch.methods import METHODS as FEDMATCH_METHODS
 from fedrepro.fl import algorithms
 from fedrepro.io import write_json
 from fedrepro.models.backbone import check_loadable
+from fedrepro.models.patches import PatchSpec
 from fedrepro.ssvfnas.methods import METHODS as SSVFNAS_METHODS
 
 EMBEDDED_CORPORA = ("synthetic-re",)
@@ -61,6 +63,7 @@ def problems(raw: dict[str, Any]) -> list[str]:
         found += validation_lines(error)
     found += _name_problems(filled)
     found += _knob_problems(filled.get("algorithms"))
+    found += _patch_problems(filled)
     found += _backbone_problems(filled)
     found += _own_file_problems(filled.get("data") or {})
     return list(dict.fromkeys(found))  # a name checked both by config and here is said once
@@ -118,6 +121,24 @@ def _knob_problems(entries: Any) -> list[str]:
         except ConfigError as error:
             lines.append(str(error))
     return lines
+
+
+def _patch_problems(filled: dict[str, Any]) -> list[str]:
+    """FedMatch's patch as its methods build it (``models.patches.PatchSpec``): a PAL patch's heads must divide its
+    size. One line per problem, naming the methods it stops."""
+    size, heads = _at(filled, "fedmatch.settings.patch_size"), _at(filled, "fedmatch.settings.patch_heads")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (size, heads)):
+        return []  # a wrong type or range: config's line says so
+    stopped: dict[str, list[str]] = {}
+    for method in _at(filled, "fedmatch.methods") or []:
+        recipe = FEDMATCH_METHODS.get(method) if isinstance(method, str) else None
+        if recipe is None or recipe.insertion is None:
+            continue
+        try:
+            PatchSpec(recipe.insertion, recipe.structure, size, heads)
+        except ValueError as error:
+            stopped.setdefault(str(error), []).append(method)
+    return [f"params: fedmatch.settings.patch_{error} (for {', '.join(methods)})" for error, methods in stopped.items()]
 
 
 def _backbone_problems(filled: dict[str, Any]) -> list[str]:

@@ -152,14 +152,28 @@ def test_is_patch_parameter():
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"insertion": "middle", "structure": "lr"}, "patch insertion 'middle'"),
-    ({"insertion": "inner", "structure": "mlp"}, "patch structure 'mlp'"),
-    ({"insertion": "inner", "structure": "pal", "size": 10, "heads": 4}, "fedmatch.settings.patch_heads = 4"),
-    ({"insertion": "inner", "structure": "lr", "size": 0}, "fedmatch.settings.patch_size = 0"),
+    ({"insertion": "middle", "structure": "lr"}, "insertion = 'middle'"),
+    ({"insertion": "inner", "structure": "mlp"}, "structure = 'mlp'"),
+    ({"insertion": "inner", "structure": "pal", "size": 10, "heads": 4}, "heads = 4: a PAL patch of size 10"),
+    ({"insertion": "inner", "structure": "lr", "size": 0}, "size = 0"),
 ])
-def test_bad_spec_names_the_parameter(kwargs, field):
-    with pytest.raises(ConfigError, match=field):
+def test_bad_spec_names_the_field_and_knows_no_params_key(kwargs, field):
+    with pytest.raises(ValueError, match=field) as caught:
         PatchSpec(**kwargs)
+    assert "fedmatch" not in str(caught.value)
+
+
+def test_the_stage_names_the_params_key_a_bad_patch_came_from():
+    from fedrepro.fedmatch.runs import algorithm_settings
+    from test_config import with_change
+
+    from fedrepro.config import parse_params
+
+    params = parse_params(with_change("fedmatch.settings.patch_heads", 3))
+    size = params.fedmatch.settings.patch_size
+    with pytest.raises(ConfigError, match=rf"^params: fedmatch.settings.patch_heads = 3: a PAL patch of size {size} needs a "
+                                          rf"divisor of {size} \(for fedmatch_h_pal\)$"):
+        algorithm_settings(params, "fedmatch_h_pal")
 
 
 def test_inject_needs_an_unpatched_bert():

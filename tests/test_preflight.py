@@ -50,6 +50,7 @@ def test_every_mistake_is_listed_at_once_each_naming_its_key(raw, monkeypatch):
     bad["algorithms"]["fedprox"] = {"muu": 1}
     bad["model"]["backbone"] = "no-such-org/no-such-model"
     bad["data"]["own_files"] = {"mine/guest.csv": "a" * 64}
+    bad["fedmatch"]["settings"]["patch_heads"] = 3
     found = problems(bad)
     starts = ["params: train.lr = -1: ", "params: fedcmc.alphas.0 = -0.1: a Dirichlet concentration must be > 0",
               "params: fedcmc.methods.1 = 'fedavgg' is no federated algorithm; allowed [",
@@ -57,7 +58,8 @@ def test_every_mistake_is_listed_at_once_each_naming_its_key(raw, monkeypatch):
               "params: ssvfnas.methods.0 = 'vfnas3'; allowed [", "params: fedmatch.sweeps.data_ratio_methods.0 = 'bert'; allowed [",
               "params: algorithms.fedprox.mu is missing; algorithms.fedprox.muu is not a known key",
               "params: model.backbone = 'no-such-org/no-such-model' is no local directory, HF_HUB_OFFLINE is set",
-              "params: data.own_files names 'mine/guest.csv', but "]
+              "params: data.own_files names 'mine/guest.csv', but ",
+              "params: fedmatch.settings.patch_heads = 3: a PAL patch of size "]
     for start in starts:
         assert sum(line.startswith(start) for line in found) == 1, (start, found)
     assert len(found) == len(starts) and all("\n" not in line and len(line) < 400 for line in found)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fedrepro.code_closure import cell_code, code_digest
 from fedrepro.config import Params
+from fedrepro.errors import ConfigError
 from fedrepro.fedmatch.cells import Cell, cell_params, history_health
 from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl import algorithms
@@ -96,8 +97,11 @@ def algorithm_settings(params: Params, method: str) -> Algorithm.Settings:
     recipe, settings = METHODS[method], params.fedmatch.settings
     per_cell = {}
     if recipe.insertion is not None:
-        per_cell = {"patch": PatchSpec(recipe.insertion, recipe.structure, settings.patch_size, settings.patch_heads),
-                    "shared_layers": settings.shared_layers, "fidelity": settings.fidelity}
+        try:
+            patch = PatchSpec(recipe.insertion, recipe.structure, settings.patch_size, settings.patch_heads)
+        except ValueError as error:  # size and heads are the params' patch_size and patch_heads
+            raise ConfigError(f"params: fedmatch.settings.patch_{error} (for {method})") from None
+        per_cell = {"patch": patch, "shared_layers": settings.shared_layers, "fidelity": settings.fidelity}
     return algorithms.algorithm_settings(recipe.algorithm, params.algorithms, **per_cell)
 
 

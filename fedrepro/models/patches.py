@@ -50,19 +50,18 @@ class PatchSpec:
     heads: int = 4  # PAL heads
 
     def __post_init__(self) -> None:
+        """A spec the patch can be built from, or a ValueError naming the field: the library knows no params keys
+        (``fedrepro.fedmatch.runs.algorithm_settings`` says which key of fedmatch.settings set it)."""
         if self.insertion not in INSERTIONS:
-            raise ConfigError(f"patch insertion {self.insertion!r} (from fedmatch.methods): allowed {list(INSERTIONS)}")
+            raise ValueError(f"insertion = {self.insertion!r}: allowed {list(INSERTIONS)}")
         if self.structure not in STRUCTURES:
-            raise ConfigError(f"patch structure {self.structure!r} (from fedmatch.methods): allowed {list(STRUCTURES)}")
+            raise ValueError(f"structure = {self.structure!r}: allowed {list(STRUCTURES)}")
         for field in ("size", "heads"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"params: fedmatch.settings.patch_{field} = {value!r}: allowed a positive integer")
+                raise ValueError(f"{field} = {value!r}: allowed a positive integer")
         if self.structure == "pal" and self.size % self.heads:
-            raise ConfigError(
-                f"params: fedmatch.settings.patch_heads = {self.heads}: the PAL size fedmatch.settings.patch_size = {self.size} "
-                f"must be divisible by it; allowed a divisor of {self.size}"
-            )
+            raise ValueError(f"heads = {self.heads}: a PAL patch of size {self.size} needs a divisor of {self.size}")
 
 
 class _MaskRecorder:
