@@ -42,7 +42,8 @@ def load_corpus(prepared_dir: Path, dataset: str) -> pd.DataFrame:
         available = sorted(p.name for p in Path(prepared_dir).iterdir()) if Path(prepared_dir).exists() else []
         hint = " (i2b2 is prepared only when data.i2b2_dir points at the n2c2 files)" if dataset == "i2b2" else ""
         raise DataError(f"params: fedcmc names dataset {dataset!r}, but {path} does not exist{hint}; prepared corpora: "
-                        f"{available}; change fedcmc.datasets (or data.re_corpora / data.source)")
+                        f"{available}; change whichever of fedcmc.datasets, fedcmc.sweeps.dataset and "
+                        "fedcmc.sweeps.subset_dataset names it (or data.re_corpora / data.source)")
     return read_table(path)
 
 
