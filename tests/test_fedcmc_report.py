@@ -507,3 +507,13 @@ def test_a_partial_table2_says_how_many_seeds_each_entry_has_and_gives_no_verdic
     text = render_partial(params, held, tmp_path, "abc1234")
     assert "**2 of 18 Table 2 cells** (seed 0: 1 of 6, seed 1: 1 of 6, seed 2: 0 of 6)" in text
     assert "no verdict" in text and "holds" not in text and "inconclusive" not in text
+
+
+def test_a_corpus_the_partition_stage_cannot_find_names_every_key_that_may_name_it(tmp_path):
+    from fedrepro.errors import DataError
+    from fedrepro.fedcmc.partition import load_corpus
+
+    (tmp_path / "pgr").mkdir()
+    with pytest.raises(DataError, match=r"'my_corpus'.*prepared corpora: \['pgr'\]; change whichever of fedcmc.datasets, "
+                                        r"fedcmc.sweeps.dataset and fedcmc.sweeps.subset_dataset names it"):
+        load_corpus(tmp_path, "my_corpus")
