@@ -43,7 +43,7 @@ def test_a_validation_curve_that_swings_is_oscillating_and_marked():
     assert not small_wobbles.oscillating
     assert cell_health([1.0, 3.0, 9.0], [0.9, 0.2, 0.9, 0.1]).label == "diverged"  # the worse label wins
     assert mark_of(["converged", "oscillating", "not converged"]) == " ~"
-    assert UNSOUND == ("diverged", "oscillating", "not converged") and f"oscillating = " in RULE
+    assert UNSOUND == ("diverged", "oscillating", "not converged") and "oscillating = " in RULE
 
 
 def test_converged_when_the_last_points_stop_improving():
