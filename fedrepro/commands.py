@@ -51,8 +51,11 @@ def plan() -> None:
         if first:
             print(f"{name}: {', '.join(first)} rerun first; planned on what they wrote last time")
         result = subprocess.run([sys.executable, *command[1:], "--plan"], capture_output=True, text=True)
-        said = result.stdout.strip() or result.stderr.strip().splitlines()[-1:] and result.stderr.strip().splitlines()[-1]
-        print(said if result.returncode == 0 else f"{name}: no plan yet ({said})")
+        if result.returncode == 0:
+            print(result.stdout.strip())
+        else:  # its inputs are not there yet, say: the stage's own one-line error says which
+            last = result.stderr.strip().splitlines()
+            print(f"{name}: no plan yet ({last[-1] if last else f'exit {result.returncode}'})")
 
 
 def main(argv: list[str] | None = None) -> None:
