@@ -517,3 +517,21 @@ def test_a_corpus_the_partition_stage_cannot_find_names_every_key_that_may_name_
     with pytest.raises(DataError, match=r"'my_corpus'.*prepared corpora: \['pgr'\]; change whichever of fedcmc.datasets, "
                                         r"fedcmc.sweeps.dataset and fedcmc.sweeps.subset_dataset names it"):
         load_corpus(tmp_path, "my_corpus")
+
+
+def test_fig4_draws_the_partitions_trivial_baselines_and_marks_each_rules_health(tmp_path, monkeypatch):
+    """Fig 4's bars sat at 57-58% beside a 56% always-rel0 baseline the figure did not draw, two of them diverged."""
+    from drawn import catch_figures, labels, line
+
+    params = small_params()
+    bad = next(c for c in sweep_cells(params, "vectors") if c.vectors == "minor" and c.seed == 0)
+    write_fake_grid(tmp_path / "grid", params, diverged=(bad.name,))
+    data = load_fedcmc(tmp_path / "grid", params)
+    caught = catch_figures(monkeypatch)
+    write_figures(data, params, tmp_path)
+    ax = caught["fig4_vectors.png"].axes[0]
+    partition = bad.partition
+    for name, scores in chance_scores(data, "synthetic-re", partition).items():
+        assert line(ax, f"trivial: {name}").get_ydata()[0] == pytest.approx(100 * scores["micro_f1"])
+    assert {"trivial: stratified random"} <= set(labels(ax))
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["major", "minor †", "none"]

@@ -14,7 +14,7 @@ from fedrepro.fedcmc.methods import PAPER_METHODS
 from fedrepro.fedcmc.claims import claims_table
 from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults,
                                     chance_level, clients_table, communication_table, convergence_table, dataset_label,
-                                    fedcmc_extra_download, figure1_cells, figure_point, health_table,
+                                    fedcmc_extra_download, figure1_cells, figure_point, health_mark, health_table,
                                     identical_predictions, local_epochs_tables, main_points, main_table, mean_of,
                                     mean_std_percent, method_label, observation3_table, partitions_table, percent,
                                     point_name, subsets_table, values_of)
@@ -263,12 +263,14 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     # Fig 4
     lines += ["## Fig 4: which classifier vectors", ""]
     if sw.vectors:
-        shown = pd.DataFrame({"test micro-F1 (%)": [mean_std_percent(values_of(data, "vectors", method="fedcmc", vectors=v)) for v in sw.vectors]},
+        shown = pd.DataFrame({"test micro-F1 (%)": [mean_std_percent(values_of(data, "vectors", method="fedcmc", vectors=v))
+                                                    + health_mark(data, "vectors", method="fedcmc", vectors=v) for v in sw.vectors]},
                              index=pd.Index(sw.vectors, name="vectors"))
         lines += [f"FedCMC at {point_name(sw.dataset, sw.vectors_alpha)} with class c's vector taken from the smallest-d client "
                   "(major), a seeded random client (random), the largest-d client (minor), or no vectors and no contrastive "
                   f"term (none = FedAvg); {over_seeds(len(sw.seeds))}. The paper (i2b2 and CPR, α = 0.01): major clearly "
-                  "best, minor worst, below none.", "", "![fig 4](figures/fig4_vectors.png)", "", shown.to_markdown(disable_numparse=True), ""]
+                  "best, minor worst, below none. The dash-dotted lines are the partition's trivial baselines (as in Table "
+                  "2); †, ~ or ° after a rule marks a diverged, oscillating or unconverged cell.", "", "![fig 4](figures/fig4_vectors.png)", "", shown.to_markdown(disable_numparse=True), ""]
     else:
         lines += sweep_not_run("fedcmc.sweeps.vectors")
     # partitions

@@ -673,8 +673,12 @@ def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
                                                                    float_format="%.6f")
     vectors = vectors_table(data, params)
     if not vectors.empty:
+        partition = selected(data, "vectors", method="fedcmc")["partition"].iloc[0]
+        trivial = {f"{CHANCE}: {name}": 100 * scores["micro_f1"]
+                   for name, scores in chance_scores(data, fc.sweeps.dataset, partition).items()}
+        marks = {rule: health_mark(data, "vectors", method="fedcmc", vectors=rule) for rule in vectors.index}
         bar_figure(vectors, f"Fig 4: FedCMC's vectors, {point_name(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}", "test micro-F1 (%)",
-                   folder / "fig4_vectors.png", len(fc.sweeps.seeds))
+                   folder / "fig4_vectors.png", len(fc.sweeps.seeds), trivial, marks)
     (vectors / 100).rename(columns={"mean": "micro_f1"}).reset_index().to_csv(folder / "fig4_vectors.csv", index=False, float_format="%.6f")
     (folder / "partitions").mkdir(exist_ok=True)
     for name, part in sorted(data.partitions.items()):

@@ -215,15 +215,21 @@ def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float
     _save(fig, path)
 
 
-def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path, seeds: int) -> None:
+def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path, seeds: int,
+               references: Mapping[str, float | None] | None = None, marks: Mapping[str, str] | None = None) -> None:
     """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %) over ``seeds`` seeds, with ±1 std whiskers
-    only over several (one seed's std is 0, and a zero-length whisker would read as a measured zero spread)."""
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    only over several (one seed's std is 0, and a zero-length whisker would read as a measured zero spread); the
+    trivial rows the bars are read against (``references``, in %, ``reference_lines``) and each bar's health mark after
+    its name (``marks``: row -> mark)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     positions = np.arange(len(table))
     ax.bar(positions, table["mean"], yerr=table["std"] if seeds > 1 else None, capsize=4, color="steelblue")
     for x, value in zip(positions, table["mean"]):
         ax.text(x, value, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(positions, [str(i) for i in table.index])
+    ax.set_xticks(positions, [f"{i}{(marks or {}).get(str(i), '')}" for i in table.index])
+    reference_lines(ax, references or {})
+    if references:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set(title=title, ylabel=ylabel)
     _save(fig, path)
 
