@@ -141,13 +141,13 @@ def test_a_killed_fedmatch_cell_resumes_to_identical_metrics(project):
 
 
 def test_exp_run_with_a_changed_param_retrains_only_the_cells_it_adds(project):
-    """`dvc exp run -S` on one figure's list: only the sweeps' stage and the report rerun, and of the figures' cells
+    """`dvc exp run -S` on one figure's list: only the check, the sweeps' stage and the report rerun, and of the figures' cells
     only the new point trains; the point equal to a table cell (patch 32, the table's size) is the table's run and
     every other figure's cells are restored, none trained again. `dvc exp show` has the experiment."""
     result = run(["dvc", "exp", "run", "-S", "fedmatch.sweeps.patch_size=[16,32]"], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ran = re.findall(r"Running stage '([^']+)'", result.stdout)
-    assert ran == ["fedmatch_sweeps", "fedmatch_report"], ran
+    assert ran == ["check", "fedmatch_sweeps", "fedmatch_report"], ran  # check reads every param; its output stays
     finished = [line for line in (result.stdout + result.stderr).splitlines() if re.match(r"\[\d+/\d+\] ", line)]
     trained = [line for line in finished if not any(came in line for came in NOT_TRAINED)]
     assert len(trained) == 1 and re.match(r"\[\d+/\d+\] patch_size-16-", trained[0]), finished
