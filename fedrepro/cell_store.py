@@ -84,20 +84,25 @@ class CellStore:
         if checkpoint_dir.exists():
             shutil.rmtree(checkpoint_dir)
         shutil.copytree(stored, checkpoint_dir, copy_function=_link_or_copy)
+        write_json(checkpoint_dir / MARKER, {"fingerprint": fingerprint})  # as a run trained here leaves it (``keep``)
         return True
 
     def keep(self, fingerprint: str, checkpoint_dir: Path, cost: dict | None = None) -> None:
         """Keep ``checkpoint_dir``, the finished run ``fingerprint``, in the store (once; a copy running the same
         cell at the same time keeps its own identical files or finds them kept), with what it cost to train where it
-        was trained here (``cost``: its grid's label, the machine, seconds, table cells' worth, bytes)."""
+        was trained here (``cost``: its grid's label, the machine, seconds, table cells' worth, bytes). The cost goes
+        into the store's marker only: the workspace's marker is a stage output's file, and seconds that differ from
+        run to run would make DVC see a retrained but identical stage as changed."""
         checkpoint_dir = Path(checkpoint_dir)
-        write_json(checkpoint_dir / MARKER, {"fingerprint": fingerprint, **({"cost": cost} if cost else {})})
+        write_json(checkpoint_dir / MARKER, {"fingerprint": fingerprint})
         if self.root is None or (self.root / fingerprint).is_dir():
             return
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{fingerprint[:12]}.tmp-", dir=self.root))
         try:
             shutil.copytree(checkpoint_dir, staging / "cell", copy_function=_link_or_copy)
+            if cost:
+                write_json(staging / "cell" / MARKER, {"fingerprint": fingerprint, "cost": cost})
             os.replace(staging / "cell", self.root / fingerprint)
         except OSError:
             if not (self.root / fingerprint).is_dir():

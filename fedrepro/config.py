@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedrepro.errors import ConfigError
+from fedrepro.device import resolve_device
 from fedrepro.hardware import resolve_precision
 
 RE_CORPORA = ("pgr", "chemprot_cpr5", "chemprot_cpr_groups", "chemprot_scibert", "i2b2")
@@ -137,10 +138,12 @@ class TrainParams(_Strict):
     fit_samples: int = Field(ge=0, description="training samples each evaluated model's training loss is measured on "
                                                "(the same every round); 0 = all")
     threads: int = Field(ge=1)
+    device: str = Field(description="auto | cpu | cuda | cuda:N: where every cell of the three papers computes; auto = "
+                                    "a GPU when torch sees one, else the CPU (resolved here, see fedrepro.device)")
     precision: Literal["fp32", "bf16", "auto"] = Field(
-        description="bf16 = bfloat16 autocast for training and scoring on the CPU (each model's scores and logits "
-                    "computed in fp32 from its features); auto = bf16 where the CPU has bf16 "
-                    "instructions, else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
+        description="bf16 = bfloat16 autocast for training and scoring (each model's scores and logits computed in "
+                    "fp32 from its features); auto = bf16 where the device has bf16 instructions (the CPU's, or the "
+                    "GPU's), else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
 
     runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
         description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
@@ -168,10 +171,15 @@ class TrainParams(_Strict):
                              "client in one process, from the whole data")
         return value
 
+    @field_validator("device")
+    @classmethod
+    def _resolve_device(cls, value: str) -> str:
+        return resolve_device(value)
+
     @field_validator("precision")
     @classmethod
-    def _resolve_precision(cls, value: str) -> str:
-        return resolve_precision(value)
+    def _resolve_precision(cls, value: str, info: ValidationInfo) -> str:
+        return resolve_precision(value, info.data.get("device", "cpu"))
 
 
 class FedMatchSettings(_Strict):

@@ -16,7 +16,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -28,9 +27,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fedrepro.cell_store import CellStore
+from fedrepro.cluster import CLUSTER_ENV, run_on_cluster
+from fedrepro.device import GPU_SHARE_ENV, memory_bytes, visible_gpus
 from fedrepro.errors import ConfigError, FedreproError
 from fedrepro.hardware import resolve_precision
-from fedrepro.io import atomic_dir, read_json, tree_digest, write_json
+from fedrepro.io import atomic_dir, tree_digest
+from fedrepro.jobs import Job, child_error, restore_job, scored_cell
 from fedrepro.ledger import ResultsLedger
 
 TABLES, SWEEPS = Path("tables"), Path("sweeps")
@@ -84,6 +86,51 @@ def sweep_rows(sweeps: Sequence[str], cells_of: Callable[[str], list], only: str
     return (SWEEPS if only is None else SWEEPS / only), {SWEEPS / s: cells_of(s) for s in sweeps if only in (None, s)}
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage's cells train at once: ``workers`` of them, and on GPUs which GPU each worker sees (worker i:
+    ``gpus[i % len(gpus)]``, through ``CUDA_VISIBLE_DEVICES``; none: as the stage sees them) and the ``share`` of one
+    GPU a cell takes (``FEDREPRO_GPU_SHARE`` for a Flower ClientApp, ``num_gpus`` for a Ray task)."""
+
+    workers: int
+    threads: int
+    gpus: tuple[str, ...] = ()
+    share: float = 0.0
+
+    def environment(self, worker: int) -> dict[str, str]:
+        """What cell worker ``worker`` sets before its first CUDA op."""
+        if not self.share:
+            return {}
+        shown = {"CUDA_VISIBLE_DEVICES": self.gpus[worker % len(self.gpus)]} if self.gpus else {}
+        return {**shown, GPU_SHARE_ENV: f"{self.share:g}"}
+
+    def resources(self, cell: Any = None) -> dict[str, float]:
+        """What one cell asks a Ray cluster for (``fedrepro.cluster``)."""
+        return {"num_cpus": self.threads, "num_gpus": self.share}
+
+
+def placement(threads: int, runtime: str = "engine", device: str = "cpu",
+              cell_bytes: Callable[[], int | None] | None = None) -> Placement:
+    """How a stage trains its cells at once. On the CPU, ``cell_workers``. On a GPU (``device`` cuda), as many cells
+    as fit the GPU's memory at ``cell_bytes()`` each (the grid's largest cell, ``fedrepro.<paper>.costs``, asked only here; one
+    a GPU where it is not known), on every visible GPU for ``cuda`` (each worker sees its own) or on GPU N alone for
+    ``cuda:N``, and no more than the cores allow; ``$FEDREPRO_CELL_WORKERS`` still decides the count where it is set."""
+    if os.environ.get(CLUSTER_ENV, "").strip() and runtime != "engine":
+        raise ConfigError(f"train.runtime = {runtime!r}: a stage sends its cells to the Ray cluster at ${CLUSTER_ENV} "
+                          "on the engine runtime only (Flower runs its own Ray or federation from the stage); set "
+                          f"train.runtime: engine, or unset {CLUSTER_ENV}")
+    if not device.startswith("cuda"):
+        return Placement(cell_workers(threads, runtime), threads)
+    memory, needed = memory_bytes(device), cell_bytes() if cell_bytes is not None else None
+    per_gpu = max(1, memory // needed) if memory and needed else 1
+    gpus = tuple(visible_gpus()) if device == "cuda" else ()
+    fitting = per_gpu * max(1, len(gpus))
+    workers = cell_workers(threads, runtime)
+    workers = workers if os.environ.get(WORKERS_ENV, "").strip() or runtime == "flower-deployment" else min(workers, fitting)
+    on_one_gpu = -(-workers // max(1, len(gpus)))  # the most cells any one GPU gets
+    return Placement(workers, threads, gpus, 1.0 / on_one_gpu)
+
+
 def cell_workers(threads: int, runtime: str = "engine") -> int:
     """Cells a stage trains at once: ``$FEDREPRO_CELL_WORKERS``, else the cores this process may use over the torch
     threads of a cell. One on a Flower deployment, whose cells share the stage's SuperLink and SuperNodes."""
@@ -95,24 +142,6 @@ def cell_workers(threads: int, runtime: str = "engine") -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"${WORKERS_ENV} = {raw!r}: expected a whole number of cells to train at once, 1 or more")
     return int(raw)
-
-
-@dataclass
-class _Job:
-    """One cell of the grid, with where it writes and the fingerprint its checkpoint is kept under."""
-    cell: Any
-    out: Path
-    checkpoint_dir: Path
-    inputs_digest: str
-    run: str
-    weight: float = 1.0
-    restored: bool = False
-    rescored: bool = True
-    from_ledger: bool = False
-    started: float = 0.0
-    held: str = ""
-    """Where its finished run already is before the stage starts (``GridPlan``): "ledger", "checkpoint", "store" or
-    "" (it trains here, and what that costs is kept with it in the cell store)."""
 
 
 @dataclass
@@ -153,10 +182,11 @@ class GridPlan:
                 f"{size} of checkpoints, from {self.measured} cell(s) measured on this machine")
 
 
-def grid_label(paper: str, folder: Path, scale: str, precision: str, runtime: str) -> str:
+def grid_label(paper: str, folder: Path, scale: str, precision: str, runtime: str, device: str = "cpu") -> str:
     """What a grid's cells' costs are kept and read under (``GridPlan``): a cell costs what its paper, grid, scale,
-    resolved precision and runtime make it cost."""
-    return f"{paper} {folder} at {scale} scale, {resolve_precision(precision)}, {runtime}"
+    resolved precision, device and runtime make it cost."""
+    where = "" if device == "cpu" else f" on {device}"
+    return f"{paper} {folder} at {scale} scale, {resolve_precision(precision, device)}{where}, {runtime}"
 
 
 def _machine() -> str:
@@ -166,7 +196,7 @@ def _machine() -> str:
     return torch.backends.cpu.get_cpu_capability().lower()
 
 
-def plan_of(jobs: list[_Job], label: str, store: CellStore, ledger: ResultsLedger | None, workers: int) -> GridPlan:
+def plan_of(jobs: list[Job], label: str, store: CellStore, ledger: ResultsLedger | None, workers: int) -> GridPlan:
     """Marks each job ``held`` where its finished run already is, and estimates the rest (``GridPlan``)."""
     for job in jobs:
         if ledger is not None and ledger.holds(job.run, job.cell.name):
@@ -203,42 +233,13 @@ def confirm(plan: GridPlan) -> None:
                            f"${CONFIRM_ENV} higher, or 0, to run without asking")
 
 
-SCORED = "scored"
-"""In a cell's checkpoint folder: the outputs its finished run was scored to, and the run and cell they are of."""
-
-
-def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: _Job, ledger: ResultsLedger | None = None) -> dict:
-    """The job's outputs and metrics: from the results ledger where it holds this run of this cell; else copied from
-    its checkpoint folder where this very run was already scored as this very cell (a finished cell resumed, or
-    restored from the cell store, is not scored again), else ``run_cell``'s, then kept there (and in the ledger). A
-    run scored as another cell (a figure's point equal to a table cell) is scored anew: its outputs name the cell."""
-    if ledger is not None:
-        metrics = ledger.restore(job.run, job.cell, job.out)
-        if metrics is not None:
-            job.rescored, job.from_ledger = False, True
-            return metrics
-    kept, stamp = job.checkpoint_dir / SCORED, {"run": job.run, "cell": job.cell.name}
-    if (kept / "stamp.json").is_file() and read_json(kept / "stamp.json") == stamp:
-        shutil.copytree(kept / "outputs", job.out)
-        job.rescored = False
-        metrics, seconds = read_json(kept / "metrics.json"), None
-    else:
-        metrics = run_cell(job.cell, job.out, job.checkpoint_dir, job.inputs_digest)
-        seconds = None if job.restored else time.perf_counter() - job.started  # a restored run was only scored
-        with atomic_dir(kept) as folder:
-            shutil.copytree(job.out, folder / "outputs")
-            write_json(folder / "metrics.json", metrics)
-            write_json(folder / "stamp.json", stamp)
-    if ledger is not None:
-        ledger.record(job.run, job.cell, job.out, seconds, job.weight)
-    return metrics
-
-
 def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
              inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
              headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
              store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None,
-             ledger: ResultsLedger | None = None, label: str = "", plan_only: bool = False) -> None:
+             ledger: ResultsLedger | None = None, label: str = "", plan_only: bool = False,
+             resources: Callable[[Any], dict] | None = None,
+             environment: Callable[[int], dict[str, str]] | None = None) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
@@ -248,15 +249,18 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     finished cell is kept there, and in ``ledger`` (``fedrepro.ledger``), from which a cell it holds is taken back
     untrained. With ``workers`` > 1 the cells train in forked children, that many at a time (``_run_forked``), those of
     the greatest ``weight`` (a cell's training in table cells' worth) first: a sweep of a few cells otherwise leaves a
-    worker idle while its longest ends. Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell starts. Before the first
-    cell, the stage says its plan (``GridPlan``: the cells already finished, the rest's estimated minutes and disk,
+    worker idle while its longest ends. With ``$RAY_ADDRESS`` (``CLUSTER_ENV``) set, the cells to train are Ray tasks
+    on that cluster instead (``fedrepro.cluster``), each asking for ``resources(cell)`` (Ray's ``num_cpus``,
+    ``num_gpus``: a fraction shares a GPU; by default one CPU). Worker i (the stage's own process when it trains alone)
+    sets ``environment(i)`` before its first cell (``Placement.environment``: the GPU it sees). Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell
+    starts. Before the first cell, the stage says its plan (``GridPlan``: the cells already finished, the rest's estimated minutes and disk,
     measured from the cells of the same ``label`` this machine trained) and, above ``$FEDREPRO_CONFIRM_MINUTES``,
     asks in a terminal (``confirm``). With ``plan_only`` it prints the plan (to stdout) and stops there, writing
     nothing."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     store = store if store is not None else CellStore.from_environment()
 
-    def finish(job: _Job, metrics: dict) -> None:
+    def finish(job: Job, metrics: dict) -> None:
         nonlocal done
         if not job.from_ledger:  # no checkpoint was made: there is nothing to keep
             trained = not (job.held or job.restored or not job.rescored)
@@ -274,6 +278,7 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
                       ledger, workers).line(), flush=True)
         return
     (checkpoints / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
+    cluster = os.environ.get(CLUSTER_ENV, "").strip()
     with atomic_dir(out / folder) as tmp:
         jobs = _jobs(rows, folder, tmp, checkpoints, inputs, fingerprint_of, weight)
         plan = plan_of(jobs, label, store, ledger, workers)
@@ -282,17 +287,20 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         stop_at = _stop_time()
         if stop_at is not None:  # seed by seed, so that a budget spent leaves whole seeds
             jobs.sort(key=lambda job: (getattr(job.cell, "seed", 0), -job.weight))
-        elif workers > 1 and weight is not None:  # the longest first, so the last cells to finish are short ones
+        elif (workers > 1 or cluster) and weight is not None:  # the longest first: the last to finish are short ones
             jobs.sort(key=lambda job: -job.weight)
         may_start = _starter(stop_at, ledger)
-        if workers > 1 and len(jobs) > 1:
-            _run_forked(jobs, run_cell, store, finish, workers, ledger, may_start)
+        if cluster:
+            run_on_cluster(cluster, jobs, inputs, run_cell, store, finish, ledger, may_start, stop_at, resources)
+        elif workers > 1 and len(jobs) > 1:
+            _run_forked(jobs, run_cell, store, finish, workers, ledger, may_start, environment)
         else:
+            os.environ.update(environment(0) if environment is not None else {})
             for job in jobs:
                 if not may_start(job):
                     continue
                 job.started = time.perf_counter()
-                job.restored = _restore(job, store, ledger)
+                job.restored = restore_job(job, store, ledger)
                 finish(job, scored_cell(run_cell, job, ledger))
         if done < total:
             raise BudgetSpent(f"${STOP_ENV} passed: {total - done} of {total} cells were not started ({done} "
@@ -301,7 +309,7 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
 
 def _jobs(rows: dict[Path, list], folder: Path, written: Path, checkpoints: Path,
           inputs: Callable[[Any], tuple[Path, ...]], fingerprint_of: Callable[[Any, str], str],
-          weight: Callable[[Any], float] | None) -> list[_Job]:
+          weight: Callable[[Any], float] | None) -> list[Job]:
     """A job per cell: it writes under ``written`` (the stage's output folder, or its temporary stand-in), with the
     folders it reads digested once each."""
     digests: dict[tuple[Path, ...], str] = {}
@@ -311,7 +319,7 @@ def _jobs(rows: dict[Path, list], folder: Path, written: Path, checkpoints: Path
             folders = inputs(cell)
             if folders not in digests:
                 digests[folders] = tree_digest(*folders)
-            jobs.append(_Job(cell, written / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
+            jobs.append(Job(cell, written / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
                              digests[folders], fingerprint_of(cell, digests[folders]),
                              weight(cell) if weight is not None else 1.0))
     return jobs
@@ -319,11 +327,6 @@ def _jobs(rows: dict[Path, list], folder: Path, written: Path, checkpoints: Path
 
 def _size(folder: Path) -> int:
     return sum(file.stat().st_size for file in Path(folder).rglob("*") if file.is_file())
-
-
-def _restore(job: _Job, store: CellStore, ledger: ResultsLedger | None) -> bool:
-    """Restore the job's finished run from the cell store, unless the ledger holds its outputs (no checkpoint needed)."""
-    return (ledger is None or not ledger.holds(job.run, job.cell.name)) and store.restore(job.run, job.checkpoint_dir)
 
 
 def _stop_time() -> float | None:
@@ -336,16 +339,16 @@ def _stop_time() -> float | None:
         raise ConfigError(f"${STOP_ENV} = {raw!r}: expected a time in Unix seconds") from None
 
 
-def _starter(stop_at: float | None, ledger: ResultsLedger | None) -> Callable[[_Job], bool]:
+def _starter(stop_at: float | None, ledger: ResultsLedger | None) -> Callable[[Job], bool]:
     """Whether a job may start now: always before ``stop_at``, and after it only if the ledger holds its cell."""
-    def may_start(job: _Job) -> bool:
+    def may_start(job: Job) -> bool:
         return stop_at is None or time.time() < stop_at or (ledger is not None and ledger.holds(job.run, job.cell.name))
     return may_start
 
 
-def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
-                finish: Callable[[_Job, dict], None], workers: int, ledger: ResultsLedger | None,
-                may_start: Callable[[_Job], bool]) -> None:
+def _run_forked(jobs: list[Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
+                finish: Callable[[Job, dict], None], workers: int, ledger: ResultsLedger | None,
+                may_start: Callable[[Job], bool], environment: Callable[[int], dict[str, str]] | None = None) -> None:
     """The jobs on ``workers`` children forked once from this process (which has run no torch op, so no thread pool is
     copied half made), each training the cells handed to it one after another, so what a runtime keeps for a
     process's later cells (Flower's Ray workers) serves each child's. A cell's stderr (its progress bars and warnings)
@@ -360,7 +363,9 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
         try:
             for number in range(min(workers, len(jobs))):
                 ours, theirs = context.Pipe()
-                child = context.Process(target=_worker, args=(theirs, run_cell, ledger), name=f"cell-worker-{number}")
+                settings = environment(number) if environment is not None else {}
+                child = context.Process(target=_worker, args=(theirs, run_cell, ledger, settings),
+                                        name=f"cell-worker-{number}")
                 child.start()
                 theirs.close()
                 children.append((ours, child))
@@ -372,7 +377,7 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                         continue
                     ours, child = idle.pop()
                     job.started = time.perf_counter()
-                    job.restored = _restore(job, store, ledger)
+                    job.restored = restore_job(job, store, ledger)
                     log = Path(logs) / f"{job.cell.name}.log"
                     ours.send((job, log))
                     busy[ours] = (job, child, log)
@@ -391,7 +396,7 @@ def _run_forked(jobs: list[_Job], run_cell: Callable[[Any, Path, Path, str], dic
                     if outcome is None or outcome[0] == "error":
                         if said:
                             print(f"--- {job.cell.name}'s last lines:", *said[-20:], sep="\n", file=sys.stderr)
-                        raise _child_error(job, child, outcome)
+                        raise child_error(job, child, outcome)
                     if said:
                         print(*said, sep="\n", file=sys.stderr)
                     job.rescored, job.from_ledger = outcome[2], outcome[3]
@@ -417,9 +422,11 @@ def _stop_tqdm_monitor() -> None:
         tqdm.monitor = None
 
 
-def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict], ledger: ResultsLedger | None) -> None:
-    """A forked child's work: each cell it is sent (``None`` ends it), its stderr into the cell's log, its metrics or
-    its error sent back."""
+def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict], ledger: ResultsLedger | None,
+            settings: dict[str, str]) -> None:
+    """A forked child's work: its ``settings`` into its environment (the GPU it sees, before any CUDA op), then each
+    cell it is sent (``None`` ends it), its stderr into the cell's log, its metrics or its error sent back."""
+    os.environ.update(settings)
     while (sent := connection.recv()) is not None:
         job, log = sent
         sys.stderr.flush()
@@ -438,16 +445,3 @@ def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], d
     connection.close()
 
 
-def _child_error(job: _Job, child: Any, outcome: tuple | None) -> BaseException:
-    """What a failed cell raises in the stage: a fedrepro error as it was raised (one clear line), anything else
-    with the child's traceback attached; a child that died without a word, with its exit code."""
-    if outcome is None:
-        return RuntimeError(f"cell {job.cell.name}: its process ended with exit code {child.exitcode} before "
-                            "reporting (killed, or out of memory?)")
-    _, error, formatted = outcome
-    if isinstance(error, FedreproError):
-        return error
-    if error is None:
-        return RuntimeError(f"cell {job.cell.name} failed:\n{formatted}")
-    error.add_note(f"in cell {job.cell.name}'s process:\n{formatted}")
-    return error

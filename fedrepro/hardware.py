@@ -45,9 +45,16 @@ def native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags)) and not caps & _CAPS_WITHOUT_BF16
 
 
-def resolve_precision(precision: str) -> str:
-    """``auto`` -> bf16 where it runs on bf16 instructions, fp32 elsewhere; fp32 and bf16 are kept as given."""
-    return ("bf16" if native_bf16() else "fp32") if precision == "auto" else precision
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """``auto`` -> bf16 where it runs on bf16 instructions (of the CPU, or of the resolved GPU ``device``), fp32
+    elsewhere; fp32 and bf16 are kept as given."""
+    if precision != "auto":
+        return precision
+    if device.startswith("cuda"):
+        from fedrepro.device import bf16_native
+
+        return "bf16" if bf16_native(device) else "fp32"
+    return "bf16" if native_bf16() else "fp32"
 
 
 def _version(package: str) -> str | None:
@@ -57,10 +64,11 @@ def _version(package: str) -> str | None:
         return None
 
 
-@lru_cache(maxsize=1)
-def machine_fingerprint() -> dict:
+@lru_cache(maxsize=None)
+def machine_fingerprint(device: str = "cpu") -> dict:
     """CPU model and the instruction-set flags that pick kernels, torch's chosen CPU capability, the kernel
-    environment variables set, and the numeric libraries' versions; ``id`` is a short digest of all of it."""
+    environment variables set, the numeric libraries' versions and, for a cell on a GPU ``device``, the GPU
+    (``fedrepro.device.describe``); ``id`` is a short digest of all of it."""
     import torch
 
     model, flags = _cpu()
@@ -72,6 +80,10 @@ def machine_fingerprint() -> dict:
         "libraries": {name: _version(name) for name in LIBRARIES},
         "python": platform.python_version(),
     }
+    if device.startswith("cuda"):
+        from fedrepro.device import describe as describe_gpu
+
+        info["gpu"] = describe_gpu(device)
     info["id"] = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
     return info
 
@@ -85,6 +97,7 @@ def describe(fingerprints: list[dict]) -> str:
     for f in seen.values():
         env = ", ".join(f"{k}={v}" for k, v in f["kernel_env"].items()) or "no kernel override"
         libs = ", ".join(f"{k} {v}" for k, v in f["libraries"].items() if v)
-        parts.append(f"`{f['id']}`: {f['cpu']} ({', '.join(f['isa_flags']) or 'no AVX2'}; torch kernels "
+        gpu = f"{f['gpu']['name']} (CUDA {f['gpu']['cuda']}) with " if f.get("gpu") else ""
+        parts.append(f"`{f['id']}`: {gpu}{f['cpu']} ({', '.join(f['isa_flags']) or 'no AVX2'}; torch kernels "
                      f"{f['torch_cpu_capability']}; {env}); {libs}; Python {f['python']}")
     return "; ".join(parts)

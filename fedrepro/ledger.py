@@ -61,10 +61,16 @@ class Gold:
                 and not any(fnmatch.fnmatch(str(p), g) for g in self.dropped_files)]
 
 
-def machine_class(precision: str) -> str:
-    """``<torch's CPU capability>-<precision>``, lower case: which kernels trained a cell."""
+def machine_class(precision: str, device: str = "cpu") -> str:
+    """``<torch's CPU capability>-<precision>`` on the CPU, ``cuda-sm<capability>-<precision>`` on a GPU (``cuda-sm90-
+    bf16``: an H100), lower case: which kernels trained a cell."""
     import torch
 
+    if device.startswith("cuda"):
+        from fedrepro.device import capability
+
+        major, minor = capability(device)
+        return f"cuda-sm{major}{minor}-{precision}"
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-{precision}"
 
 
@@ -85,10 +91,10 @@ class ResultsLedger:
         self.commit = _commit()
 
     @classmethod
-    def from_environment(cls, gold: Gold, precision: str) -> ResultsLedger | None:
+    def from_environment(cls, gold: Gold, precision: str, device: str = "cpu") -> ResultsLedger | None:
         """The ledger ``$FEDREPRO_LEDGER`` names, else None."""
         chosen = os.environ.get(ENV, "").strip()
-        return cls(Path(chosen).expanduser(), gold, machine_class(precision)) if chosen else None
+        return cls(Path(chosen).expanduser(), gold, machine_class(precision, device)) if chosen else None
 
     def entry(self, run: str, cell_name: str) -> Path:
         return self.root / cell_name / f"{run[:16]}-{self.machine}"

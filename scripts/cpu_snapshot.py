@@ -8,6 +8,7 @@
     python scripts/cpu_snapshot.py carry fedcmc              # after a code change: re-key the ledger if 3 cells retrain identical
     python scripts/cpu_snapshot.py canary ssvfnas            # a stale one carried forward, or marked
     python scripts/cpu_snapshot.py plan [fedmatch]           # the cells a snapshot trains, by table and figure
+    python scripts/cpu_snapshot.py plan --scale paper        # what the paper-scale grid costs on a GPU (bench/README)
     python scripts/cpu_snapshot.py partial fedcmc WORKDIR    # Table 2 as the ledger holds it, no verdicts (PARTIAL.md)
 
 A snapshot grows across stretches of work in its results ledger, ``reports/cpu/<paper>/cells`` (``fedrepro.ledger``):
@@ -42,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import Counter, defaultdict
@@ -93,6 +95,78 @@ def plan(paper: str) -> list[tuple[str, int, float]]:
 
     params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
     return [(name, len(cells), sum(weight(cell) for cell in cells)) for name, cells, weight in snapshot_cells(paper, params)]
+
+
+def paper_params(mirror: Path):
+    """params.yaml at the paper scale, reading the raw mirror at ``mirror``."""
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.config import parse_params, read_raw_params
+
+    raw = read_raw_params(ROOT / "params.yaml")
+    for key, value in {"scale": "paper", "data.source": "mirror", "data.mirror": str(mirror)}.items():
+        set_key(raw, key, value)
+    return parse_params(raw)
+
+
+def paper_plan(paper: str, params, mirror: Path, gpu: str, precision: str | None = None, mfu: float | None = None,
+               tflops: float | None = None) -> list[str]:
+    """The lines of ``plan --scale paper``: per table and figure of ``paper``'s grid at ``params``' scale, the cells,
+    their tokens and FLOPs (``fedrepro.<paper>.costs``), the largest cell's memory, how many such cells share one ``gpu``, and
+    GPU-hours at ``tflops`` achieved TFLOP/s (default: the GPU's dense peak at the precision x ``mfu``); then the
+    paper's total, each training run once (a figure's point that is a table's cell is trained once)."""
+    from fedrepro import costs
+
+    device = costs.GPUS[gpu]
+    if paper == "ssvfnas":
+        from fedrepro.ssvfnas.costs import SSVFNASCosts
+
+        model, precision = SSVFNASCosts.from_mirror(params, mirror), SSVFNASCosts.precision
+    else:
+        from fedrepro.fedcmc.costs import FedCMCCosts
+        from fedrepro.fedmatch.costs import FedMatchCosts
+
+        precision = precision or params.train.precision
+        text_model = {"fedmatch": FedMatchCosts, "fedcmc": FedCMCCosts}[paper]
+        model = text_model.from_mirror(params, mirror, precision)
+    mfu = costs.ASSUMED_MFU if mfu is None else mfu
+    rate = tflops or device.peak_tflops[precision] * mfu
+    how = (f"{tflops:g} TFLOP/s achieved (given)" if tflops else f"{device.peak_tflops[precision]:g} TFLOP/s dense "
+           f"{precision} peak x {mfu:.0%} MFU (assumed) = {rate:.1f} TFLOP/s")
+    groups = [(name, [model(cell) for cell in cells]) for name, cells, _ in snapshot_cells(paper, params)]
+    hours = lambda flops: hours_text(costs.gpu_hours(flops, rate))  # noqa: E731
+    runs = {cost.run: cost for _, group in groups for cost in group}
+    gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
+
+    def row(name: str, group: list) -> str:
+        largest = max(group, key=lambda cost: costs.cell_gpu_memory(cost.memory))
+        reserve = costs.cell_gpu_memory(largest.memory)
+        return (f"  {name:<28}{len(group):>6}{sum(sum(c.train_tokens.values()) for c in group):>11.2e}"
+                f"{sum(c.eval_tokens for c in group):>10.2e}{sum(c.train_flops for c in group):>11.2e}"
+                f"{sum(c.eval_flops for c in group):>10.2e}{gib(largest.memory.peak):>10}{gib(reserve):>9}"
+                f"{device.memory // reserve:>6}{hours(sum(cost.flops for cost in group)):>10}")
+
+    total = sum(cost.flops for cost in runs.values())
+    lines = [f"{paper} at paper scale: {len(runs)} training runs, {total:.2e} FLOPs, {hours(total)} GPU-hours on one "
+             f"{device.label} in {precision}", f"  at {how}",
+             f"  {'table or figure':<28}{'cells':>6}{'train tok':>11}{'eval tok':>10}{'train FLOP':>11}{'eval FLOP':>10}"
+             f"{'peak GiB':>10}{'GPU GiB':>9}{'/GPU':>6}{'GPU-hours':>10}"]
+    lines += [row(name, group) for name, group in groups]
+    lines.append(row("total, each run once", list(runs.values())))
+    largest = max(runs.values(), key=lambda cost: cost.parameters)
+    notes = [f"largest model: {largest.parameters:,} parameters ({largest.name}). peak GiB: weights + gradients + "
+             "optimiser state + one batch's activations of the group's largest cell; GPU GiB: what that cell reserves "
+             f"(x {costs.GPU_SAFETY} + {gib(costs.CUDA_CONTEXT)} GiB of CUDA context); /GPU: such cells on one GPU",
+             *model.notes]
+    if paper == "ssvfnas":
+        notes.append("tiny networks: kernel launches, not FLOPs, bound their time on a GPU, so these GPU-hours are a "
+                     "floor")
+    return lines + [line for note in notes
+                    for line in textwrap.wrap(note, 118, initial_indent="  ", subsequent_indent="    ")]
+
+
+def hours_text(value: float) -> str:
+    """GPU-hours to print: whole hours from 100, tenths from 1, two significant digits below."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2g}"
 
 
 def snapshot_cells(paper: str, params) -> list[tuple[str, list, object]]:
@@ -850,8 +924,20 @@ def main() -> None:
                                         "retrained at HEAD comes out bit-identical; else mark it stale")
     canary_parser.add_argument("paper", choices=sorted(p for p in PAPERS if "canary" in PAPERS[p]))
     canary_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
-    plan_parser = commands.add_parser("plan")
+    plan_parser = commands.add_parser("plan", help="the cells a snapshot trains (--scale cpu); with --scale paper, what "
+                                      "the paper-scale grid costs on a GPU (fedrepro/<paper>/costs.py)")
     plan_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
+    plan_parser.add_argument("--scale", choices=["cpu", "paper"], default="cpu")
+    plan_parser.add_argument("--mirror", type=Path, default=ROOT.parent / "shared" / "data" / "raw",
+                             help="(--scale paper) the raw data mirror the datasets' sizes are counted from")
+    plan_parser.add_argument("--gpu", choices=["h100", "h200", "a100"], default="h100",  # fedrepro.costs.GPUS
+                             help="(--scale paper) the GPU whose datasheet gives the peak and the memory")
+    plan_parser.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="(--scale paper) the text "
+                             "papers' training precision; default: the params' (SS-VFNAS trains in fp32)")
+    plan_parser.add_argument("--mfu", type=float, default=None, help="(--scale paper) the share of the GPU's dense peak "
+                             "achieved; default: fedrepro.costs.ASSUMED_MFU")
+    plan_parser.add_argument("--tflops", type=float, default=None, help="(--scale paper) a measured throughput in "
+                             "achieved TFLOP/s, in place of the peak x MFU")
     partial_parser = commands.add_parser("partial", help="FedCMC's Table 2 as the ledger holds it, no verdicts "
                                          "(reports/cpu/fedcmc/PARTIAL.md)")
     partial_parser.add_argument("paper", choices=["fedcmc"])
@@ -892,6 +978,11 @@ def main() -> None:
     if unknown:
         parser.error(f"{args.command}: unknown paper(s) {unknown}; allowed {sorted(PAPERS)}")
     for paper in args.papers or sorted(PAPERS):
+        if args.command == "plan" and args.scale == "paper":
+            for line in paper_plan(paper, paper_params(args.mirror), args.mirror, args.gpu, args.precision, args.mfu,
+                                   args.tflops):
+                print(line)
+            continue
         if args.command == "plan":
             groups, rate = plan(paper), seconds_per_worth(ledger_stamps(paper))
             total = sum(w for _, _, w in groups)

@@ -12,9 +12,10 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells, training_weight
+from fedrepro.fedcmc.costs import largest_cell_gpu_memory
 from fedrepro.fedcmc.runs import cell_inputs, check_methods, headline, ledger_gold, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
-from fedrepro.grid import cell_workers, grid_label, run_grid, sweep_rows, table_rows
+from fedrepro.grid import grid_label, placement, run_grid, sweep_rows, table_rows
 from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
@@ -39,18 +40,22 @@ def main() -> None:
     else:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
-    workers = cell_workers(params.train.threads, params.train.runtime)
+    cells = [cell for row in rows.values() for cell in row]
+    place = placement(params.train.threads, params.train.runtime, params.train.device,
+                      lambda: largest_cell_gpu_memory(params, cells))
     grid = functools.partial(
         run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
         lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
-        lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
+        lambda cell, digest: run_fingerprint(params, cell, digest), workers=place.workers,
+        resources=place.resources, environment=place.environment,
         weight=lambda cell: training_weight(params, cell),
-        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision),
-        label=grid_label("fedcmc", folder, params.scale, params.train.precision, params.train.runtime))
+        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision, params.train.device),
+        label=grid_label("fedcmc", folder, params.scale, params.train.precision, params.train.runtime,
+                         params.train.device))
     if args.plan:
         grid(plan_only=True)
         return
-    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", workers * params.train.threads):
+    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", place.workers * params.train.threads):
         grid()
 
 

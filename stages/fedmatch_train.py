@@ -12,9 +12,10 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedmatch.cells import SWEEPS, sweep_cells, table_cells, training_weight
+from fedrepro.fedmatch.costs import largest_cell_gpu_memory
 from fedrepro.fedmatch.runs import cell_inputs, headline, ledger_gold, run_cell, run_fingerprint
 from fedrepro.fl.runtime import stage_federation
-from fedrepro.grid import cell_workers, grid_label, run_grid, sweep_rows, table_rows
+from fedrepro.grid import grid_label, placement, run_grid, sweep_rows, table_rows
 from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
@@ -37,18 +38,22 @@ def main() -> None:
         folder, rows = sweep_rows(SWEEPS, lambda sweep: [c for c in sweep_cells(params) if c.sweep == sweep], args.sweep)
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
-    workers = cell_workers(params.train.threads, params.train.runtime)
+    cells = [cell for row in rows.values() for cell in row]
+    place = placement(params.train.threads, params.train.runtime, params.train.device,
+                      lambda: largest_cell_gpu_memory(params, cells))
     grid = functools.partial(
         run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
         lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
-        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
+        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=place.workers,
+        resources=place.resources, environment=place.environment,
         weight=lambda cell: training_weight(params, cell),
-        ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision),
-        label=grid_label("fedmatch", folder, params.scale, params.train.precision, params.train.runtime))
+        ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision, params.train.device),
+        label=grid_label("fedmatch", folder, params.scale, params.train.precision, params.train.runtime,
+                         params.train.device))
     if args.plan:
         grid(plan_only=True)
         return
-    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", workers * params.train.threads):
+    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", place.workers * params.train.threads):
         grid()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fl.flower.ray_head import simulated_stage
-from fedrepro.grid import cell_workers, grid_label, run_grid, table_rows
+from fedrepro.grid import grid_label, placement, run_grid, table_rows
 from fedrepro.ledger import ResultsLedger
 from fedrepro.ssvfnas.cells import BASELINE, LABEL_ALONE, all_cells
 from fedrepro.ssvfnas.runs import cell_inputs, headline, ledger_gold, run_cell, run_fingerprint
@@ -37,17 +37,19 @@ def main() -> None:
                               BASELINE if args.baseline else args.method)
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process (each
     # child a stage forks to train cells at once runs its own, to the same result)
-    workers = cell_workers(params.ssvfnas.threads, params.train.runtime)
+    place = placement(params.ssvfnas.threads, params.train.runtime, params.train.device)  # one cell a GPU (fedrepro/ssvfnas/costs.py)
     grid = functools.partial(
         run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
         lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache),
-        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=workers,
-        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32"),  # SS-VFNAS trains in fp32
-        label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime))
+        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=place.workers,
+        resources=place.resources, environment=place.environment,
+        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32", params.train.device),  # SS-VFNAS trains in fp32
+        label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime,
+                         params.train.device))
     if args.plan:
         grid(plan_only=True)
         return
-    with simulated_stage(params.train.runtime, workers * params.ssvfnas.threads):
+    with simulated_stage(params.train.runtime, place.workers * params.ssvfnas.threads):
         grid()
 
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedrepro.fl.channel import SERVER  # noqa: E402
+from fedrepro.channel import SERVER  # noqa: E402
 from fedrepro.fl.engine import Engine  # noqa: E402
 from fedrepro.fl.flower import launcher  # noqa: E402
 from fedrepro.fl.flower.deployment import rounds_checkpointed  # noqa: E402

@@ -38,6 +38,20 @@ def test_a_kept_cell_is_restored_in_another_copy_as_links_to_the_same_files(tmp_
     assert not store.restore("run-2", tmp_path / "copy-c" / "cell"), "a run never kept is not restored"
 
 
+def test_a_cells_cost_is_kept_in_the_store_and_never_in_the_workspace_marker(tmp_path):
+    """The workspace's checkpoint folder is a stage output: seconds in its marker would differ from run to run and
+    make DVC see an identical retrained stage as changed. The store's copy keeps the cost for plans."""
+    store = CellStore(tmp_path / "store")
+    cost = {"label": "toy", "machine": "avx2", "seconds": 12.5, "worth": 1.0, "bytes": 10}
+    kept = finished_folder(tmp_path / "copy-a" / "cell")
+    store.keep("run-1", kept, cost)
+    assert json.loads((kept / MARKER).read_text()) == {"fingerprint": "run-1"}
+    assert store.costs("toy", "avx2") == [cost]
+    restored = tmp_path / "copy-b" / "cell"
+    assert store.restore("run-1", restored)
+    assert (restored / MARKER).read_bytes() == (kept / MARKER).read_bytes(), "a restored cell's marker as a trained one's"
+
+
 def test_restoring_replaces_an_unfinished_or_other_run(tmp_path):
     store = CellStore(tmp_path / "store")
     store.keep("run-1", finished_folder(tmp_path / "a"))

@@ -11,7 +11,7 @@ from fedrepro.fl.algorithms.fedavg import FedAvg
 from fedrepro.fl.algorithms.fedcmc import FedCMC
 from fedrepro.fl.algorithms.feddyn import CLIENT_GRADIENT, SERVER_STATE
 from fedrepro.fl.algorithms.scaffold import Scaffold
-from fedrepro.fl.channel import SERVER, Channel, upload_problem
+from fedrepro.channel import SERVER, Channel, upload_problem
 from fedrepro.fl.engine import STATE, Engine, EngineSettings, lr_factor
 from fedrepro.io import write_json
 from scaffold_invariant import control_variate_gap, largest_control

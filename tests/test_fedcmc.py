@@ -17,7 +17,7 @@ from fedrepro.fl.algorithms.fedlc import calibration
 from fedrepro.fl.algorithms.fedrs import restricted_scale
 from fedrepro.fl.algorithms.moon import PREVIOUS
 from fedrepro.fl.algorithms.scaffold import CONTROL
-from fedrepro.fl.channel import SERVER
+from fedrepro.channel import SERVER
 from fedrepro.fl.engine import GLOBAL, Engine, EngineSettings
 from fedrepro.models.backbone import build_encoder, train_wordpiece
 from fedrepro.models.relation import CLASSIFIER, RelationClassifier, add_entity_markers, local_average_similarity

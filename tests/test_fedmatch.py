@@ -14,7 +14,7 @@ from fedrepro.fedmatch.methods import METHODS
 from fedrepro.fl.algorithm import CommonSettings
 from fedrepro.fl.algorithms import build_algorithm
 from fedrepro.fl.algorithms.coverquery import with_cover_queries
-from fedrepro.fl.channel import SERVER
+from fedrepro.channel import SERVER
 from fedrepro.fl.engine import Engine, EngineSettings
 from fedrepro.models.patches import PatchSpec, patch_norms
 from fedrepro.fedmatch.runs import algorithm_settings
@@ -151,7 +151,7 @@ def test_cover_queries_hide_every_real_question_among_k_covers():
 
 def test_coverquery_central_trainer_only_sees_covered_questions(tmp_path):
     from fedrepro.fl.algorithms.coverquery import CoverQuery
-    from fedrepro.fl.channel import Channel
+    from fedrepro.channel import Channel
 
     class Task:
         client_ids = ["a", "b"]

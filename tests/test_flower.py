@@ -406,7 +406,7 @@ def test_an_upload_that_crossed_flower_is_checked_as_the_engine_checks_it():
     """The server refuses what the engine refuses (test_engine: names, shapes, NaN/Inf) with the same function; an
     upload that crossed as Flower arrays passes it unchanged, and a NaN survives the crossing to be refused."""
     pytest.importorskip("flwr", reason="the flower extra is not installed")
-    from fedrepro.fl.channel import upload_problem
+    from fedrepro.channel import upload_problem
     from fedrepro.fl.flower import server
     from fedrepro.fl.flower.messages import to_record, to_tensors
 

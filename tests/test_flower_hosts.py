@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from fedrepro.fl.channel import Message
+from fedrepro.channel import Message
 from fedrepro.fl.checkpoint import LATEST
 from fedrepro.fl.flower.federation import CONNECTION, MARK
 from fedrepro.fl.flower.launcher import children_folder

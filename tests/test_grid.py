@@ -227,3 +227,68 @@ def test_a_plan_only_run_says_its_plan_on_stdout_and_writes_nothing(tmp_path, ca
              CellStore(tmp_path / "store"), label="toy tables", plan_only=True)
     assert capfd.readouterr().out.startswith("plan, toy tables: 1 cells: 1 to train")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs"]
+
+
+def test_each_cell_worker_sets_its_own_environment_before_its_cells(tmp_path):
+    """How a stage gives each worker its own GPU (``Placement.environment``: CUDA_VISIBLE_DEVICES), shown on the CPU
+    with a variable of the test's own: every cell sees its worker's value, and two workers two values."""
+    def run_in_child(cell, out, checkpoint_dir, digest):
+        out.mkdir(parents=True)
+        (out / "seen").write_text(os.environ["FEDREPRO_TEST_WORKER"] + " " + str(os.getpid()))
+        return {"loss": 0.0}
+
+    cells = [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
+    (tmp_path / "inputs").mkdir()
+    run_grid({Path("tables"): cells}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
+             lambda cell: (tmp_path / "inputs",), run_in_child, lambda metrics: "done", lambda cell, digest: cell.name,
+             CellStore(None), workers=2, environment=lambda worker: {"FEDREPRO_TEST_WORKER": f"worker-{worker}"})
+    seen = {tuple(p.read_text().split()) for p in (tmp_path / "out" / "tables").glob("*/seen")}
+    assert {value for value, _ in seen} == {"worker-0", "worker-1"}
+    assert all(len({value for value, p in seen if p == pid}) == 1 for _, pid in seen), "one value a process"
+
+
+@pytest.mark.parametrize("workers_env, expected_workers, share, second_gpu", [
+    (None, 2, 1.0, "1"),      # 2 cores, 2 GPUs with room for 2 cells each: a cell a GPU
+    ("4", 4, 0.5, "1"),       # four workers asked for: two cells on each GPU, half a GPU each
+    ("3", 3, 0.5, "1"),
+])
+def test_a_gpu_stage_puts_one_worker_on_each_gpu_and_more_where_they_fit(monkeypatch, workers_env, expected_workers,
+                                                                         share, second_gpu):
+    from fedrepro import grid as grids
+
+    monkeypatch.setattr(grids, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(grids, "memory_bytes", lambda device: 80 * 2**30)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    if workers_env is None:
+        monkeypatch.delenv(WORKERS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WORKERS_ENV, workers_env)
+    placed = grids.placement(1, "engine", "cuda", cell_bytes=lambda: 30 * 2**30)
+    assert placed.workers == expected_workers and placed.share == share
+    assert placed.environment(0)["CUDA_VISIBLE_DEVICES"] == "0"
+    assert placed.environment(1)["CUDA_VISIBLE_DEVICES"] == second_gpu
+    assert placed.resources() == {"num_cpus": 1, "num_gpus": share}
+
+
+def test_a_cell_too_big_for_two_on_a_gpu_gets_a_whole_one_and_cpu_cells_ask_for_no_gpu(monkeypatch):
+    from fedrepro import grid as grids
+
+    monkeypatch.setattr(grids, "visible_gpus", lambda: ["3"])
+    monkeypatch.setattr(grids, "memory_bytes", lambda device: 80 * 2**30)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    placed = grids.placement(1, "engine", "cuda", cell_bytes=lambda: 50 * 2**30)
+    assert placed.workers == 1 and placed.environment(0) == {"CUDA_VISIBLE_DEVICES": "3", "FEDREPRO_GPU_SHARE": "1"}
+    pinned = grids.placement(1, "engine", "cuda:1", cell_bytes=lambda: 10 * 2**30)
+    assert pinned.workers == 8 and "CUDA_VISIBLE_DEVICES" not in pinned.environment(0), "cuda:N: every cell on GPU N"
+    on_cpu = grids.placement(2, "engine", "cpu")
+    assert on_cpu.workers == 8 and on_cpu.environment(0) == {} and on_cpu.resources()["num_gpus"] == 0.0
+
+
+def test_a_flower_stage_refuses_a_ray_cluster_in_one_line(monkeypatch):
+    from fedrepro import grid as grids
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    with pytest.raises(ConfigError, match=r"train\.runtime = 'flower-simulation'.*RAY_ADDRESS"):
+        grids.placement(1, "flower-simulation")
+    assert grids.placement(1, "engine").workers >= 1

@@ -133,11 +133,10 @@ def test_a_killed_fedmatch_cell_resumes_to_identical_metrics(project):
     resumed = subprocess.run(command, cwd=project, env=own_checkpoints_only, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert {p.name: (p / "metrics.json").read_bytes() for p in outputs.iterdir()} == reference
-    # This test ran the stage outside DVC, and the retrained cell's checkpoint marker now holds its own training time
-    # (fedrepro.cell_store's cost, read by plans): record the stage's outputs as `dvc repro` would have, so that the
-    # shared project's lock stays consistent for the tests after this one.
-    committed = run(["dvc", "commit", "--force", "fedmatch_table"], project)
-    assert committed.returncode == 0, committed.stdout[-2000:] + committed.stderr[-2000:]
+    # Retrained outside DVC, the stage's outputs are the bytes DVC recorded, its checkpoints' markers included (a
+    # cell's training time goes only into the cell store's copy): nothing is left for `dvc repro` to redo.
+    status = run(["dvc", "status", "fedmatch_table"], project)
+    assert status.returncode == 0 and "up to date" in status.stdout, status.stdout[-2000:]
 
 
 def test_exp_run_with_a_changed_param_retrains_only_the_cells_it_adds(project):

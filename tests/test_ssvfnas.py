@@ -423,6 +423,35 @@ def test_a_cell_with_its_parties_on_their_own_sides_resumes_to_the_engines_outpu
     assert all((tmp_path / "engine" / f).read_bytes() == (tmp_path / "resumed" / f).read_bytes() for f in files)
 
 
+def test_a_cell_computes_on_the_device_its_params_name(toy_partition, tmp_path, monkeypatch):
+    """``train.device`` reaches every part of a cell: configured once at its start; the pre-search's MoCo (head and
+    queue included) and rows, and in each phase's protocol every party's networks, rows and labels on it; and the
+    parties' recipe carries it to their processes. (Here the CPU, or the GPU of a machine that has one.)"""
+    from fedrepro.ssvfnas.parties import cell_recipe
+    params, cell = tiny_params(), Cell("ss_vfnas2", "toy", 2, 0.0, 0.0, 0)
+    device = torch.device(params.train.device)
+    configured, placed = [], []
+    init, pretrain = phases.VerticalProtocol.__init__, phases.pretrain
+
+    def recording_init(self, parties, **kwargs):
+        for party in parties:
+            held = [party.features, *([] if party.labels is None else [party.labels])]
+            placed.append({t.device for t in held + [w for m in party.modules().values() for w in m.parameters()]})
+        init(self, parties, **kwargs)
+
+    def recording_pretrain(moco, features, *args):
+        placed.append({t.device for t in [features, *moco.parameters(), *moco.buffers()]})
+        return pretrain(moco, features, *args)
+
+    monkeypatch.setattr(runs, "configure", configured.append)
+    monkeypatch.setattr(phases.VerticalProtocol, "__init__", recording_init)
+    monkeypatch.setattr(phases, "pretrain", recording_pretrain)
+    _run(params, cell, toy_partition, tmp_path / "out", tmp_path / "ckpt")
+    assert configured == [params.train.device] and placed == [{device}] * 6  # 2 pre-searches, 2 parties x 2 phases
+    data = phases.hold_out(phases.load_partition(toy_partition), params.ssvfnas.retrain.held_out_fraction, params.data.seed)
+    assert cell_recipe(params, cell, data, toy_partition, "search", "run").device == params.train.device
+
+
 def test_a_party_of_its_own_builds_only_from_its_own_columns(toy_partition):
     from fedrepro.ssvfnas.parties import CellParty
     params, cell = tiny_params(), Cell("vfnas1", "toy", 2, 1.0, 1.0, 0)

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from fedrepro.device import model_device, to_device
 from fedrepro.fl.algorithm import Algorithm, CommonSettings, FederatedTask, TaskOutput
 from fedrepro.fl.algorithms import REGISTRY, build_algorithm
 
@@ -54,12 +55,12 @@ class ToyTask(FederatedTask):
             yield x[index], y[index]
 
     def forward(self, model: nn.Module, batch) -> TaskOutput:
-        x, y = batch
+        x, y = to_device(batch, model_device(model))
         prediction = model(x)
         return TaskOutput(loss=((prediction - y) ** 2).mean(), logits=prediction)
 
     def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
-        x, y = self.data[client_id]
+        x, y = to_device(self.data[client_id], model_device(model))
         return {"mse": float(((model(x[:16]) - y[:16]) ** 2).mean())}
 
 

@@ -284,7 +284,7 @@ def render_report(params: Params, data: FedCMCResults) -> str:
     comm = communication_table(data, params)
     where = f"{point_name(*point)}, seed {fc.seeds[0]}" if point is not None else f"the first main-table cell of each method, seed {fc.seeds[0]}"
     lines += ["## Communication and memory", "",
-              f"One main-table cell per method ({where}). Bytes are counted by the channel (`fedrepro/fl/channel.py`) and summed "
+              f"One main-table cell per method ({where}). Bytes are counted by the channel (`fedrepro/channel.py`) and summed "
               "over the clients of a round. FedCMC downloads the C major vectors (C x 2d floats) with the model from round 2 "
               "on; SCAFFOLD's control variates travel with the weights both ways, about doubling each direction; MOON keeps "
               "each client's previous model and SCAFFOLD each client's variate as private state.", "",

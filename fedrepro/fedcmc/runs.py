@@ -140,7 +140,7 @@ def cell_recipe(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: 
         clients_per_round=0, lr=settings.lr,
         batch_size=settings.batch_size, warmup_fraction=train.warmup_fraction, max_grad_norm=train.max_grad_norm,
         seed=cell.seed, eval_every=settings.eval_every, precision=train.precision, fit_samples=train.fit_samples,
-        eval_splits=("valid", "test"),
+        eval_splits=("valid", "test"), device=train.device,
     )
     folders = (Path(prepared_dir).resolve(), Path(partitions_dir).resolve(), Path(tokenizer_dir).resolve())
     spec = recipe_spec("fedrepro.fedcmc.runs:spec_recipe", params, cell, list(folders), inputs_digest)
@@ -201,7 +201,7 @@ def run_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Pat
     state = engine.run()
     out.mkdir(parents=True)
     model = engine.global_model()
-    with scoring(engine.settings.precision):
+    with scoring(engine.settings.precision, engine.settings.device):
         if isinstance(engine.task, ServerTaskView):  # silo-local: the server holds no sentence
             predictions, test, valid, truncated = silo_evaluation(params, cell, partitions_dir, tokenizer_dir,
                                                                   Path(checkpoint_dir) / SILOS, engine.task, model)
@@ -220,7 +220,7 @@ def run_cell(params: Params, cell: Cell, prepared_dir: Path, partitions_dir: Pat
         "memory_bytes": engine.memory_bytes(),
         "parameters": parameter_counts(engine),
         "truncated_train_sentences": truncated,
-        "hardware": machine_fingerprint(),
+        "hardware": machine_fingerprint(engine.settings.device),
     }
     write_json(out / "metrics.json", metrics)
     return metrics

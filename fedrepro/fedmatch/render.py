@@ -155,7 +155,7 @@ def render_report(params: Params, data: FedMatchResults, chance: dict, bm25: dic
                   "about the budget than about the method:", ""] + [f"- {line}" for line in caveats] + [""]
     rows = list(dict.fromkeys(fm.table3 + fm.table2))
     lines += ["## Training, parameters, communication and memory", "",
-              "The training loss is the mean over clients and seeds of each round's local hinge (or cross-entropy) loss. Bytes are counted by the channel (`fedrepro/fl/channel.py`); uploads happen once per round per sampled "
+              "The training loss is the mean over clients and seeds of each round's local hinge (or cross-entropy) loss. Bytes are counted by the channel (`fedrepro/channel.py`); uploads happen once per round per sampled "
               "client; 'data bytes sent once' is CoverQuery's upload of (obfuscated) training text; private state is "
               "what the engine keeps per client between rounds.", "", communication_table(data, rows).to_markdown(), ""]
     lines += ["## Training health", "", f"Rule: {RULE}. Validation MRR is the mean over clients of each evaluated "

@@ -169,7 +169,7 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
         lr=train.lr if recipe.model == "bert" else params.fedmatch.settings.matcher_lr,
         batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
         max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
-        fit_samples=train.fit_samples,
+        fit_samples=train.fit_samples, device=train.device,
     )
     return CellRecipe(
         build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
@@ -225,7 +225,7 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
     (out / "trec").mkdir(parents=True)
     per_client, norms = {}, {}
     own_task = functools.partial(silo_cell_task, cell_params(params, cell), cell, Path(tokenizer_dir).resolve())
-    with scoring(engine.settings.precision):
+    with scoring(engine.settings.precision, engine.settings.device):
         for client_id, model in engine.client_models():
             silo_local = isinstance(engine.task, ServerTaskView)  # the server holds no rows: each client scores its own
             task = own_task(Path(checkpoint_dir) / SILOS / client_id) if silo_local else engine.task
@@ -247,7 +247,7 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
         "memory_bytes": engine.memory_bytes(),
         "parameters": parameter_counts(engine),
         **({"patch_norms": norms} if any(norms.values()) else {}),
-        "hardware": machine_fingerprint(),
+        "hardware": machine_fingerprint(engine.settings.device),
     }
     write_json(out / "metrics.json", metrics)
     return metrics

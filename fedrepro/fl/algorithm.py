@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 if TYPE_CHECKING:
-    from fedrepro.fl.channel import Channel
+    from fedrepro.channel import Channel
 
 
 @dataclass

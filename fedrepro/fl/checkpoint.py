@@ -62,23 +62,23 @@ def save_checkpoint(root: Path, state: TrainingState) -> None:
         write_json(tmp / "state.json", meta)
 
 
-def load_checkpoint(root: Path, fingerprint: str) -> TrainingState | None:
-    """The latest checkpoint of this exact run, or None (absent, or written by a run with other settings,
-    which the next save then replaces)."""
+def load_checkpoint(root: Path, fingerprint: str, device: str = "cpu") -> TrainingState | None:
+    """The latest checkpoint of this exact run, its tensors on ``device``, or None (absent, or written by a run with
+    other settings, which the next save then replaces)."""
     directory = Path(root) / LATEST
     if not (directory / "state.json").exists():
         return None
     meta = read_json(directory / "state.json")
     if meta.get("fingerprint") != fingerprint:
         return None
-    clients = {p.stem: load_file(str(p)) for p in sorted((directory / "clients").glob("*.safetensors"))}
+    clients = {p.stem: load_file(str(p), device=device) for p in sorted((directory / "clients").glob("*.safetensors"))}
     return TrainingState(
         fingerprint=fingerprint,
         next_round=meta["next_round"],
         history=meta["history"],
         messages=meta["messages"],
         scalars=meta.get("scalars", []),
-        global_weights=load_file(str(directory / "global.safetensors")),
-        server_state=load_file(str(directory / "server.safetensors")),
+        global_weights=load_file(str(directory / "global.safetensors"), device=device),
+        server_state=load_file(str(directory / "server.safetensors"), device=device),
         client_states=clients,
     )

@@ -15,6 +15,10 @@ it was not sampled in, so a client sampled in 2 rounds of 5 decays its rate as m
 
 Determinism: every shuffle, dropout mask and client sample is seeded from (seed, round, client, epoch),
 so a run restarted from its last checkpoint replays exactly what an uninterrupted run would have done.
+
+Device: the model, its optimizer, the batches, the server's weights and every client's kept state live on
+``settings.device`` (``fedrepro.device``); the model is built on the CPU under the run's seed and then moved, so it
+starts from the same weights on every device, and shuffles and client samples are drawn on the CPU.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from fedrepro.device import configure, to_device
 from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask, LocalContext
-from fedrepro.fl.channel import SERVER, Channel, Message, tensor_bytes, upload_problem
+from fedrepro.channel import SERVER, Channel, Message, tensor_bytes, upload_problem
 from fedrepro.fl.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from fedrepro.seeding import derive_seed
 
@@ -82,6 +87,8 @@ class EngineSettings:
     eval_splits: tuple[str, ...] = ("valid",)
     """The splits scored every ``eval_every`` rounds: valid for the convergence rule (``fedrepro.fl.health``), and
     test where a paper plots it per round (FedCMC's Fig 3; nothing is selected on it)."""
+    device: str = "cpu"
+    """A resolved ``train.device`` (cpu, cuda, cuda:N): where the model, its training and its scoring run."""
 
 
 def finite_or_none(value: Any) -> Any:
@@ -118,17 +125,17 @@ class ClientResult:
     num_samples: int
 
 
-def autocast(precision: str) -> torch.autocast:
-    """The forward passes' precision: bfloat16 autocast for ``bf16``, plain fp32 otherwise."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+def autocast(precision: str, device: str = "cpu") -> torch.autocast:
+    """The forward passes' precision on ``device``: bfloat16 autocast for ``bf16``, plain fp32 otherwise."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 @contextlib.contextmanager
-def scoring(precision: str) -> Iterator[None]:
+def scoring(precision: str, device: str = "cpu") -> Iterator[None]:
     """Scoring as training runs its forward passes: without gradients, under ``precision`` (evaluation in fp32 beside
     bf16 training was most of a CPU-scale cell, issue 47). Each model computes its scores or logits from its features
     in fp32 when scoring (``fedrepro.models.heads``), so bf16's 8-bit mantissa does not tie them."""
-    with torch.no_grad(), autocast(precision):
+    with torch.no_grad(), autocast(precision, device):
         yield
 
 
@@ -140,7 +147,7 @@ def fit_loss(task: FederatedTask, model: nn.Module, client_ids: Sequence[str], s
     batches = task.train_batches(client_ids, torch.Generator().manual_seed(0))
     if settings.fit_samples:
         batches = itertools.islice(batches, math.ceil(settings.fit_samples / settings.batch_size))
-    with scoring(settings.precision):
+    with scoring(settings.precision, settings.device):
         losses = [task.forward(model, batch).loss.item() for batch in batches]
     samples = {"samples": task.num_train_samples(client_ids)}
     return {"loss": float(np.mean(losses)), **samples} if losses else samples
@@ -152,7 +159,7 @@ def score_split(task: FederatedTask, model: nn.Module, client_id: str, split: st
     The engine and a Flower node both score through here, so both runtimes record the same numbers."""
     if split == FIT:
         return fit_loss(task, model, list(task.client_ids) if client_id == GLOBAL else [client_id], settings)
-    with scoring(settings.precision):
+    with scoring(settings.precision, settings.device):
         return task.evaluate(model, client_id, split)
 
 
@@ -171,8 +178,9 @@ class LocalTrainer:
 
     def __init__(self, task: FederatedTask, algorithm: Algorithm, settings: EngineSettings) -> None:
         self.task, self.algorithm, self.settings = task, algorithm, settings
+        configure(settings.device)
         torch.manual_seed(derive_seed(settings.seed, "init"))
-        self.model = algorithm.adapt_model(task.build_model())
+        self.model = algorithm.adapt_model(task.build_model()).to(settings.device)
         self.params = dict(self.model.named_parameters())
         self.shared_names = [n for n in self.params if not algorithm.is_private(n)]
         self.private_names = [n for n in self.params if algorithm.is_private(n)]
@@ -197,7 +205,7 @@ class LocalTrainer:
             for name in self.private_names:
                 self.params[name].copy_(stored.get(PARAM + name, self.initial_private[name]))
         torch.clear_autocast_cache()
-        return {k[len(STATE):]: v for k, v in stored.items() if k.startswith(STATE)}
+        return {k[len(STATE):]: v.to(self.settings.device) for k, v in stored.items() if k.startswith(STATE)}
 
     def stored_state(self, algorithm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The model's private tensors and the algorithm's client state, as a client keeps them between rounds."""
@@ -208,6 +216,7 @@ class LocalTrainer:
     def client_round(self, round_index: int, client_id: str, received: dict[str, torch.Tensor],
                      stored: dict[str, torch.Tensor]) -> ClientResult:
         """One client's part of a round: load, train locally, build the upload, keep the private rest."""
+        received = to_device(received, self.settings.device)  # what arrived from a Flower node's wire is on the CPU
         context = LocalContext(round_index, client_id, received, self.load(received, stored))
         loss = self._train_local(client_id, round_index, context)
         upload = {}
@@ -253,7 +262,7 @@ class LocalTrainer:
             for batch in self._epoch_batches(client_id, round_index, epoch):
                 for group in optimizer.param_groups:
                     group["lr"] = settings.lr * lr_factor(step, total, settings.warmup_fraction)
-                with autocast(settings.precision):
+                with autocast(settings.precision, settings.device):
                     output = self.task.forward(model, batch)
                     output.rerun = functools.partial(self.task.forward, batch=batch)
                     objective = self.algorithm.local_objective(model, output, context)
@@ -296,7 +305,7 @@ class Engine:
         self.initial_private = self.trainer.initial_private
         self.train_ids = [POOLED] if algorithm.pooled else list(task.client_ids)
         self.channel = Channel()
-        self.state = load_checkpoint(self.checkpoint_dir, fingerprint) or TrainingState(
+        self.state = load_checkpoint(self.checkpoint_dir, fingerprint, settings.device) or TrainingState(
             fingerprint=fingerprint,
             global_weights=algorithm.initial_server_state(
                 {n: self.params[n].detach().clone() for n in self.shared_names}) if algorithm.federated else {},

@@ -214,9 +214,10 @@ def patch_effect(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -
     patches = [module for name, module in model.named_modules() if name == "patch" or name.endswith(".patch")]
     if not patches:
         return {}
-    features, scores = [], []
+    features, scores, device = [], [], next(model.parameters()).device
     with torch.no_grad():
         for batch in batches:
+            batch = {name: tensor.to(device) for name, tensor in batch.items()}
             with_patch = model(**batch)
             handles = [p.register_forward_hook(lambda module, args, output: torch.zeros_like(output)) for p in patches]
             try:

@@ -65,8 +65,10 @@ class CellParty:
     """Retraining a searched cell: the search phase's root, where each party left its ``genotype.json``."""
 
     def __call__(self, index: int) -> Party:
-        shape = layout(self.partition)
-        features = load_party_columns(self.partition, shape.summary, index)
+        """Party ``index`` on ``train.device``: its networks as the builders make them (drawn on the CPU, then moved),
+        its rows (and the labels) beside them."""
+        shape, device = layout(self.partition), self.params.train.device
+        features = load_party_columns(self.partition, shape.summary, index).to(device)
         if self.phase == "search":
             bottom = build_supernets(self.params, shape, self.cell.seed)[index]
         elif self.cell.baseline:
@@ -76,7 +78,8 @@ class CellParty:
             bottom = derived_network(self.params, shape, self.cell.seed, index, genotype)
         if index != shape.label_party:
             return Party(index, features, bottom)
-        labels = torch.tensor(read_table(self.partition / "labels.parquet")["label"].to_numpy(), dtype=torch.long)
+        labels = torch.tensor(read_table(self.partition / "labels.parquet")["label"].to_numpy(), dtype=torch.long,
+                              device=device)
         return Party(index, features, bottom, labels, build_top(self.params, shape, self.cell.seed, self.phase))
 
 
@@ -126,7 +129,7 @@ class CellTasks:
             state = {n: t.detach().clone() for n, t in party.bottom.state_dict().items()}
             PRESEARCHED[key] = (state, losses)
         with atomic_dir(folder) as tmp:
-            save_file({n: t.contiguous() for n, t in state.items()}, str(tmp / f"{party.name}.safetensors"))
+            save_file({n: t.cpu().contiguous() for n, t in state.items()}, str(tmp / f"{party.name}.safetensors"))
             write_json(tmp / "presearch.json", {"losses": losses})
         return losses
 
@@ -148,7 +151,7 @@ def cell_recipe(params: Params, cell: Cell, data: PartitionData, partition: Path
                     "arch_lr": s.arch_lr, "arch_weight_decay": s.arch_weight_decay},
         grad_clip=s.grad_clip, lam=s.milenas_lambda, bundle=ss.fidelity == "paper", second_order=s.second_order,
         xi=s.lr, forward_mechanism=forward, backward_mechanism=backward, split_sizes=sizes,
-        local=CellTasks(params, cell.seed, data.name))
+        local=CellTasks(params, cell.seed, data.name), device=params.train.device)
 
 
 class HubSteps:

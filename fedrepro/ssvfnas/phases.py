@@ -145,16 +145,18 @@ def load_party_columns(folder: Path, summary: dict[str, Any], k: int, ids: np.nd
 
 # ----- networks, mechanisms, protocol ------------------------------------------------------------------------
 def build_supernets(params: Params, data: PartitionData, seed: int) -> list[nn.Module]:
+    """Every party's supernet, drawn on the CPU under the seed (the same weights whatever the device), then on
+    ``train.device``, as every network built here."""
     s = params.ssvfnas.search
     torch.manual_seed(derive_seed(seed, "supernets", data.name))
-    return [supernet(data.kind(k), data.in_features(k), s.out_dim, width=s.width, cells=s.cells, nodes=s.nodes)
-            for k in range(data.parties)]
+    return [supernet(data.kind(k), data.in_features(k), s.out_dim, width=s.width, cells=s.cells, nodes=s.nodes
+                     ).to(params.train.device) for k in range(data.parties)]
 
 
 def build_top(params: Params, data: PartitionData, seed: int, phase: str) -> nn.Module:
     """Net_c, the label party's top network: one linear layer on the concatenated embeddings [N_0 .. N_{K-1}]."""
     torch.manual_seed(derive_seed(seed, "top", phase, data.name))
-    return nn.Linear(data.parties * params.ssvfnas.search.out_dim, data.classes)
+    return nn.Linear(data.parties * params.ssvfnas.search.out_dim, data.classes).to(params.train.device)
 
 
 def top_weight_norms(top: nn.Linear, parties: int) -> dict[str, float]:
@@ -201,7 +203,7 @@ def baseline_networks(params: Params, data: PartitionData, seed: int) -> tuple[l
     s, targets = params.ssvfnas.search, baseline_targets(params, data)
     torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name))
     nets = [hand_designed(data.kind(k), data.in_features(k), s.out_dim, depth=params.ssvfnas.retrain.baseline_depth,
-                          target_params=targets[k]) for k in range(data.parties)]
+                          target_params=targets[k]).to(params.train.device) for k in range(data.parties)]
     return nets, targets
 
 
@@ -230,11 +232,12 @@ def one_party(params: Params, data: PartitionData, parties: list[int], seed: int
     """The listed parties' hand-designed bottoms (the grid's baseline networks) and a fresh linear top, all at one party
     holding those parties' features and the labels: a protocol that sends nothing (the sanity protocol's pooled
     reference, and with the label party alone a trivial row of the main table)."""
+    device = params.train.device
     nets, _ = baseline_networks(params, data, seed)
     features, shapes = pooled_features(data, parties)
     torch.manual_seed(derive_seed(seed, "top", "sanity", data.name, tuple(parties)))
-    top = nn.Linear(len(parties) * params.ssvfnas.search.out_dim, data.classes)
-    party = Party(0, features, PooledBottom([nets[k] for k in parties], shapes), data.labels, top)
+    top = nn.Linear(len(parties) * params.ssvfnas.search.out_dim, data.classes).to(device)
+    party = Party(0, features.to(device), PooledBottom([nets[k] for k in parties], shapes), data.labels.to(device), top)
     return VerticalProtocol([party], seed=derive_seed(seed, "retrain"))
 
 
@@ -245,7 +248,7 @@ def derived_networks(params: Params, data: PartitionData, seed: int, genotypes: 
 def derived_network(params: Params, data: PartitionData, seed: int, k: int, genotype: dict[str, Any]) -> nn.Module:
     """Party k's derived network, seeded by its own index, so that each party builds its own from its own genotype."""
     torch.manual_seed(derive_seed(seed, "bottoms", "retrain", data.name, k))
-    return build_derived(genotype, **retrain_overrides(params))
+    return build_derived(genotype, **retrain_overrides(params)).to(params.train.device)
 
 
 def mechanisms(params: Params, cell: Cell) -> tuple[GaussianMechanism | None, GaussianMechanism | None]:
@@ -263,9 +266,11 @@ def mechanisms(params: Params, cell: Cell) -> tuple[GaussianMechanism | None, Ga
 
 def make_protocol(params: Params, cell: Cell, data: PartitionData, bottoms: list[nn.Module], top: nn.Module, seed: int,
                   split_sizes: dict[str, int]) -> VerticalProtocol:
-    label = data.label_party
-    parties = [Party(k, data.features[k], bottoms[k], data.labels if k == label else None, top if k == label else None)
-               for k in range(data.parties)]
+    """The in-process protocol over ``bottoms`` and ``top``; each party's rows (and the labels) on ``train.device``
+    beside its networks, while ``data`` keeps the CPU copies the outputs are written from."""
+    label, device = data.label_party, params.train.device
+    parties = [Party(k, data.features[k].to(device), bottoms[k], data.labels.to(device) if k == label else None,
+                     top if k == label else None) for k in range(data.parties)]
     forward, backward = mechanisms(params, cell)
     return VerticalProtocol(parties, forward_mechanisms=forward, backward_mechanism=backward, seed=seed, split_sizes=split_sizes)
 
@@ -334,16 +339,17 @@ def total_epsilon_amplified(search: PrivacyLedger | None, retrain: PrivacyLedger
 # ----- steps, curves and what a phase measured ---------------------------------------------------------------
 def presearch_party(params: Params, seed: int, dataset: str, k: int, bottom: Supernet, rows: torch.Tensor) -> list[float]:
     """MoCo v2 of party k's supernet (weights and alphas) on its own training rows, seeded by the party alone: what
-    each party runs on its own side. Returns the loss per step."""
+    each party runs on its own side. The projection head (under the seed) and the queue (from the party's generator)
+    are drawn on the CPU, then join the supernet and the rows on ``train.device``. Returns the loss per step."""
     m, s = params.ssvfnas.moco, params.ssvfnas.search
     generator = torch.Generator().manual_seed(derive_seed(seed, "moco", dataset, k))
     torch.manual_seed(derive_seed(seed, "moco-head", dataset, k))
     moco = MoCo(bottom, s.out_dim, m.projection_dim, m.queue_size, m.momentum, m.temperature,
-                released_code=params.ssvfnas.fidelity == "released_code", generator=generator)
+                released_code=params.ssvfnas.fidelity == "released_code", generator=generator).to(params.train.device)
     weights = torch.optim.SGD(list(bottom.weight_parameters()) + list(moco.head_q.parameters()), lr=m.lr,
                               momentum=s.momentum, weight_decay=s.weight_decay)
     arch = torch.optim.Adam(bottom.arch_parameters(), lr=s.arch_lr, betas=(0.5, 0.999), weight_decay=s.arch_weight_decay)
-    return pretrain(moco, rows, m.steps, m.batch_size, [weights, arch], generator)
+    return pretrain(moco, rows.to(params.train.device), m.steps, m.batch_size, [weights, arch], generator)
 
 
 class Stepper(Protocol):
@@ -464,7 +470,7 @@ def _kept_edges(genotype: dict[str, Any]) -> list[list[tuple[int, str]]]:
 def party_alpha_summary(net: Supernet, init: torch.Tensor, start: torch.Tensor) -> dict[str, Any]:
     """One party's part of ``alpha_summary``, computed where its supernet lives."""
     derived = net.genotype()
-    from_start = derive_genotype(F.softmax(start, dim=-1), net.ops, net.skeleton["nodes"])
+    from_start = derive_genotype(F.softmax(start, dim=-1).cpu(), net.ops, net.skeleton["nodes"])
     kept = [e["op"] for node in derived["nodes"] for e in node]
     return {"entropy_uniform": math.log(len(net.ops)), "entropy_init": edge_entropy(init),
             "entropy_start": edge_entropy(start), "entropy_end": net.arch_entropy(),

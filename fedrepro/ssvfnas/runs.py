@@ -41,6 +41,7 @@ from torch import nn
 
 from fedrepro.code_closure import cell_code, code_digest
 from fedrepro.config import Params
+from fedrepro.device import configure
 from fedrepro.errors import DataError
 from fedrepro.hardware import machine_fingerprint
 from fedrepro.grid import fingerprint
@@ -101,7 +102,7 @@ def run_presearch(params: Params, cell: Cell, data: PartitionData, bottoms: list
     if not (folder / "presearch.json").exists():
         with atomic_dir(folder) as tmp:
             for k, state in enumerate(states):
-                save_file({n: t.contiguous() for n, t in state.items()}, str(tmp / f"{party_name(k)}.safetensors"))
+                save_file({n: t.cpu().contiguous() for n, t in state.items()}, str(tmp / f"{party_name(k)}.safetensors"))
             write_json(tmp / "presearch.json", {"losses": losses})
     if cache is not None:
         cache[key] = (states, losses)
@@ -121,9 +122,15 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
     In process (``train.runtime: engine``) every party lives in this process (``VerticalProtocol``). Otherwise this
     process is the label party, holding only its own columns and the labels, and each other party runs on its own
     side (``fedrepro.ssvfnas.parties``): ``parties`` runs them (default: per ``train.runtime``). Both write the same
-    outputs."""
+    outputs.
+
+    It computes on ``train.device``: the networks are built on the CPU under their seeds and then moved there, the
+    partition's rows go there when a protocol takes them, and every random draw (batches, DP noise, augmentations)
+    stays on a CPU generator, so the CPU's bits do not depend on the setting; the device is recorded with the machine
+    (``hardware``), not in the run's fingerprint."""
     ss = params.ssvfnas
     partition = Path(partitions_dir) / cell.partition
+    configure(params.train.device)
     seed_everything(cell.seed, ss.threads)
     if parties is None and params.train.runtime != "engine" and not cell.label_alone:
         parties = runtime_parties(params.train)
@@ -142,7 +149,7 @@ def run_cell(params: Params, cell: Cell, partitions_dir: Path, out: Path, checkp
     else:
         measured, predicted = run_on_parties(params, cell, data, partition, checkpoints, run, parties)
     metrics |= measured
-    metrics["hardware"] = machine_fingerprint()
+    metrics["hardware"] = machine_fingerprint(params.train.device)
     write_outputs(Path(out), cell, data, metrics, predicted)
     return metrics
 
@@ -212,7 +219,7 @@ def run_label_alone(params: Params, cell: Cell, data: PartitionData, out: Path, 
     metrics["test"] = {"accuracy": result["accuracy"], "loss": result["loss"], "samples": len(test)}
     metrics["parameters"] = {"bottom": [count_parameters(party.bottom)], "top": count_parameters(party.top)}
     metrics["label_party"] = data.label_party
-    metrics["hardware"] = machine_fingerprint()
+    metrics["hardware"] = machine_fingerprint(params.train.device)
     write_outputs(Path(out), cell, data, metrics, result["predicted"])
     return metrics
 

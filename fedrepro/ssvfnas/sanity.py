@@ -37,6 +37,7 @@ import torch
 
 from fedrepro.config import Params
 from fedrepro.code_closure import cell_code, code_digest
+from fedrepro.device import configure
 from fedrepro.io import read_json, write_json
 from fedrepro.report.sanity import SanityResult, render_sanity
 from fedrepro.seeding import derive_seed, seed_everything
@@ -155,7 +156,9 @@ def preset(params: Params) -> tuple[float, int, float]:
 
 def sanity_partition(params: Params, data: PartitionData, settings: SanitySettings, work: Path,
                      progress: Callable[[str], None] = lambda _: None) -> tuple[SanityResult, SanityResult]:
-    """The pooled reference's table and VFNAS-2's architecture sweep for one partition (dataset-K)."""
+    """The pooled reference's table and VFNAS-2's architecture sweep for one partition (dataset-K), on ``train.device``
+    as the grid's cells (``runs.run_cell``)."""
+    configure(params.train.device)
     seed_everything(settings.seed, params.ssvfnas.threads)
     data = sanity_data(data, settings.held_out_fraction, params.data.seed)
     work = Path(work) / data.name

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from fedrepro.device import model_device, to_device
 from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import FederatedTask, TaskOutput
 from fedrepro.io import read_table
@@ -128,12 +129,12 @@ class QAMatchingTask(FederatedTask):
             yield self._pad(rows)
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutput:
-        scores, features = model(**batch)
+        scores, features = model(**to_device(batch, model_device(model)))
         half = scores.shape[0] // 2
         if self.loss == "hinge":
             loss = torch.relu(1.0 - scores[:half] + scores[half:]).mean()
         else:
-            labels = torch.cat([torch.ones(half), torch.zeros(scores.shape[0] - half)])
+            labels = torch.cat([torch.ones(half), torch.zeros(scores.shape[0] - half)]).to(scores.device)
             loss = nn.functional.binary_cross_entropy_with_logits(scores.float(), labels)
         return TaskOutput(loss=loss, logits=scores, features=features)
 
@@ -156,11 +157,11 @@ class QAMatchingTask(FederatedTask):
         frame = self.candidates[client_id]
         rows = self._split_encodings(client_id, split)
         by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
-        scores = np.empty(len(rows))
+        scores, device = np.empty(len(rows)), model_device(model)
         for start in range(0, len(by_length), self.eval_batch_size):
             chosen = by_length[start:start + self.eval_batch_size]
-            batch_scores, _ = model(**self._pad([rows[i] for i in chosen]))
-            scores[chosen] = batch_scores.float().numpy()
+            batch_scores, _ = model(**to_device(self._pad([rows[i] for i in chosen]), device))
+            scores[chosen] = batch_scores.float().cpu().numpy()
         scored = frame.loc[(frame["split"] == split).to_numpy(), ["question_id", "answer_id", "relevance"]].copy()
         scored["score"] = scores
         return scored

@@ -23,6 +23,7 @@ from sklearn.metrics import f1_score
 from torch import nn
 
 from fedrepro.data.schema import E1_CLOSE, E1_OPEN, E2_CLOSE, E2_OPEN
+from fedrepro.device import model_device, to_device
 from fedrepro.errors import DataError
 from fedrepro.fl.algorithm import ClientUpdate, FederatedTask, TaskOutput
 from fedrepro.fl.engine import GLOBAL
@@ -137,6 +138,7 @@ class RelationTask(FederatedTask):
             yield self._batch([self.train[c][0][i] for c, i in chosen], np.array([self.train[c][1][i] for c, i in chosen]))
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        batch = to_device(batch, model_device(model))
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         logits, features = model(**inputs)
         loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
@@ -147,12 +149,12 @@ class RelationTask(FederatedTask):
         sentences of similar length (in file order a third of the tokens were padding); rows keep the split's order."""
         rows, sentences = self.eval_sets[split]
         by_length = sorted(range(len(sentences)), key=lambda i: len(sentences[i].input_ids))
-        predicted = np.empty(len(sentences), dtype=np.int64)
+        predicted, device = np.empty(len(sentences), dtype=np.int64), model_device(model)
         with torch.no_grad():
             for start in range(0, len(by_length), self.eval_batch_size):
                 chosen = by_length[start:start + self.eval_batch_size]
-                logits, _ = model(**self._batch([sentences[i] for i in chosen]))
-                predicted[chosen] = logits.argmax(dim=-1).numpy()
+                logits, _ = model(**to_device(self._batch([sentences[i] for i in chosen]), device))
+                predicted[chosen] = logits.argmax(dim=-1).cpu().numpy()
         out = rows.copy()
         out["predicted"] = [self.classes[i] for i in predicted]
         return out

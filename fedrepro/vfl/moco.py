@@ -230,7 +230,8 @@ def default_views(features: torch.Tensor, released_code: bool = False) -> Views:
     if features.dim() == 4:
         return lambda x, g: image_views(x, g, released_code=released_code)
     if features.dim() == 2:
-        std = features.std(dim=0, unbiased=False) if features.shape[0] > 1 else torch.zeros(features.shape[1])
+        std = (features.std(dim=0, unbiased=False) if features.shape[0] > 1
+               else torch.zeros(features.shape[1], device=features.device))
         return lambda x, g: tabular_views(x, g, feature_std=std, released_code=released_code)
     raise ValueError(f"features of shape {tuple(features.shape)}: expected (n, C, H, W) or (n, features)")
 

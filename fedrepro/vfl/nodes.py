@@ -41,8 +41,9 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.nn import functional as F
 
+from fedrepro.device import configure
 from fedrepro.errors import FederationError
-from fedrepro.fl.channel import Channel, Message
+from fedrepro.channel import Channel, Message
 from fedrepro.io import atomic_dir, read_json, write_json
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
 from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, GRADNORM, Party, PartyGrads, Pass, _accuracy, _grad,
@@ -100,6 +101,10 @@ class VerticalRecipe:
     """Work a party does on its own side when the label party asks (``VerticalHub.local``): ``local(task, party,
     its directory, command)`` returns a JSON-able report, which is all that crosses (SS-VFNAS: its pre-search, its
     alphas' summary, its genotype). Picklable, like ``build_party``."""
+    device: str = "cpu"
+    """Where every party computes (a resolved ``train.device``): each party's process applies
+    ``fedrepro.device.configure`` to it, ``build_party`` puts the party's networks and rows there, and what arrives
+    over the transport (on the CPU, as a network delivers it) is moved there."""
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -195,7 +200,7 @@ class OwnSide:
 
     def squared_norm(self, slot: str) -> torch.Tensor:
         """Its share of DARTS's global gradient norm: the sum of its squared weight gradients."""
-        return sum(((g ** 2).sum() for g in self.grads[slot].weights), torch.zeros(()))
+        return sum(((g ** 2).sum() for g in self.grads[slot].weights), torch.zeros((), device=self.recipe.device))
 
 
 def party_state(party: Party) -> dict[str, torch.Tensor]:
@@ -211,6 +216,7 @@ class PartyWorker:
         if party.index == recipe.label or party.labels is not None or party.top is not None:
             raise ValueError(f"{party.name}: a party worker holds no labels and no top network (the label party is "
                              f"party_{recipe.label})")
+        configure(recipe.device)
         self.recipe, self.party, self.directory = recipe, party, directory
         self.own = OwnSide(recipe, party)
         self.outputs: dict[str, torch.Tensor] = {}
@@ -282,7 +288,7 @@ class PartyWorker:
             if split not in self.outputs:
                 raise FederationError(f"{self.party.name}: a gradient for split {split!r} without its forward pass "
                                       "(this node lost its state since the forward)")
-            gradient = tensors[f"{GRADIENT}{self.party.name}/{split}"]
+            gradient = tensors[f"{GRADIENT}{self.party.name}/{split}"].to(self.recipe.device)
             own = _grad(self.outputs.pop(split), self.party.parameters(), gradient)
             self.own.grads[slots.get(split, split)] = _split_grads(self.party, own)
         for update in command["updates"]:
@@ -341,6 +347,7 @@ class VerticalHub:
         if party.index != recipe.label or party.labels is None or party.top is None:
             raise ValueError(f"{party.name}: the hub is the label party party_{recipe.label}, with the labels and "
                              "the top network")
+        configure(recipe.device)
         self.recipe, self.party, self.transport = recipe, party, transport
         self.own = OwnSide(recipe, party)
         self.others, self.hub = recipe.others, party_name(recipe.label)
@@ -413,7 +420,8 @@ class VerticalHub:
                                             self._rate(split, batch))
                 delivered = channel.send(self.step, party_name(j), self.hub, reply)
                 for split in batches:
-                    received[split][j] = delivered[f"{ACTIVATION}{party_name(j)}/{split}"].requires_grad_(grad)
+                    received[split][j] = (delivered[f"{ACTIVATION}{party_name(j)}/{split}"].to(self.recipe.device)
+                                          .requires_grad_(grad))
             logits, losses = {}, {}
             for split, batch in batches.items():
                 received[split][self.recipe.label] = own[split]
@@ -477,7 +485,8 @@ class VerticalHub:
             square = replies[j].get(name)
             if square is None or square.numel() != 1 or not bool(torch.isfinite(square).all()):
                 raise FederationError(f"{party_name(j)}: its backward reply lacks a finite scalar {name!r}")
-            total = total + self.channel.send(self.step, party_name(j), self.hub, {name: square.reshape(())})[name]
+            total = total + self.channel.send(self.step, party_name(j), self.hub,
+                                              {name: square.reshape(())})[name].to(total.device)
         self._exchange += 1
         return total
 

@@ -37,7 +37,7 @@ from torch.nn import functional as F
 
 from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import DataError
-from fedrepro.fl.channel import Channel, Message
+from fedrepro.channel import Channel, Message
 from fedrepro.seeding import derive_seed
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
 
@@ -335,7 +335,8 @@ def evaluate_passes(protocol: Any, modules: Sequence[nn.Module], labels: torch.T
                     batch_size: int, split: str, predictions: bool) -> dict[str, Any]:
     """Forward-only passes of ``protocol`` (a ``VerticalProtocol`` or a node protocol's hub: anything with their
     ``forward`` and ``eval_channel``) over ``indices``, every module in eval mode meanwhile: the mean loss, the
-    accuracy (class labels) and, with ``predictions``, the argmax class per sample in the order of ``indices``."""
+    accuracy (class labels) and, with ``predictions``, the argmax class per sample in the order of ``indices`` (on the
+    CPU, wherever the networks run: they are written out)."""
     indices = torch.as_tensor(indices, dtype=torch.long)
     modes = [m.training for m in modules]
     for m in modules:
@@ -359,7 +360,7 @@ def evaluate_passes(protocol: Any, modules: Sequence[nn.Module], labels: torch.T
     if not torch.is_floating_point(labels):
         result["accuracy"] = correct / max(count, 1)
     if predictions:
-        result["predicted"] = torch.cat(predicted) if predicted else torch.zeros(0, dtype=torch.long)
+        result["predicted"] = torch.cat(predicted).cpu() if predicted else torch.zeros(0, dtype=torch.long)
     return result
 
 

@@ -44,7 +44,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from fedrepro.fl.channel import Message
+from fedrepro.channel import Message
 from fedrepro.io import atomic_dir, read_json, write_json
 from fedrepro.seeding import derive_seed
 from fedrepro.vfl.protocol import Party, PartyGrads, VerticalProtocol, set_grads
@@ -217,7 +217,8 @@ class DartsSearch(Search):
         g_val = P.backward(pv)["val"]  # at w': grad_alpha L_val and dw'
         dw = [g.weights for g in g_val]
         if self.global_norm:
-            squares = {p.index: sum(((g ** 2).sum() for g in d), torch.zeros(())) for p, d in zip(P.parties, dw)}
+            squares = {p.index: sum(((g ** 2).sum() for g in d), torch.zeros((), device=p.features.device))
+                       for p, d in zip(P.parties, dw)}
             eps = self.r / max(P.global_norm(squares), 1e-12)
         else:
             eps = self.r

@@ -21,7 +21,7 @@ import pandas as pd
 from pydantic import Field
 
 from fedrepro.fl.algorithm import Algorithm
-from fedrepro.fl.channel import SERVER, Channel
+from fedrepro.channel import SERVER, Channel
 from fedrepro.seeding import derive_seed
 
 UPLOAD_COLUMNS = ["group", "question", "positive_id", "positive", "negative_id", "negative"]

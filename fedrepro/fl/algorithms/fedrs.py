@@ -37,4 +37,4 @@ class FedRS(Algorithm):
         if client_id not in self.scales:
             self.scales[client_id] = restricted_scale(self.task.label_counts(client_id), self.settings.alpha,
                                                       self.settings.mask)
-        return nn.functional.cross_entropy(output.logits.float() * self.scales[client_id], output.targets)
+        return nn.functional.cross_entropy(output.logits.float() * self.scales[client_id].to(output.logits.device), output.targets)

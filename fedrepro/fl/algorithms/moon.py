@@ -50,6 +50,8 @@ class Moon(Algorithm):
         """Fill the two scratch models once per (round, client): the global weights and the client's previous ones."""
         if self._loaded_for == (context.round, context.client_id):
             return
+        device = next(iter(context.received.values())).device  # the engine moved the model after adapt_model copied it
+        self._global.to(device), self._previous.to(device)
         with torch.no_grad():
             for name, param in self._global.named_parameters():
                 param.copy_(context.received[name])
@@ -68,7 +70,7 @@ class Moon(Algorithm):
         positive = nn.functional.cosine_similarity(z, z_global, dim=-1) / temperature
         negative = nn.functional.cosine_similarity(z, z_previous, dim=-1) / temperature
         contrastive = nn.functional.cross_entropy(torch.stack([positive, negative], dim=1).float(),
-                                                  torch.zeros(len(z), dtype=torch.long))
+                                                  torch.zeros(len(z), dtype=torch.long, device=z.device))
         return output.loss + self.settings.mu * contrastive
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:

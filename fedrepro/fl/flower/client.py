@@ -27,7 +27,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedrepro.errors import FedreproError, TrainingDiverged
-from fedrepro.fl.channel import Channel
+from fedrepro.channel import Channel
 from fedrepro.fl.engine import FIT, LocalTrainer, score_split, scoring
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.common import CLIENT_ID_KEY, DATA_DIR_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
@@ -163,7 +163,7 @@ class NodeHandlers:
             trainer.load(m.to_tensors(message.content[m.TENSORS]), state.tensors)
         trainer.model.eval()
         if task.evaluates_global_model and split != FIT:
-            with scoring(trainer.settings.precision):
+            with scoring(trainer.settings.precision, trainer.settings.device):
                 scores = task.evaluation_counts(trainer.model, client_id, split)
         else:
             scores = score_split(task, trainer.model, client_id, split, trainer.settings)

@@ -15,6 +15,7 @@ from typing import Any
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from fedrepro.device import gpu_share, ray_gpus
 from fedrepro.fl.flower.ray_head import OBJECT_STORE_BYTES, STAGE_RAY_ENV, stage_ray_address
 
 CLIENT_ID_KEY, PARTITION_ID_KEY, STATE_DIR_KEY, DATA_DIR_KEY = "client-id", "partition-id", "state-dir", "data-dir"
@@ -75,17 +76,18 @@ def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None)
     return replies
 
 
-def ray_backend_config(cpus: int) -> dict[str, Any]:
-    """Flower's Ray backend for a cell whose one ClientApp worker (``ray_backend.KeptRayBackend``) uses ``cpus`` cores:
+def ray_backend_config(cpus: int, device: str = "cpu") -> dict[str, Any]:
+    """Flower's Ray backend for a cell whose one ClientApp worker (``ray_backend.KeptRayBackend``) uses ``cpus`` cores
+    and, on a GPU ``device``, its share of a GPU (``fedrepro.device.gpu_share``; Ray then shows the worker its GPU):
     the stage's Ray where one runs (``ray_head.stage_ray``), else a Ray of this process's own, on loopback, no
     dashboard."""
-    resources = {"num_cpus": cpus, "num_gpus": 0.0}
+    resources = {"num_cpus": cpus, "num_gpus": gpu_share(device)}
     folder = os.environ.get(STAGE_RAY_ENV)
     if folder:
         return {"client_resources": resources,
                 "init_args": {"address": stage_ray_address(Path(folder)), "_node_ip_address": "127.0.0.1"}}
     return {
         "client_resources": resources,
-        "init_args": {"num_cpus": cpus, "num_gpus": 0, "_node_ip_address": "127.0.0.1", "include_dashboard": False,
+        "init_args": {"num_cpus": cpus, "num_gpus": ray_gpus(), "_node_ip_address": "127.0.0.1", "include_dashboard": False,
                       "object_store_memory": OBJECT_STORE_BYTES},
     }

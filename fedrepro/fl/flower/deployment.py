@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm, FederatedTask
-from fedrepro.fl.channel import Message
+from fedrepro.channel import Message
 from fedrepro.fl.checkpoint import LATEST, TrainingState, load_checkpoint
 from fedrepro.fl.engine import Engine
 from fedrepro.fl.flower.apps import DIVERGED_FILE

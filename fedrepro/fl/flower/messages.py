@@ -1,4 +1,4 @@
-"""What travels in Flower messages (the server checks what arrives with ``fedrepro.fl.channel.upload_problem``).
+"""What travels in Flower messages (the server checks what arrives with ``fedrepro.channel.upload_problem``).
 
 Every message holds named tensors in one ``ArrayRecord`` (``TENSORS``) and scalars in a ``ConfigRecord``
 (``CONFIG``, server to node) or a ``MetricRecord`` (``METRICS``, node to server). The tensors of a message cross

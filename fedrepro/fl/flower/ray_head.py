@@ -107,8 +107,10 @@ def _running(pid: int) -> bool:
 def main() -> None:
     import ray
 
+    from fedrepro.device import ray_gpus
+
     cpus, store_bytes, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    context = ray.init(num_cpus=cpus, num_gpus=0, _node_ip_address="127.0.0.1", include_dashboard=False,
+    context = ray.init(num_cpus=cpus, num_gpus=ray_gpus(), _node_ip_address="127.0.0.1", include_dashboard=False,
                        object_store_memory=store_bytes)
     written = folder / "address.tmp"
     written.write_text(context.address_info["gcs_address"])

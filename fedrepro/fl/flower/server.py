@@ -30,7 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedrepro.errors import FederationError, TrainingDiverged
 from fedrepro.fl.algorithm import Algorithm, ClientUpdate, FederatedTask
-from fedrepro.fl.channel import SERVER, upload_problem
+from fedrepro.channel import SERVER, upload_problem
 from fedrepro.fl.engine import FIT, GLOBAL, Engine, mean_fit_loss
 from fedrepro.fl.flower import messages as m
 from fedrepro.fl.flower.client import SERVES_NONE

@@ -47,7 +47,7 @@ class FlowerSimulation(FlowerServer):
     def backend_config(self) -> dict[str, Any]:
         """One ClientApp worker on the cell's torch threads (the module docstring says why), on the stage's Ray if one
         runs."""
-        return ray_backend_config(self.recipe.threads)
+        return ray_backend_config(self.recipe.threads, self.settings.device)
 
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:

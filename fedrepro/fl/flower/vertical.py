@@ -207,7 +207,7 @@ class VerticalSimulation:
             nodes = party_client_app(PartyNodeHandlers(self.recipe, self.nodes_root))
             with kept_ray_backend():
                 run_simulation(server_app=app, client_app=nodes, num_supernodes=len(self.recipe.others),
-                               backend_config=ray_backend_config(self.recipe.threads))
+                               backend_config=ray_backend_config(self.recipe.threads, self.recipe.device))
         except RuntimeError:
             if "failure" not in done:
                 raise
