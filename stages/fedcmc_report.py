@@ -9,7 +9,8 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedcmc.render import render_report
-from fedrepro.fedcmc.report import load_fedcmc, results_frame, summary_metrics, write_figures
+from fedrepro.fedcmc.report import results_frame, summary_metrics, write_figures
+from fedrepro.fedcmc.results import load_fedcmc
 from fedrepro.io import atomic_dir, atomic_file, write_json
 
 DATA, OUT = Path("data/fedcmc"), Path("reports/fedcmc")

@@ -10,7 +10,8 @@ from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.io import atomic_dir, atomic_file, write_json
 from fedrepro.ssvfnas.render import render_report
-from fedrepro.ssvfnas.report import load_ssvfnas, results_frame, summary_metrics, write_figures
+from fedrepro.ssvfnas.report import results_frame, summary_metrics, write_figures
+from fedrepro.ssvfnas.results import load_ssvfnas
 
 DATA, OUT = Path("data/ssvfnas"), Path("reports/ssvfnas")
 

@@ -17,8 +17,12 @@ from fedrepro.errors import DataError
 from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells
 from fedrepro.fedcmc.render import render_report
 from fedrepro.fedcmc.claims import claims_table
-from fedrepro.fedcmc.report import (chance_scores, identical_predictions, largest_holder_share, load_fedcmc, main_table,
-                                    rounds_to_target, subsets_table, summary_metrics, write_figures)
+from fedrepro.fedcmc.chance import chance_scores, identical_predictions
+from fedrepro.fedcmc.observation3 import largest_holder_share
+from fedrepro.fedcmc.report import summary_metrics, write_figures
+from fedrepro.fedcmc.results import load_fedcmc
+from fedrepro.fedcmc.selection import rounds_to_target
+from fedrepro.fedcmc.tables import main_table, subsets_table
 from fedrepro.report.statistics import VERDICTS, bootstrap_contrast, bootstrap_difference, micro_f1, verdict_from_p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -438,7 +442,7 @@ def test_table3_scores_each_subsets_trivial_baselines_in_every_column(tmp_path):
 def test_the_clients_table_ends_with_each_partitions_trivial_rows(tmp_path):
     """Every count's partition holds the same training pool, so its commonest positive class (rel2) is the same in
     each column, scored on the test set its cells are scored on."""
-    from fedrepro.fedcmc.report import clients_table
+    from fedrepro.fedcmc.tables import clients_table
 
     params = small_params()
     write_fake_grid(tmp_path, params)

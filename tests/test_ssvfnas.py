@@ -587,7 +587,10 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
 def test_the_report_renders_on_fake_cell_folders(tmp_path):
     from fedrepro.ssvfnas.render import render_report
     from fedrepro.ssvfnas.claims import claims_table
-    from fedrepro.ssvfnas.report import ALONE, MAJORITY, load_ssvfnas, main_table, results_frame, summary_metrics, write_figures
+    from fedrepro.ssvfnas.report import results_frame, summary_metrics, write_figures
+    from fedrepro.ssvfnas.results import load_ssvfnas
+    from fedrepro.ssvfnas.selection import ALONE, MAJORITY
+    from fedrepro.ssvfnas.tables import main_table
 
     raw = raw_params()
     preset = raw["scales"]["embedded"]["ssvfnas"]
@@ -614,7 +617,7 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     alpha = report[report.index("## Architecture weights"):report.index("## The hand-designed baseline")]
     assert "α moved in 48 of 48 search cells" in alpha  # fake entropy falls from 1.7917 to 1.71
     assert "12 of 12 derive identical genotypes" in alpha  # every fake cell has the same genotype
-    from fedrepro.ssvfnas.report import reliance_table
+    from fedrepro.ssvfnas.tables import reliance_table
     reliance = reliance_table(data, params).set_index(["dataset-K", "DP"])["top weight share on the other parties"]
     assert reliance[("digits-k2", "no DP")] == "0.50" and reliance[("digits-k2", "σ1 = 1, σ2 = 1")] == "0.17"
     assert "hand-designed" in report and "Poisson" in report and "BatchNorm" in report and "released_code" in report
@@ -659,7 +662,7 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
 def _three_seed_fake_grid(root: Path):
     """The embedded grid with 3 seeds and 8 search steps on fake cells (``fake_grid``), loaded, its label party alone
     at 30%: below the 40% target, so the target discriminates."""
-    from fedrepro.ssvfnas.report import load_ssvfnas
+    from fedrepro.ssvfnas.results import load_ssvfnas
 
     raw = raw_params()
     preset = raw["scales"]["embedded"]["ssvfnas"]
@@ -673,7 +676,7 @@ def _three_seed_fake_grid(root: Path):
 
 def test_a_claim_whose_reference_sits_at_the_majority_rate_is_inconclusive(tmp_path):
     from fedrepro.ssvfnas.claims import claims_table
-    from fedrepro.ssvfnas.report import CHANCE_MARGIN
+    from fedrepro.ssvfnas.selection import CHANCE_MARGIN
 
     params, data = _three_seed_fake_grid(tmp_path)  # searched 80% / 60% with DP, hand-designed 60% / 40%
     searched = "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way"
@@ -768,7 +771,8 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
     from fedrepro.fl.health import RULE
     from fedrepro.ssvfnas.render import render_report
     from fedrepro.ssvfnas.claims import claims_table
-    from fedrepro.ssvfnas.report import health_table, load_ssvfnas, main_table
+    from fedrepro.ssvfnas.results import load_ssvfnas
+    from fedrepro.ssvfnas.tables import health_table, main_table
 
     params = parse_params(raw_params())  # embedded: digits at K = 2 and 4, no DP and one noisy level, one seed
     bad, slow = Cell("vfnas1", "digits", 2, 0.0, 0.0, 0).name, Cell(BASELINE, "digits", 4, 1.0, 1.0, 0).name
@@ -866,7 +870,8 @@ def test_every_accuracy_figure_draws_both_trivial_lines_in_their_own_styles_and_
     band."""
     from drawn import catch_figures, line
     from fedrepro.report.figures import REFERENCE_STYLES, accuracy_bytes_figure
-    from fedrepro.ssvfnas.report import ALONE, MAJORITY, write_figures
+    from fedrepro.ssvfnas.report import write_figures
+    from fedrepro.ssvfnas.selection import ALONE, MAJORITY
 
     params, data = _three_seed_fake_grid(tmp_path / "data")
     data = dataclasses.replace(data, majority={"digits-k2": 0.125, "digits-k4": 0.25})

@@ -4,7 +4,7 @@ tables, Observations 1-3, the variance across local epochs), with the measured n
 A contrast of methods is a seed-level bootstrap over the test sentences (``fedrepro.report.statistics``); a claim on
 curves or on one cell's diagnostics shows its direction only, which reads as a verdict from three seeds up; no claim
 rests on a diverged, unconverged or at-chance cell (``_guard``). ``claims_table`` corrects every p for their number
-(Holm, ``fedrepro.report.claims``). It reads the tidy results of ``report.load_fedcmc`` and the tables' helpers.
+(Holm, ``fedrepro.report.claims``). It reads the tidy results of ``results.load_fedcmc`` and the tables' helpers.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from scipy import stats
 
 from fedrepro.config import Params
 from fedrepro.fedcmc.methods import PAPER_METHODS
-from fedrepro.fedcmc.report import (CHANCE_MARGIN, PAPER_GAINS, PAPER_ROUNDS, TABLE, FedCMCResults, cell_counts, chance_level,
-                                    curve_of, dataset_label, figure1_cells, figure_point, main_points, mean_of, method_label,
-                                    observation3_numbers, percent, point_name, points_text, prediction_frames, rounds_text,
-                                    rounds_to_target, selected)
+from fedrepro.fedcmc.chance import CHANCE_MARGIN, chance_level
+from fedrepro.fedcmc.observation3 import cell_counts, figure1_cells, observation3_numbers
+from fedrepro.fedcmc.paper import PAPER_GAINS, PAPER_ROUNDS
+from fedrepro.fedcmc.results import TABLE, FedCMCResults
+from fedrepro.fedcmc.selection import (curve_of, dataset_label, figure_point, main_points, mean_of, method_label, percent,
+                                       point_name, points_text, prediction_frames, rounds_text, rounds_to_target, selected)
 from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.statistics import (ALPHA, HOLDS, INCONCLUSIVE, NOT_TESTABLE, REVERSED, RESAMPLES, Bootstrap, bootstrap_contrast,
                                         bootstrap_difference, direction_verdict, hierarchical_bootstrap, worded)

@@ -17,7 +17,9 @@ import pandas as pd
 
 from fedrepro.config import Params
 from fedrepro.fedcmc.cells import table_cells
-from fedrepro.fedcmc.report import CHANCE, main_points, mean_std_percent, method_label, percent, point_name, positive_labels
+from fedrepro.fedcmc.chance import CHANCE
+from fedrepro.fedcmc.results import positive_labels
+from fedrepro.fedcmc.selection import main_points, mean_std_percent, method_label, percent, point_name
 from fedrepro.fl.health import cell_health, training_losses
 from fedrepro.io import read_json, read_table
 from fedrepro.metrics.classification import trivial_scores

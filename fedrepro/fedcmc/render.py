@@ -1,4 +1,4 @@
-"""FedCMC's markdown report: the tables, claims and figures of ``report`` put in order with the setup, the caveats
+"""FedCMC's markdown report: the tables (``tables``, ``observation3``), claims and figures put in order with the setup, the caveats
 measured on the cells and the paper's numbers they are read against."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from fedrepro.config import Params
 from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.methods import PAPER_METHODS
 from fedrepro.fedcmc.claims import claims_table
-from fedrepro.fedcmc.report import (CHANCE_MARGIN, CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS, TABLE, FedCMCResults,
-                                    chance_level, clients_table, communication_table, convergence_table, dataset_label,
-                                    fedcmc_extra_download, figure1_cells, figure_point, health_mark, health_table,
-                                    identical_predictions, local_epochs_tables, main_points, main_table, mean_of,
-                                    mean_std_percent, method_label, observation3_table, partitions_table, percent,
-                                    point_name, subsets_table, values_of)
+from fedrepro.fedcmc.chance import CHANCE_MARGIN, chance_level, identical_predictions
+from fedrepro.fedcmc.observation3 import figure1_cells, observation3_table
+from fedrepro.fedcmc.paper import CHEMPROT_READING, DATASET_LABELS, PAPER_ROUNDS
+from fedrepro.fedcmc.results import TABLE, FedCMCResults
+from fedrepro.fedcmc.selection import (dataset_label, figure_point, health_mark, main_points, mean_of, mean_std_percent,
+                                       method_label, percent, point_name, values_of)
+from fedrepro.fedcmc.tables import (clients_table, communication_table, convergence_table, fedcmc_extra_download, health_table,
+                                    local_epochs_tables, main_table, partitions_table, subsets_table)
 from fedrepro.fl.health import RULE
 from fedrepro.report.health import LEGEND
 from fedrepro.hardware import describe

@@ -6,7 +6,7 @@ seed-level bootstrap; claims against a target or chance leave out the conditions
 (``_above_chance``), and claims about the searched architecture leave out searches that did not move α (``_searched``);
 with nothing left a claim is not testable here. Exact counts from the channel's log are facts of every seed. No claim
 rests on an unsound cell (``_guard``, the shared rule). ``claims_table`` corrects every p for their
-number (Holm, ``fedrepro.report.claims``). It reads the tidy results of ``report.load_ssvfnas``.
+number (Holm, ``fedrepro.report.claims``). It reads the tidy results of ``results.load_ssvfnas``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from fedrepro.report.claims import Claim, claims_frame
 from fedrepro.report.statistics import (ALPHA, INCONCLUSIVE, NOT_TESTABLE, RESAMPLES, Bootstrap, bootstrap_contrast, direction_verdict,
                                         exact_verdict, sign_test, sign_test_pairs_needed, worded)
 from fedrepro.ssvfnas.cells import BASELINE, METHODS, Cell
-from fedrepro.ssvfnas.report import (ALPHA_MOVED, CHANCE_MARGIN, PAIRS, RULES, SSVFNASResults, alpha_moved, kept_edges,
-                                     label_alone_accuracy, matched_pairs, megabytes, method_label, noisy_levels, percent,
-                                     select_cells, target_frame)
+from fedrepro.ssvfnas.architecture import ALPHA_MOVED, PAIRS, RULES, alpha_moved, kept_edges, matched_pairs
+from fedrepro.ssvfnas.results import SSVFNASResults
+from fedrepro.ssvfnas.selection import (CHANCE_MARGIN, label_alone_accuracy, megabytes, method_label, noisy_levels, percent,
+                                        select_cells)
+from fedrepro.ssvfnas.tables import target_frame
 
 
 def _guard(row: Claim, pairs: list[tuple[pd.Series, pd.Series]]) -> Claim:

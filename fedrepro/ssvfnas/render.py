@@ -1,4 +1,4 @@
-"""SS-VFNAS's markdown report: the tables, claims and figures of ``report`` put in order with the setup, the
+"""SS-VFNAS's markdown report: the tables (``tables``, ``architecture``), claims and figures put in order with the setup, the
 deviations from the paper and the caveats measured on the cells."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from fedrepro.report.formatting import over_seeds
 from fedrepro.report.claims import tests_explained, verdict_counts
 from fedrepro.ssvfnas.cells import BASELINE, dp_name
 from fedrepro.ssvfnas.claims import claims_table
-from fedrepro.ssvfnas.report import (ALONE, ALPHA_MOVED, CHANCE_MARGIN, MAJORITY, SSVFNASResults, alpha_moved,
-                                     alpha_table, cell_hardware, dp_level_text, genotypes_table, health_table,
-                                     main_table, messages_table, method_label, noisy_levels, parameters_table,
-                                     partition_names, percent, partitions_table, reliance_table, rule_agreement,
-                                     select_cells, shown_cells, target_frame, target_table)
+from fedrepro.ssvfnas.architecture import ALPHA_MOVED, alpha_moved, alpha_table, genotypes_table, rule_agreement, shown_cells
+from fedrepro.ssvfnas.results import SSVFNASResults, cell_hardware, partition_names
+from fedrepro.ssvfnas.selection import (ALONE, CHANCE_MARGIN, MAJORITY, dp_level_text, method_label, noisy_levels, percent,
+                                        select_cells)
+from fedrepro.ssvfnas.tables import (health_table, main_table, messages_table, parameters_table, partitions_table,
+                                     reliance_table, target_frame, target_table)
 
 TRIVIAL_LINES = (f"black dash-dotted: '{MAJORITY}', grey dash-dot-dotted: '{ALONE}' (the main table's trivial rows, "
                  "which send nothing: ε = 0), each where it exists")
