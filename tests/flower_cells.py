@@ -71,13 +71,15 @@ SHARED_CASE = "shared-deployment"
 SHARED_CELLS = (("shared-relation/fedavg", 4), ("shared-qa/fedper", 3), ("shared-relation/scaffold", 3))
 """Cells (case, clients) run one after another on one local deployment (``shared_federation``), as a stage runs its
 cells: the first starts four numbered nodes, the QA cell then has three clients and a spare node."""
+NODE_UNAVAILABLE = "node error: Error: Node Unavailable"
+"""How a round's record gives the miss of a node the SuperLink has marked offline: the SuperLink's own answer for it."""
 KILL_CASE = "kill-relation/scaffold"
 KILL_ROUNDS, REPLY_TIMEOUT = 8, 120.0
 """The node-kill drill's rounds and reply timeout. The timeout bounds a whole round, whose ClientApps run one at a
 time: locally a round of two takes about 15 s, but at 45 s a CI run once recorded both round-1 clients as missed,
 so the margin is wide. It costs the drill nothing: the killed node's round ends once the SuperLink has marked the
-node offline (two missed heartbeats, ``NODE_TIMINGS``) and answers for it, which the server records as no reply
-from that node."""
+node offline (two missed heartbeats, ``NODE_TIMINGS``) and answers for it, which the server records as that node's
+miss (``NODE_UNAVAILABLE``)."""
 RESTART_SETTLE = 5.0
 """How long the node-kill drill's restarted node must stay up to count as rejoined (``restart_node``'s ``settle``). It
 is let in at once: round 2 ended only once the SuperLink had marked the killed node offline, which is what a restart

@@ -28,8 +28,8 @@ from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_rou
 from fedrepro.fl.flower.ray_backend import KeptRayBackend, kept_ray_backend, raybackend
 from fedrepro.fl.flower.ray_head import stage_ray_address
 from fedrepro.fl.runtime import build_runtime
-from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, QA_SIZES, RESUME_CASE,
-                          SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_RAY_CASE, STAGE_RAY_CELLS, STAGE_SILO_CASES,
+from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, NODE_UNAVAILABLE,
+                          QA_SIZES, RESUME_CASE, SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_RAY_CASE, STAGE_RAY_CELLS, STAGE_SILO_CASES,
                           SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
 from loopback import run_on_loopback
 
@@ -504,7 +504,7 @@ def test_a_supernode_or_a_cli_without_tls_cannot_connect(runs, case):
 
 def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_intact(node_kill):
     """SIGKILL of one SuperNode process alone while its ClientApp works on round 2, the launcher running one
-    ClientApp at a time: round 2 ends without it (once the SuperLink has marked it offline: no reply from it) with
+    ClientApp at a time: round 2 ends without it (once the SuperLink has marked it offline and answers for it) with
     the other client counted, the record says who missed which round, every later round goes on (the dead node's
     ClientApp, whose retries once held the launcher's only slot forever, is ended with it), and the restarted node
     trains again from its state file, byte-identical to what it held when killed. That it went on from that state is
@@ -513,7 +513,8 @@ def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_int
     drill = node_kill[KILL_CASE]["drill"]
     victim, history = drill["victim"], drill["history"]
     assert [record["round"] for record in history] == list(range(1, KILL_ROUNDS + 1)), "the run finished"
-    assert history[1]["missed"] == {victim: "no reply"} and victim not in history[1]["clients"]
+    assert list(history[1]["missed"]) == [victim] and victim not in history[1]["clients"]
+    assert history[1]["missed"][victim].startswith(NODE_UNAVAILABLE), "the miss says why: the SuperLink's own answer"
     assert history[1]["clients"], "the other client sampled in round 2 was counted"
     assert all(victim not in record["clients"] for record in history if victim in record.get("missed", {}))
     assert drill["files_at_kill"], "the victim had trained before it was killed"
@@ -585,9 +586,16 @@ def test_a_node_that_fails_otherwise_is_its_clients_miss_and_the_round_goes_on(f
 
 
 # ----- the server's round against a Grid that fakes the nodes' replies ------------------------------------------
+SILENT = object()
+"""What a fake node answers when it never replies."""
+SUPERLINK = 0
+"""The node id a fake SuperLink answers from, for a node it has marked offline."""
+
+
 class FakeGrid:
-    """Stands for Flower's Grid: each pushed message is answered at once with ``answer(client_id, message)`` (the
-    content of the reply)."""
+    """Stands for Flower's Grid: each pushed message is answered at once with ``answer(client_id, message)``: the
+    content of the reply, an ``Error`` the SuperLink sends from its own id (as for a node it marked offline), or
+    ``SILENT`` (no reply at all)."""
 
     def __init__(self, client_of: dict[int, str], answer) -> None:
         self.client_of, self.answer, self.replies = client_of, answer, {}
@@ -596,15 +604,20 @@ class FakeGrid:
         from flwr.app import Message
 
         ids = []
-        for message in messages:
-            message.metadata.__dict__["_message_id"] = f"message-{len(self.replies)}"  # the SuperLink's job
-            reply = Message(self.answer(self.client_of[message.metadata.dst_node_id], message), reply_to=message)
-            self.replies[message.metadata.message_id] = reply
+        for index, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"message-{len(self.replies)}-{index}"  # the SuperLink's job
             ids.append(message.metadata.message_id)
+            answer = self.answer(self.client_of[message.metadata.dst_node_id], message)
+            if answer is SILENT:
+                continue
+            reply = Message(answer, reply_to=message)
+            if reply.has_error():
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK
+            self.replies[message.metadata.message_id] = reply
         return ids
 
     def pull_messages(self, ids):
-        return [self.replies[i] for i in ids]
+        return [self.replies[i] for i in ids if i in self.replies]
 
 
 @pytest.fixture
@@ -626,14 +639,17 @@ def fake_round(tmp_path, monkeypatch):
     server = FlowerServer(cell, task, algorithm, tmp_path, progress=False)
     server.node_of = {client_id: index + 10 for index, client_id in enumerate(server.train_ids)}
 
-    def play(tamper):
+    def play(tamper, reply_timeout=None):
+        """``tamper`` may change the reply's content, or return what the node answers instead (``FakeGrid``)."""
         def answer(client_id, message):
             if message.metadata.message_type == MessageType.EVALUATE:
                 return RecordDict({m.METRICS: MetricRecord({"accuracy": 0.5})})
             content = RecordDict({m.TENSORS: message.content[m.TENSORS],
                                   m.METRICS: MetricRecord({m.NUM_SAMPLES: QA_SIZES[client_id], m.TRAIN_LOSS: 1.0})})
-            tamper(client_id, content)
-            return content
+            instead = tamper(client_id, content)
+            return content if instead is None else instead
+
+        server.reply_timeout = reply_timeout
 
         server.grid = FakeGrid({node: client for client, node in server.node_of.items()}, answer)
         return server._run_round(0)
@@ -644,6 +660,28 @@ def fake_round(tmp_path, monkeypatch):
 def test_honest_fake_nodes_deliver_so_the_tampering_tests_below_can_fail(fake_round):
     record = fake_round(lambda client_id, content: None)
     assert "missed" not in record and len(record["clients"]) == 2
+
+
+def test_each_miss_says_why_a_node_marked_offline_by_the_superlink_and_a_silent_one(fake_round):
+    """The SuperLink answers for a node it marked offline from its own id; matched by the node it came from, that
+    answer was dropped and the miss read "no reply". Each miss now names its cause."""
+    from flwr.app import Error
+
+    def first_one(answer):
+        victim = []
+
+        def tamper(client_id, content):
+            if not victim:
+                victim.append(client_id)
+                return answer
+        return victim, tamper
+
+    offline, tamper = first_one(Error(0, "Error: Node Unavailable"))
+    record = fake_round(tamper, reply_timeout=0.3)
+    assert record["missed"] == {offline[0]: NODE_UNAVAILABLE} and record["clients"], record
+    silent, tamper = first_one(SILENT)
+    record = fake_round(tamper, reply_timeout=0.3)
+    assert record["missed"] == {silent[0]: "no reply within train.reply_timeout (0.3 s)"} and record["clients"], record
 
 
 def test_a_reply_without_its_metrics_is_that_clients_miss_naming_it(fake_round):

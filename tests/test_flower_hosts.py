@@ -30,7 +30,7 @@ from fedrepro.fl.flower.federation import CONNECTION, MARK
 from fedrepro.fl.flower.launcher import children_folder
 from fedrepro.fl.flower.node_state import NodeStateStore, collect_node_states
 from fedrepro.fl.runtime import build_runtime
-from flower_cells import NODE_TIMINGS, outcome, recipe
+from flower_cells import NODE_TIMINGS, NODE_UNAVAILABLE, outcome, recipe
 from scaffold_invariant import control_variate_gap, largest_control
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +306,8 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
     assert "error" not in drill, drill["error"]
     flower = flower_outcome(DRILL_CASE, DRILL_ROUNDS, run)
     history = flower["history"]
-    assert history[1]["missed"] == {victim: "no reply"} and victim not in history[1]["clients"]
+    assert list(history[1]["missed"]) == [victim] and victim not in history[1]["clients"]
+    assert history[1]["missed"][victim].startswith(NODE_UNAVAILABLE), "the miss says why: the SuperLink's own answer"
     assert history[1]["clients"], "the other silo sampled in round 2 was counted"
     assert list(drill["files_at_down"]) == ["round-000000.safetensors"], "the link went down before round 2's reply"
     assert drill["files_before_up"].items() >= drill["files_at_down"].items(), "the state it held is kept as it was"

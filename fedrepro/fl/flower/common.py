@@ -56,24 +56,27 @@ class StoreSignal:
 STORED = StoreSignal()
 
 
-def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None) -> list[Message]:
-    """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit).
+def send_and_receive(grid: Grid, outgoing: list[Message], timeout: float | None) -> list[Message | None]:
+    """Push the messages and collect the replies until all arrived or ``timeout`` s passed (None: no limit): the reply
+    to each outgoing message in their order, None where none came. Matched by the message each reply answers, not by
+    the node it comes from: for a node it has marked offline the SuperLink itself answers ("Node Unavailable"), from
+    its own id, and that answer is the node's miss's reason.
 
     Flower's own ``Grid.send_and_receive`` polls every 3 s on a deployment (0.1 s in simulation), which
     made a small round wait seconds for replies already there; this looks again as soon as ``STORED`` says a message
     was stored, or every ``POLL_SECONDS``."""
-    pending = set(grid.push_messages(outgoing)) if outgoing else set()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    replies: list[Message] = []
+    sent = list(grid.push_messages(outgoing)) if outgoing else []
+    pending, deadline = set(sent), None if timeout is None else time.monotonic() + timeout
+    replies: dict[str, Message] = {}
     while pending:
         stored = STORED.count
-        arrived = list(grid.pull_messages(pending))
-        replies += arrived
-        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+        for reply in grid.pull_messages(pending):
+            replies[reply.metadata.reply_to_message_id] = reply
+        pending -= set(replies)
         if not pending or (deadline is not None and time.monotonic() >= deadline):
             break
         STORED.wait_after(stored, POLL_SECONDS)
-    return replies
+    return [replies.get(message_id) for message_id in sent]
 
 
 def ray_backend_config(cpus: int, device: str = "cpu") -> dict[str, Any]:

@@ -93,8 +93,12 @@ class FlowerServer(Engine):
         outgoing = [Message(content=content, dst_node_id=self.node_of[client_id], message_type=message_type,
                             group_id=str(round_index), ttl=self.reply_timeout)
                     for client_id, content in contents.items()]
-        by_node = {reply.metadata.src_node_id: reply for reply in send_and_receive(self.grid, outgoing, self.reply_timeout)}
-        return {client_id: by_node.get(self.node_of[client_id]) for client_id in contents}
+        return dict(zip(contents, send_and_receive(self.grid, outgoing, self.reply_timeout)))
+
+    def _silence(self) -> str:
+        """A miss without any reply, not even the SuperLink's for an offline node: the node stayed silent the whole
+        ``train.reply_timeout``."""
+        return "no reply" + (f" within train.reply_timeout ({self.reply_timeout:g} s)" if self.reply_timeout else "")
 
     def _config(self, round_index: int, **extra: Any) -> ConfigRecord:
         return ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: self.fingerprint, **extra})
@@ -121,18 +125,19 @@ class FlowerServer(Engine):
         outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
                             message_type=MessageType.QUERY, group_id="identify") for node_id in new]
         node_of = dict(self.node_of)
-        for reply in send_and_receive(self.grid, outgoing, self.reply_timeout or self.nodes_timeout):
-            if reply.has_error():
-                log.warning("a node failed to say which client it serves: %s", reply.error.reason)
+        for node_id, reply in zip(new, send_and_receive(self.grid, outgoing, self.reply_timeout or self.nodes_timeout)):
+            if reply is None or reply.has_error():
+                log.warning("node %s did not say which client it serves: %s", node_id,
+                            "no reply" if reply is None else reply.error.reason)
                 continue
             client_id = str(reply.content[m.CONFIG][m.CLIENT_ID])
             if client_id == SERVES_NONE:
-                self.spare_nodes.add(reply.metadata.src_node_id)
+                self.spare_nodes.add(node_id)
                 continue
             self.channel.send_scalars(-1, client_id, SERVER, {m.CLIENT_ID: client_id})
             if client_id in node_of:
-                raise FederationError(f"nodes {node_of[client_id]} and {reply.metadata.src_node_id} both serve client {client_id}")
-            node_of[client_id] = reply.metadata.src_node_id
+                raise FederationError(f"nodes {node_of[client_id]} and {node_id} both serve client {client_id}")
+            node_of[client_id] = node_id
         self.node_of = {client_id: node_of[client_id] for client_id in self.train_ids if client_id in node_of}
         unserved = [client_id for client_id in self.train_ids if client_id not in self.node_of]
         if unserved:
@@ -161,7 +166,7 @@ class FlowerServer(Engine):
                 raise TrainingDiverged(f"Flower node {reply.metadata.src_node_id} of client {client_id}, round "
                                        f"{round_index + 1}: {diverged}")
             if reply is None or reply.has_error():
-                missed[client_id] = "no reply" if reply is None else f"node error: {reply.error.reason}"
+                missed[client_id] = self._silence() if reply is None else f"node error: {reply.error.reason}"
                 continue
             problem = self._reply_problem(client_id, reply)
             upload = m.to_tensors(reply.content[m.TENSORS]) if problem is None else {}
@@ -226,7 +231,7 @@ class FlowerServer(Engine):
         for client_id, reply in replies.items():
             if reply is None or reply.has_error():
                 log.warning("round %d: client %s did not score its model (%s)", self._round + 1, client_id,
-                            "no reply" if reply is None else reply.error.reason)
+                            self._silence() if reply is None else reply.error.reason)
                 continue
             scores[client_id] = self.channel.send_scalars(self._round, client_id, SERVER, dict(reply.content[m.METRICS]))
         return scores

@@ -134,15 +134,16 @@ class FlowerTransport:
         outgoing = [Message(RecordDict({m.CONFIG: self._config()}), dst_node_id=node_id,
                             message_type=MessageType.QUERY, group_id="identify") for node_id in node_ids]
         node_of: dict[int, int] = {}
-        for reply in send_and_receive(self.grid, outgoing, timeout):
+        for node_id, reply in zip(node_ids, send_and_receive(self.grid, outgoing, timeout)):
+            if reply is None:
+                continue  # said below, with the parties no node holds
             if reply.has_error():
-                raise FederationError(f"node {reply.metadata.src_node_id} failed to say which party it holds: "
-                                      f"{reply.error.reason}")
+                raise FederationError(f"node {node_id} failed to say which party it holds: {reply.error.reason}")
             index = int(reply.content[m.CONFIG][PARTY])
             if index in node_of:
-                raise FederationError(f"nodes {node_of[index]} and {reply.metadata.src_node_id} both hold "
+                raise FederationError(f"nodes {node_of[index]} and {node_id} both hold "
                                       f"{party_name(index)}")
-            node_of[index] = reply.metadata.src_node_id
+            node_of[index] = node_id
         missing = [party_name(j) for j in self.recipe.others if j not in node_of]
         if missing:
             raise FederationError(f"no Flower node holds {missing} (within {timeout:g} s); nodes hold "
@@ -157,11 +158,8 @@ class FlowerTransport:
                                   m.TENSORS: m.to_record(tensors)})
             outgoing.append(Message(content, dst_node_id=self.node_of[j], message_type=MessageType.TRAIN,
                                     group_id=op, ttl=self.reply_timeout))
-        arrived = send_and_receive(self.grid, outgoing, self.reply_timeout)
-        by_node = {reply.metadata.src_node_id: reply for reply in arrived}
         replies = {}
-        for j in commands:
-            reply = by_node.get(self.node_of[j])
+        for j, reply in zip(commands, send_and_receive(self.grid, outgoing, self.reply_timeout)):
             if reply is None or reply.has_error():
                 raise FederationError(f"{party_name(j)} (node {self.node_of[j]}) did not answer {op!r}: "
                                       f"{'no reply' if reply is None else reply.error.reason}")
