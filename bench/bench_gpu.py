@@ -30,12 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedrepro.config import parse_params, read_raw_params  # noqa: E402
+from fedrepro.costs import GPUS  # noqa: E402
 from fedrepro.hardware import machine_fingerprint  # noqa: E402
 
-PEAK_TFLOPS = {  # dense, from NVIDIA's datasheets (bf16 tensor cores; fp32 without TF32, which fedrepro turns off)
-    "H100": {"bf16": 989.0, "fp32": 67.0}, "H200": {"bf16": 989.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp32": 19.5}, "L40S": {"bf16": 362.0, "fp32": 91.6}, "A10": {"bf16": 125.0, "fp32": 31.2},
-}
 TIMINGS = ("seconds", "wall", "elapsed", "started", "finished", "time")
 
 
@@ -73,9 +70,10 @@ def peak_flops(device: str, precision: str) -> tuple[float, str]:
     """The device's peak FLOP/s at ``precision`` and where the figure comes from."""
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(torch.device(device))
-        for model, peaks in PEAK_TFLOPS.items():
-            if model in name:
-                return peaks[precision] * 1e12, f"{name}: {peaks[precision]:g} TFLOP/s {precision} dense (datasheet)"
+        for model, gpu in GPUS.items():  # the cost model's datasheet peaks (bf16 dense, fp32 without TF32)
+            if model.upper() in name:
+                peak = gpu.peak_tflops[precision]
+                return peak * 1e12, f"{name}: {peak:g} TFLOP/s {precision} dense (datasheet, fedrepro.costs.GPUS)"
         return float("nan"), f"{name}: no datasheet peak known here"
     size = 1024
     a = torch.randn(size, size, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
