@@ -129,14 +129,15 @@ def stop_nodes(nodes: list[subprocess.Popen]) -> None:
 @pytest.fixture(scope="module")
 def cluster():
     """The address of a cluster of two nodes, ``NODES``, one CPU each, and its folder (a folder per node). The folder
-    is short: Ray's socket paths under it must fit in 107 bytes. The worker joins while the first test trains its
-    local grids: a cell that asks for its resource before then waits for it."""
+    is short: Ray's socket paths under it must fit in 107 bytes. Both nodes are up before a test starts: a cell that
+    asks for the resource of a node that never joined would wait for it for ever."""
     folder, port, nodes = Path(tempfile.mkdtemp(prefix="fr-ray-")), free_port(), []
     try:
         nodes.append(start_node(folder / "head", "--head", f"--port={port}", "--include-dashboard=false",
                                 '--resources={"head": 1}'))
         wait_until_up(nodes[0], folder / "head")
         nodes.append(start_node(folder / "worker1", f"--address=127.0.0.1:{port}", '--resources={"worker1": 1}'))
+        wait_until_up(nodes[1], folder / "worker1")
         yield f"127.0.0.1:{port}", folder
     finally:
         stop_nodes(nodes)
@@ -203,3 +204,4 @@ def test_a_path_that_cannot_travel_to_a_node_is_refused_before_anything_is_sent(
         run_grid({Path("tables"): CELLS[:1]}, Path("tables"), Path("out"), Path("checkpoints"),
                  lambda cell: (tmp_path / "inputs",), train_on_inputs, str, lambda cell, digest: cell.name,
                  CellStore(None))
+

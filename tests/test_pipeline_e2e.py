@@ -15,7 +15,8 @@ from pipeline_copy import ENV, ROOT, fresh_copy, run
 
 MIRROR = ROOT.parent / "shared" / "data" / "raw"
 
-pytestmark = pytest.mark.e2e
+# The module's first test waits for the whole embedded default (15-25 min in CI beside the Flower drills).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
 NOT_TRAINED = ("finished run from the cell store", "outputs as scored before")
 """How a stage's progress line says a cell was not trained: restored from the store, or finished in its checkpoint
 and its outputs copied (``fedrepro.grid``)."""

@@ -13,6 +13,15 @@ from fedrepro.tasks.qa import qrels_and_run
 WORDS = "premium policy claim deductible annuity renters auto life coverage term whole beneficiary rider".split()
 
 
+class FixedScorer(torch.nn.Module):
+    """A scoring model whose scores a test fixes in ``forward``. It holds one empty parameter, as a trained model
+    holds its weights: the task sends each batch to the device of its model's parameters (``fedrepro.device``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.placement = torch.nn.Parameter(torch.zeros(0))
+
+
 def toy_pairs():
     rows = []
     for i in range(12):
@@ -95,7 +104,7 @@ def test_qrels_and_run_from_scored_candidates():
 def test_hinge_loss_of_the_task():
     from fedrepro.tasks.qa import QAMatchingTask
 
-    class FixedScores(torch.nn.Module):
+    class FixedScores(FixedScorer):
         def forward(self, **batch):
             return batch["input_ids"][:, 0].float(), None
 
@@ -173,7 +182,7 @@ def test_candidates_scored_in_batches_of_similar_length_keep_the_tables_order():
             return {key: torch.tensor([row[key] + [0] * (width - len(row[key])) for row in rows])
                     for key in ("input_ids", "attention_mask")}
 
-    class LengthTimesFirstToken(torch.nn.Module):
+    class LengthTimesFirstToken(FixedScorer):
         def forward(self, input_ids, attention_mask):
             return attention_mask.sum(dim=1).float() * input_ids[:, 0].float(), None
 
