@@ -42,7 +42,9 @@ def main() -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     fingerprint = machine_fingerprint()
-    print(f"machine: {fingerprint['cpu']} {fingerprint['isa_flags']}, torch kernels {fingerprint['torch_cpu_capability']}")
+    print(
+        f"machine: {fingerprint['cpu']} {fingerprint['isa_flags']}, torch kernels {fingerprint['torch_cpu_capability']}"
+    )
     print(f"bf16 instructions: {'yes' if native_bf16() else 'no'}; train.precision auto -> {resolve_precision('auto')}")
     print(f"\n{'backbone':24s} {'fp32 seq/s':>11s} {'bf16 seq/s':>11s} {'bf16 / fp32':>12s}")
     for name, (backbone, vocab) in BACKBONES.items():

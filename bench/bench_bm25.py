@@ -2,7 +2,8 @@
 
 With ``--mirror DIR`` it first prints the time to mine the top-5 training negatives of all five FedQA
 collections at full mirror size (every training question, each collection's whole training pool), as the
-pipeline's fedmatch_mine stage does. Then it prints (a) the time to mine top-5 negatives for every training question against the whole answer pool,
+pipeline's fedmatch_mine stage does. Then it prints (a) the time to mine top-5 negatives for every training question
+against the whole answer pool,
 (b) bm25s vs rank-bm25 per-query speed on the same queries (rank-bm25 is slow, so it is timed on a subset
 and scaled per query) and their top-10 overlap. Medians of repeats; timing is noisy, nothing is asserted.
 """
@@ -53,7 +54,10 @@ def main() -> None:
             seconds, triples = _timed(lambda: training_triples(collection.pairs, pool, 5, "bm25s"))
             total += seconds
             questions = collection.pairs.loc[collection.pairs["split"] == "train", "question_id"].nunique()
-            print(f"mirror {name}: {questions:,} train questions x {len(pool):,} answers -> {len(triples):,} triples in {seconds:.2f} s")
+            print(
+                f"mirror {name}: {questions:,} train questions x {len(pool):,} answers -> "
+                f"{len(triples):,} triples in {seconds:.2f} s"
+            )
         print(f"mirror: all five collections mined (top-5 BM25 negatives, full size) in {total:.1f} s")
 
     answers_raw, train = _load("answers.json.gz"), _load("train.json.gz")
@@ -67,9 +71,11 @@ def main() -> None:
     for _ in range(args.repeats):
         sec, neg = _timed(lambda: top_non_gold(questions, gold, answers, k=5))
         times.append(sec)
-    print(f"(a) mine top-5 negatives: {len(questions):,} train questions x {len(answers):,} answers, bm25s: "
-          f"median {statistics.median(times):.2f} s over {args.repeats} runs (index build included); "
-          f"{len(neg):,} rows, {(neg.groupby('question_id').size() < 5).sum()} question(s) with < 5")
+    print(
+        f"(a) mine top-5 negatives: {len(questions):,} train questions x {len(answers):,} answers, bm25s: "
+        f"median {statistics.median(times):.2f} s over {args.repeats} runs (index build included); "
+        f"{len(neg):,} rows, {(neg.groupby('question_id').size() < 5).sum()} question(s) with < 5"
+    )
 
     # (b) speed ratio and agreement on the same pool and queries
     pool = answers.sort_values("answer_id", key=lambda s: s.astype(int)).head(args.answers)
@@ -84,23 +90,28 @@ def main() -> None:
     chunk = max(1, len(slow_q) // 4)
     slow_hits, slow_chunk_per_q = [], []
     for start in range(0, len(slow_q), chunk):
-        sec, hits = _timed(lambda: slow.search(slow_q[start:start + chunk], 10))
+        sec, hits = _timed(lambda: slow.search(slow_q[start : start + chunk], 10))
         slow_hits += hits
         slow_chunk_per_q.append(sec / len(hits))
     slow_per_q = statistics.median(slow_chunk_per_q)
     fast_hits = fast_runs[0][1][: len(slow_q)]
     overlap = statistics.mean(
-        len({d for d, _ in a} & {d for d, _ in b}) / max(len(a), len(b), 1) for a, b in zip(fast_hits, slow_hits))
+        len({d for d, _ in a} & {d for d, _ in b}) / max(len(a), len(b), 1) for a, b in zip(fast_hits, slow_hits)
+    )
     same_order = sum([d for d, _ in a] == [d for d, _ in b] for a, b in zip(fast_hits, slow_hits))
     print(f"(b) pool {len(ids):,} answers, top-10, Lucene BM25 k1=1.5 b=0.75, whitespace+lowercase tokens")
     print(f"    index build: bm25s {build_fast:.2f} s, rank-bm25 {build_slow:.2f} s")
     print(f"    bm25s: {len(queries):,} queries, median {fast_per_q * 1e3:.3f} ms/query over {args.repeats} runs")
-    print(f"    rank-bm25: timed on the first {len(slow_q)} of those queries only (too slow for all), "
-          f"median of {len(slow_chunk_per_q)} chunks {slow_per_q * 1e3:.1f} ms/query "
-          f"(~{slow_per_q * len(queries):.0f} s scaled to {len(queries):,} queries)")
+    print(
+        f"    rank-bm25: timed on the first {len(slow_q)} of those queries only (too slow for all), "
+        f"median of {len(slow_chunk_per_q)} chunks {slow_per_q * 1e3:.1f} ms/query "
+        f"(~{slow_per_q * len(queries):.0f} s scaled to {len(queries):,} queries)"
+    )
     print(f"    speed ratio (rank-bm25 ms/query / bm25s ms/query): {slow_per_q / fast_per_q:.0f}x (target >= 50x)")
-    print(f"    top-10 overlap on those {len(slow_q)} queries: {overlap:.1%}; identical ordered lists: "
-          f"{same_order}/{len(slow_q)}")
+    print(
+        f"    top-10 overlap on those {len(slow_q)} queries: {overlap:.1%}; identical ordered lists: "
+        f"{same_order}/{len(slow_q)}"
+    )
 
 
 if __name__ == "__main__":

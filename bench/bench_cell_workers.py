@@ -70,7 +70,10 @@ def main() -> None:
         return
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} cores; training sequences/s at batch {BATCH}, length {LENGTH}\n")
-    print(f"{'backbone':24s} {'1 cell x ' + str(cores) + ' threads':>20s} {str(cores) + ' cells x 1 thread':>20s} {'ratio':>7s}")
+    print(
+        f"{'backbone':24s} {'1 cell x ' + str(cores) + ' threads':>20s} "
+        f"{str(cores) + ' cells x 1 thread':>20s} {'ratio':>7s}"
+    )
     for name, (backbone, vocab) in BACKBONES.items():
         one = run(backbone, vocab, cores, 1, args.steps)
         many = run(backbone, vocab, 1, cores, args.steps)

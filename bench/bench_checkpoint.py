@@ -35,11 +35,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--round-seconds", type=float, default=707 / 3,
-                        help="a CPU-scale FedMatch round (bench/README: a 707-s, 3-round H+LR cell)")
+    parser.add_argument(
+        "--round-seconds",
+        type=float,
+        default=707 / 3,
+        help="a CPU-scale FedMatch round (bench/README: a 707-s, 3-round H+LR cell)",
+    )
     args = parser.parse_args()
     with torch.device("meta"):
-        shapes = {name: p.shape for name, p in AutoModel.from_config(AutoConfig.from_pretrained(minilm_path())).named_parameters()}
+        shapes = {
+            name: p.shape
+            for name, p in AutoModel.from_config(AutoConfig.from_pretrained(minilm_path())).named_parameters()
+        }
     generator = torch.Generator().manual_seed(0)
     client = {f"param/{name}": torch.randn(shape, generator=generator) for name, shape in shapes.items()}
     state = TrainingState("bench", next_round=1, client_states={f"client_{k}": client for k in range(args.clients)})
@@ -52,10 +59,14 @@ def main() -> None:
             seconds.append(time.perf_counter() - started)
     median = statistics.median(seconds)
     hardware = machine_fingerprint()
-    print(f"machine: {hardware['cpu']} ({', '.join(hardware['isa_flags'])}), one-thread fp32 matmul "
-          f"{machine_speed():.1f} GFLOP/s")
-    print(f"checkpoint of {args.clients} private MiniLMs: {size / 1e6:.0f} MB written in {median:.2f} s (median of "
-          f"{args.repeats}: {', '.join(f'{s:.2f}' for s in seconds)})")
+    print(
+        f"machine: {hardware['cpu']} ({', '.join(hardware['isa_flags'])}), one-thread fp32 matmul "
+        f"{machine_speed():.1f} GFLOP/s"
+    )
+    print(
+        f"checkpoint of {args.clients} private MiniLMs: {size / 1e6:.0f} MB written in {median:.2f} s (median of "
+        f"{args.repeats}: {', '.join(f'{s:.2f}' for s in seconds)})"
+    )
     print(f"against a {args.round_seconds:.0f}-s round: {100 * median / args.round_seconds:.2f}% of the round")
 
 

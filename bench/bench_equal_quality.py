@@ -55,16 +55,27 @@ def train_cell(paper: str, seed: int, params, project: Path, fedcmc_cell: dict, 
     if paper == "fedmatch":
         from fedrepro.fedmatch.cells import Cell
         from fedrepro.fedmatch.runs import run_cell
+
         folders = (project / "data" / "mined", project / "data" / "tokenizer")
         run_cell(params, Cell("fedmatch_h_lr", seed), *folders, out, scratch, tree_digest(*folders))
     else:
         from fedrepro.fedcmc.cells import Cell
         from fedrepro.fedcmc.runs import run_cell
+
         settings = params.fedcmc.settings
-        cell = Cell(fedcmc_cell["method"], fedcmc_cell["dataset"], fedcmc_cell["alpha"], settings.clients,
-                    settings.local_epochs, seed)
-        folders = (project / "data" / "prepared" / "re", project / "data" / "fedcmc" / "partitions",
-                   project / "data" / "fedcmc" / "tokenizer")
+        cell = Cell(
+            fedcmc_cell["method"],
+            fedcmc_cell["dataset"],
+            fedcmc_cell["alpha"],
+            settings.clients,
+            settings.local_epochs,
+            seed,
+        )
+        folders = (
+            project / "data" / "prepared" / "re",
+            project / "data" / "fedcmc" / "partitions",
+            project / "data" / "fedcmc" / "tokenizer",
+        )
         run_cell(params, cell, *folders, out, scratch, tree_digest(*folders))
     return time.perf_counter() - started
 
@@ -87,28 +98,40 @@ def run_arm(paper: str, arm: str, seeds: list[int], args, fedcmc_cell: dict) -> 
     print(f"{paper} {arm}: training seeds {missing}, {workers} cell(s) at once x {threads} thread(s)", flush=True)
     started = time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {s: pool.submit(train, paper, arm, s, args.project, args.scale, fedcmc_cell,
-                                  args.workdir / paper / arm / f"s{s}") for s in missing}
+        futures = {
+            s: pool.submit(
+                train, paper, arm, s, args.project, args.scale, fedcmc_cell, args.workdir / paper / arm / f"s{s}"
+            )
+            for s in missing
+        }
         for seed, future in futures.items():
             print(f"  {paper} {arm} seed {seed}: {future.result():.0f} s", flush=True)
     return time.perf_counter() - started
 
 
 def report(paper: str, seeds: list[int], workdir: Path, walls: dict[str, float | None]) -> None:
-    table = {arm: [scores(paper, json.loads((workdir / paper / arm / f"s{s}" / "metrics.json").read_text()))
-                   for s in seeds] for arm in ARMS}
-    print(f"\n{paper} ({METRIC[paper]}), seeds {seeds}; wall time of each arm's training: "
-          + ", ".join(f"{arm} {walls[arm]:.0f} s" if walls[arm] else f"{arm} kept from an earlier run" for arm in ARMS))
-    print(f"| score | {' | '.join(f'{arm} s{s}' for arm in ARMS for s in seeds)} | before mean +- sd | now mean +- sd "
-          f"| now within before's spread |")
+    table = {
+        arm: [scores(paper, json.loads((workdir / paper / arm / f"s{s}" / "metrics.json").read_text())) for s in seeds]
+        for arm in ARMS
+    }
+    print(
+        f"\n{paper} ({METRIC[paper]}), seeds {seeds}; wall time of each arm's training: "
+        + ", ".join(f"{arm} {walls[arm]:.0f} s" if walls[arm] else f"{arm} kept from an earlier run" for arm in ARMS)
+    )
+    print(
+        f"| score | {' | '.join(f'{arm} s{s}' for arm in ARMS for s in seeds)} | before mean +- sd | now mean +- sd "
+        f"| now within before's spread |"
+    )
     print("|---" * (2 * len(seeds) + 4) + "|")
     for name in table["before"][0]:
         values = {arm: np.array([row[name] for row in table[arm]]) for arm in ARMS}
         spread = {arm: (values[arm].mean(), values[arm].std(ddof=1) if len(seeds) > 1 else 0.0) for arm in ARMS}
         (old, old_sd), (new, new_sd) = spread["before"], spread["now"]
         cells = " | ".join(f"{v:.4f}" for arm in ARMS for v in values[arm])
-        print(f"| {name} | {cells} | {old:.4f} +- {old_sd:.4f} | {new:.4f} +- {new_sd:.4f} | "
-              f"{'yes' if abs(new - old) <= old_sd else 'no'} ({new - old:+.4f}) |")
+        print(
+            f"| {name} | {cells} | {old:.4f} +- {old_sd:.4f} | {new:.4f} +- {new_sd:.4f} | "
+            f"{'yes' if abs(new - old) <= old_sd else 'no'} ({new - old:+.4f}) |"
+        )
 
 
 def main() -> None:
@@ -125,10 +148,13 @@ def main() -> None:
     args.project, args.workdir = args.project.resolve(), args.workdir.resolve()
     params = load_params(args.project, args.scale)
     sweeps = params.fedcmc.sweeps
-    fedcmc_cell = {"method": args.fedcmc_method, "dataset": args.fedcmc_dataset or sweeps.dataset,
-                   "alpha": args.fedcmc_alpha if args.fedcmc_alpha is not None else sweeps.alpha}
+    fedcmc_cell = {
+        "method": args.fedcmc_method,
+        "dataset": args.fedcmc_dataset or sweeps.dataset,
+        "alpha": args.fedcmc_alpha if args.fedcmc_alpha is not None else sweeps.alpha,
+    }
     print(f"FedCMC cell: {fedcmc_cell}", flush=True)
-    for paper in (["fedcmc", "fedmatch"] if args.paper == "both" else [args.paper]):
+    for paper in ["fedcmc", "fedmatch"] if args.paper == "both" else [args.paper]:
         seeds = args.seeds or getattr(params, paper).seeds
         walls = {arm: run_arm(paper, arm, seeds, args, fedcmc_cell) for arm in ARMS}
         report(paper, seeds, args.workdir, walls)

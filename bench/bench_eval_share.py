@@ -47,6 +47,7 @@ def timed(owner, name: str, totals: dict[str, float], key) -> None:
         finally:
             totals[key(*args)] += time.perf_counter() - started
             totals[key(*args) + " returned"] = time.perf_counter()
+
     setattr(owner, name, wrapper)
 
 
@@ -63,45 +64,71 @@ def train_cell(paper: str, seed: int, project: str, scale: str, out: str) -> dic
     params, project, out = parse_params(raw), Path(project), Path(out)
     totals: dict[str, float] = defaultdict(float)
     timed(LocalTrainer, "_train_local", totals, lambda *args: "training")
-    timed(Engine, "evaluate", totals,
-          lambda engine, split: "round evaluation: FIT" if split == FIT else "round evaluation: other splits")
+    timed(
+        Engine,
+        "evaluate",
+        totals,
+        lambda engine, split: "round evaluation: FIT" if split == FIT else "round evaluation: other splits",
+    )
     timed(Engine, "run", totals, lambda *args: "run")
     started = time.perf_counter()
     scratch = out.parent / f"{out.name}.checkpoint"
     if paper == "fedmatch":
         from fedrepro.fedmatch.cells import Cell
         from fedrepro.fedmatch.runs import run_cell
+
         folders = (project / "data" / "mined", project / "data" / "tokenizer")
         run_cell(params, Cell("fedmatch_h_lr", seed), *folders, out, scratch, tree_digest(*folders))
     else:
         from fedrepro.fedcmc.cells import Cell
         from fedrepro.fedcmc.runs import run_cell
+
         settings, sweeps = params.fedcmc.settings, params.fedcmc.sweeps
         cell = Cell("fedavg", sweeps.dataset, sweeps.alpha, settings.clients, settings.local_epochs, seed)
-        folders = (project / "data" / "prepared" / "re", project / "data" / "fedcmc" / "partitions",
-                   project / "data" / "fedcmc" / "tokenizer")
+        folders = (
+            project / "data" / "prepared" / "re",
+            project / "data" / "fedcmc" / "partitions",
+            project / "data" / "fedcmc" / "tokenizer",
+        )
         run_cell(params, cell, *folders, out, scratch, tree_digest(*folders))
     finished = time.perf_counter()
-    timings = {"cell": finished - started, **{part: totals[part] for part in PARTS[:3]},
-               "end scoring": finished - totals["run returned"]}
+    timings = {
+        "cell": finished - started,
+        **{part: totals[part] for part in PARTS[:3]},
+        "end scoring": finished - totals["run returned"],
+    }
     timings["the rest"] = timings["cell"] - sum(timings[part] for part in PARTS[:-1])
-    timings.update(machine=describe([machine_fingerprint()]), code=str(Path(fedrepro.__file__).parent), precision=params.train.precision)
+    timings.update(
+        machine=describe([machine_fingerprint()]),
+        code=str(Path(fedrepro.__file__).parent),
+        precision=params.train.precision,
+    )
     (out / "timings.json").write_text(json.dumps(timings, indent=2))
     return timings
 
 
 def train(args) -> None:
     """The label's missing cells, ``--cells-at-once`` at a time (each at ``train.threads``, as a stage trains them)."""
-    jobs = [(paper, seed) for paper in (["fedmatch", "fedcmc"] if args.paper == "both" else [args.paper])
-            for seed in args.seeds
-            if not (args.workdir / args.label / paper / f"s{seed}" / "timings.json").exists()]
+    jobs = [
+        (paper, seed)
+        for paper in (["fedmatch", "fedcmc"] if args.paper == "both" else [args.paper])
+        for seed in args.seeds
+        if not (args.workdir / args.label / paper / f"s{seed}" / "timings.json").exists()
+    ]
     with ProcessPoolExecutor(args.cells_at_once, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {job: pool.submit(train_cell, *job, str(args.project), args.scale,
-                                    str(args.workdir / args.label / job[0] / f"s{job[1]}")) for job in jobs}
+        futures = {
+            job: pool.submit(
+                train_cell, *job, str(args.project), args.scale, str(args.workdir / args.label / job[0] / f"s{job[1]}")
+            )
+            for job in jobs
+        }
         for (paper, seed), future in futures.items():
             timings = future.result()
-            print(f"{args.label} {paper} s{seed}: {timings['cell']:.0f} s, "
-                  + ", ".join(f"{part} {timings[part] / timings['cell']:.0%}" for part in PARTS), flush=True)
+            print(
+                f"{args.label} {paper} s{seed}: {timings['cell']:.0f} s, "
+                + ", ".join(f"{part} {timings[part] / timings['cell']:.0%}" for part in PARTS),
+                flush=True,
+            )
 
 
 def scores(paper: str, metrics: dict) -> dict[str, float]:
@@ -117,8 +144,14 @@ def scores(paper: str, metrics: dict) -> dict[str, float]:
 def compare(workdir: Path, labels: list[str]) -> None:
     """Each paper's timings and scores for the labels side by side, over the seeds every label holds."""
     for paper in SCORE:
-        seeds = sorted(set.intersection(*({int(p.name[1:]) for p in (workdir / label / paper).glob("s*")
-                                           if (p / "timings.json").exists()} for label in labels)))
+        seeds = sorted(
+            set.intersection(
+                *(
+                    {int(p.name[1:]) for p in (workdir / label / paper).glob("s*") if (p / "timings.json").exists()}
+                    for label in labels
+                )
+            )
+        )
         if not seeds:
             continue
         rows: dict[str, dict[str, list[float]]] = {label: defaultdict(list) for label in labels}
@@ -129,22 +162,28 @@ def compare(workdir: Path, labels: list[str]) -> None:
                 rows[label]["cell seconds"].append(timings["cell"])
                 for part in PARTS:
                     rows[label][f"{part} (share)"].append(timings[part] / timings["cell"])
-                rows[label]["evaluation (share)"].append(
-                    sum(timings[part] for part in PARTS[1:4]) / timings["cell"])
+                rows[label]["evaluation (share)"].append(sum(timings[part] for part in PARTS[1:4]) / timings["cell"])
                 for name, value in scores(paper, json.loads((folder / "metrics.json").read_text())).items():
                     rows[label][name].append(value)
         machine = json.loads((workdir / labels[-1] / paper / f"s{seeds[0]}" / "timings.json").read_text())["machine"]
         print(f"\n{paper}, seeds {seeds}; {machine}")
-        print("| | " + " | ".join(f"{label} s{seed}" for label in labels for seed in seeds)
-              + " | " + " | ".join(f"{label} mean +- sd" for label in labels) + " |")
+        print(
+            "| | "
+            + " | ".join(f"{label} s{seed}" for label in labels for seed in seeds)
+            + " | "
+            + " | ".join(f"{label} mean +- sd" for label in labels)
+            + " |"
+        )
         print("|---" * (1 + len(labels) * (len(seeds) + 1)) + "|")
         for name in rows[labels[0]]:
             share = "share" in name
             show = (lambda v: f"{v:.0%}") if share else (lambda v: f"{v:.0f}" if "seconds" in name else f"{v:.4f}")
             each = " | ".join(show(v) for label in labels for v in rows[label][name])
-            spread = " | ".join(f"{show(np.mean(rows[label][name]))} +- "
-                                f"{show(np.std(rows[label][name], ddof=1)) if len(seeds) > 1 else '-'}"
-                                for label in labels)
+            spread = " | ".join(
+                f"{show(np.mean(rows[label][name]))} +- "
+                f"{show(np.std(rows[label][name], ddof=1)) if len(seeds) > 1 else '-'}"
+                for label in labels
+            )
             print(f"| {name} | {each} | {spread} |")
 
 

@@ -43,21 +43,36 @@ def main() -> None:
     for method in METHODS:
         cell = Cell(method, sweeps.dataset, args.alpha or sweeps.alpha, settings.clients, settings.local_epochs, 0)
         with tempfile.TemporaryDirectory() as scratch:
-            engine = build_cell(params, cell, data / "prepared" / "re", data / "fedcmc" / "partitions",
-                                data / "fedcmc" / "tokenizer", "bench", Path(scratch), progress=False)
+            engine = build_cell(
+                params,
+                cell,
+                data / "prepared" / "re",
+                data / "fedcmc" / "partitions",
+                data / "fedcmc" / "tokenizer",
+                "bench",
+                Path(scratch),
+                progress=False,
+            )
             times = []
             for round_index in range(args.rounds):
                 started = time.perf_counter()
                 engine.state.history.append(engine._run_round(round_index))
                 times.append(time.perf_counter() - started)
             last = engine.state.history[-1]
-            rows[method] = (statistics.median(times[1:] or times), last["bytes_up"], last["bytes_down"],
-                            engine.memory_bytes()["private_per_client_max"])
+            rows[method] = (
+                statistics.median(times[1:] or times),
+                last["bytes_up"],
+                last["bytes_down"],
+                engine.memory_bytes()["private_per_client_max"],
+            )
     base = rows["fedavg"][0]
     print(f"cell: {cell.partition}, {args.rounds} rounds (median of rounds 2..{args.rounds})")
     print(f"{'method':10} {'s/round':>8} {'x FedAvg':>9} {'MB up':>8} {'MB down':>8} {'state/client MB':>16}")
     for method, (seconds, up, down, state) in rows.items():
-        print(f"{method:10} {seconds:8.2f} {seconds / base:9.2f} {up / 2**20:8.2f} {down / 2**20:8.2f} {state / 2**20:16.2f}")
+        print(
+            f"{method:10} {seconds:8.2f} {seconds / base:9.2f} "
+            f"{up / 2**20:8.2f} {down / 2**20:8.2f} {state / 2**20:16.2f}"
+        )
 
 
 if __name__ == "__main__":

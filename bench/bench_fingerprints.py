@@ -27,9 +27,16 @@ from fedrepro.fl import algorithms  # noqa: E402
 from fedrepro.ssvfnas.cells import all_cells as ssvfnas_cells  # noqa: E402
 
 DEFAULT_FILES = [
-    "fedrepro/fedmatch/report.py", "fedrepro/report/claims.py", "fedrepro/fl/flower/server.py",
-    "fedrepro/fl/algorithms/fedprox.py", "fedrepro/fl/algorithms/fedcmc.py", "fedrepro/fl/engine.py",
-    "fedrepro/tasks/relation.py", "fedrepro/ssvfnas/runs.py", "fedrepro/vfl/search.py", "fedrepro/config.py",
+    "fedrepro/fedmatch/report.py",
+    "fedrepro/report/claims.py",
+    "fedrepro/fl/flower/server.py",
+    "fedrepro/fl/algorithms/fedprox.py",
+    "fedrepro/fl/algorithms/fedcmc.py",
+    "fedrepro/fl/engine.py",
+    "fedrepro/tasks/relation.py",
+    "fedrepro/ssvfnas/runs.py",
+    "fedrepro/vfl/search.py",
+    "fedrepro/config.py",
 ]
 
 
@@ -41,8 +48,10 @@ def grid_code(params) -> dict[str, list[set[Path]]]:
         return code_closure.cell_code(entry, runtime, algorithms.REGISTRY[algorithm].__module__)
 
     return {
-        "fedmatch": [horizontal("fedrepro.fedmatch.runs", METHODS[c.method].algorithm)
-                     for c in table_cells(params) + sweep_cells(params)],
+        "fedmatch": [
+            horizontal("fedrepro.fedmatch.runs", METHODS[c.method].algorithm)
+            for c in table_cells(params) + sweep_cells(params)
+        ],
         "fedcmc": [horizontal("fedrepro.fedcmc.runs", c.method) for c in fedcmc_cells(params)],
         "ssvfnas": [code_closure.cell_code("fedrepro.ssvfnas.runs", runtime) for _ in ssvfnas_cells(params)],
     }
@@ -65,8 +74,11 @@ def main() -> None:
     for name in args.files:
         file = (ROOT / name).resolve()
         retrained = Counter({paper: sum(file in code for code in cells) for paper, cells in grids.items()})
-        rerun = [stage for stage, spec in stages.items()
-                 if any(file == ROOT / dep or (ROOT / dep) in file.parents for dep in spec.get("do", spec).get("deps", []))]
+        rerun = [
+            stage
+            for stage, spec in stages.items()
+            if any(file == ROOT / dep or (ROOT / dep) in file.parents for dep in spec.get("do", spec).get("deps", []))
+        ]
         cells = ", ".join(f"{paper} {count}" for paper, count in retrained.items() if count) or "none"
         print(f"{name}: cells retrained: {sum(retrained.values())} ({cells}); stages rerun: {len(rerun)}")
 

@@ -5,7 +5,8 @@ Trains one FedCMC cell in each runtime from the same recipe. A round's cost is t
 building the runtime to the start of round 1 (for Flower also: Ray, its worker, building the model on the
 node, asking each node which client it serves), printed on its own. Issue 9's budget: Flower's round
 <= 1.3x the engine's. The simulation then trains the cell a second time in the same process, as a stage's later cell
-does, on the Ray workers the first one started (``KeptRayBackend``): its start-up is printed beside the first's. Also printed: the histories are identical (the equivalence the tests assert).
+does, on the Ray workers the first one started (``KeptRayBackend``): its start-up is printed beside the first's. Also
+printed: the histories are identical (the equivalence the tests assert).
 With ``--deployment`` the cell also runs twice on a local SuperLink and SuperNodes (TLS, node authentication), the
 second time on the federation the first started (``shared_federation``, as a stage's later cells), and the bench
 prints each one's time and the bytes Flower counted on the wire (``flwr ls``: message payloads as serialised, both
@@ -13,7 +14,8 @@ directions) against the channel's count of the tensors and scalars: the protocol
 
 Reads DIR/params.yaml and DIR/data/{prepared/re,fedcmc/partitions,fedcmc/tokenizer} (the fedcmc_partition
 stage's outputs). Run it on loopback only: scripts/loopback.sh python bench/bench_flower.py --project DIR
-Usage: python bench/bench_flower.py [--project DIR] [--params FILE] [--deployment] [--rounds 4] [--method fedavg] [--alpha 0.5] [--clients 5]
+Usage: python bench/bench_flower.py [--project DIR] [--params FILE] [--deployment] [--rounds 4] [--method fedavg]
+[--alpha 0.5] [--clients 5]
 """
 
 import argparse
@@ -37,7 +39,9 @@ def timed_run(recipe, runtime: str, folder: Path) -> tuple[float, float, list]:
     """(start-up s, median round s, history) of one run."""
     starts, ends = [], []
     started = time.perf_counter()
-    engine = build_runtime(recipe, runtime, folder, progress=False, on_round_end=lambda _: ends.append(time.perf_counter()))
+    engine = build_runtime(
+        recipe, runtime, folder, progress=False, on_round_end=lambda _: ends.append(time.perf_counter())
+    )
     open_round = engine.open_round
 
     def timed_open_round(round_index):
@@ -57,7 +61,9 @@ def main() -> None:
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--alpha", type=float, default=None, help="default: fedcmc.sweeps.alpha")
     parser.add_argument("--clients", type=int, default=None, help="default: fedcmc.settings.clients")
-    parser.add_argument("--deployment", action="store_true", help="also run it on a local deployment (bytes on the wire)")
+    parser.add_argument(
+        "--deployment", action="store_true", help="also run it on a local deployment (bytes on the wire)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))  # Ray's workers as nice as the engine's process
     raw = read_raw_params(args.params or args.project / "params.yaml")
@@ -65,11 +71,19 @@ def main() -> None:
     raw["fedcmc"]["settings"]["eval_every"] = 0
     params = parse_params(raw)
     sweeps, settings = params.fedcmc.sweeps, params.fedcmc.settings
-    cell = Cell(args.method, sweeps.dataset, args.alpha or sweeps.alpha, args.clients or settings.clients,
-                settings.local_epochs, 0)
+    cell = Cell(
+        args.method,
+        sweeps.dataset,
+        args.alpha or sweeps.alpha,
+        args.clients or settings.clients,
+        settings.local_epochs,
+        0,
+    )
     data = args.project / "data"
     folders = (data / "prepared" / "re", data / "fedcmc" / "partitions", data / "fedcmc" / "tokenizer")
-    recipe = cell_recipe(params, cell, *folders, tree_digest(folders[0] / cell.dataset, folders[1] / cell.partition, folders[2]))
+    recipe = cell_recipe(
+        params, cell, *folders, tree_digest(folders[0] / cell.dataset, folders[1] / cell.partition, folders[2])
+    )
     results = []
     for runtime in ("engine", "flower-simulation", "flower-simulation"):
         with tempfile.TemporaryDirectory() as scratch:
@@ -80,8 +94,10 @@ def main() -> None:
     print(f"flower-simulation start-up {flower_start:6.2f} s   round {flower_round:6.3f} s")
     print(f"  a later cell    start-up {later[0]:6.2f} s   round {later[1]:6.3f} s   (on the kept Ray workers)")
     print(f"round cost ratio flower/engine: {flower_round / engine_round:.2f}x (budget 1.3x)")
-    same = all(json.dumps(engine_history, sort_keys=True) == json.dumps(history, sort_keys=True)
-               for history in (flower_history, later[2]))
+    same = all(
+        json.dumps(engine_history, sort_keys=True) == json.dumps(history, sort_keys=True)
+        for history in (flower_history, later[2])
+    )
     print(f"histories identical: {same}")
     if args.deployment:
         deployment_figures(recipe, engine_history)
@@ -105,10 +121,14 @@ def deployment_figures(recipe, engine_history: list) -> None:
     wire = deployment.wire
     print(f"flower-deployment {first:6.1f} s the first cell (federation start-up, {len(state.history)} rounds)")
     print(f"  a later cell    {later:6.1f} s (on the stage's SuperLink and nodes)")
-    print(f"channel: {up} B up, {down} B down, {scalars} B of scalars; wire (Flower's count): {wire['inbound-bytes']} B "
-          f"in, {wire['outbound-bytes']} B out; overhead ratio {wire['total-bytes'] / (up + down + scalars):.3f}")
-    same = all(json.dumps(engine_history, sort_keys=True) == json.dumps(s.history, sort_keys=True)
-               for s in (state, later_state))
+    print(
+        f"channel: {up} B up, {down} B down, {scalars} B of scalars; wire (Flower's count): {wire['inbound-bytes']} B "
+        f"in, {wire['outbound-bytes']} B out; overhead ratio {wire['total-bytes'] / (up + down + scalars):.3f}"
+    )
+    same = all(
+        json.dumps(engine_history, sort_keys=True) == json.dumps(s.history, sort_keys=True)
+        for s in (state, later_state)
+    )
     print(f"deployment histories identical to the engine's: {same}")
 
 

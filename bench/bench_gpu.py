@@ -81,7 +81,7 @@ def peak_flops(device: str, precision: str) -> tuple[float, str]:
     start = time.perf_counter()
     for _ in range(10):
         torch.mm(a, a)
-    rate = 10 * 2 * size ** 3 / (time.perf_counter() - start)
+    rate = 10 * 2 * size**3 / (time.perf_counter() - start)
     return rate, f"CPU: measured {precision} {size}x{size} matmul on {torch.get_num_threads()} thread(s)"
 
 
@@ -128,8 +128,10 @@ def measure(paper: str, params, scratch: Path) -> dict:
         from fedrepro.ssvfnas.cells import table_cells
 
         cell = next(c for c in table_cells(params) if not c.baseline)
-        run = lambda out, checkpoints: runs.run_cell(params, cell, Path("data/ssvfnas/partitions"), out, checkpoints,  # noqa: E731
-                                                      "gpu-check")
+
+        def run(out, checkpoints):
+            return runs.run_cell(params, cell, Path("data/ssvfnas/partitions"), out, checkpoints, "gpu-check")
+
         engine = None
     else:
         cell, run, engine = fl_cell(paper, params)
@@ -145,9 +147,15 @@ def measure(paper: str, params, scratch: Path) -> dict:
         walls.append(time.perf_counter() - start)
         hashes.append(tree_hash(checkpoints, "*.safetensors"))
         print(f"{paper} {cell.name}: run {attempt} took {walls[-1]:.1f} s", flush=True)
-    result = {"cell": cell.name, "device": params.train.device, "precision": params.train.precision,
-              "wall_s": walls, "same_metrics": json.dumps(metrics[0], sort_keys=True, default=str)
-              == json.dumps(metrics[1], sort_keys=True, default=str), "same_checkpoints": hashes[0] == hashes[1]}
+    result = {
+        "cell": cell.name,
+        "device": params.train.device,
+        "precision": params.train.precision,
+        "wall_s": walls,
+        "same_metrics": json.dumps(metrics[0], sort_keys=True, default=str)
+        == json.dumps(metrics[1], sort_keys=True, default=str),
+        "same_checkpoints": hashes[0] == hashes[1],
+    }
     if engine is not None:
         built = engine(scratch / paper / "flops")
         trainer = built.trainer
@@ -155,22 +163,38 @@ def measure(paper: str, params, scratch: Path) -> dict:
         steps = sum(trainer.steps_per_round(c) for c in built.train_ids) * built.settings.rounds
         peak, source = peak_flops(params.train.device, params.train.precision)
         achieved = per_step * steps / min(walls)
-        result |= {"flops_per_step": per_step, "training_steps": steps, "achieved_tflops": achieved / 1e12,
-                   "peak": source, "mfu": achieved / peak}
+        result |= {
+            "flops_per_step": per_step,
+            "training_steps": steps,
+            "achieved_tflops": achieved / 1e12,
+            "peak": source,
+            "mfu": achieved / peak,
+        }
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the FL cells (SS-VFNAS: its search steps / 50)")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rounds of the FL cells (SS-VFNAS: its search steps / 50)"
+    )
     parser.add_argument("--papers", nargs="+", default=["fedcmc", "fedmatch", "ssvfnas"])
     parser.add_argument("--set", action="append", default=[], help="key=value override of params.yaml (repeatable)")
     args = parser.parse_args()
     rounds = args.rounds
-    params = parse_params(overridden(args.set + [f"train.rounds={rounds}", f"fedcmc.settings.rounds={rounds}",
-                                                 f"ssvfnas.search.steps={50 * rounds}", f"ssvfnas.retrain.steps={50 * rounds}",
-                                                 "ssvfnas.moco.steps=20"]))
+    params = parse_params(
+        overridden(
+            args.set
+            + [
+                f"train.rounds={rounds}",
+                f"fedcmc.settings.rounds={rounds}",
+                f"ssvfnas.search.steps={50 * rounds}",
+                f"ssvfnas.retrain.steps={50 * rounds}",
+                "ssvfnas.moco.steps=20",
+            ]
+        )
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"machine": machine_fingerprint(params.train.device), "params": args.set, "rounds": rounds, "papers": {}}
     with tempfile.TemporaryDirectory(prefix="fedrepro-gpu-check-") as scratch:
@@ -178,11 +202,16 @@ def main() -> None:
             results["papers"][paper] = measure(paper, params, Path(scratch))
             (args.out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
     for paper, result in results["papers"].items():
-        mfu = f", {result['achieved_tflops']:.2f} TFLOP/s training, MFU {result['mfu']:.1%} of {result['peak']}" \
-            if "achieved_tflops" in result else ""
-        print(f"{paper} {result['cell']} on {result['device']} ({result['precision']}): same metrics "
-              f"{result['same_metrics']}, same checkpoints {result['same_checkpoints']}, "
-              f"{min(result['wall_s']):.1f} s{mfu}")
+        mfu = (
+            f", {result['achieved_tflops']:.2f} TFLOP/s training, MFU {result['mfu']:.1%} of {result['peak']}"
+            if "achieved_tflops" in result
+            else ""
+        )
+        print(
+            f"{paper} {result['cell']} on {result['device']} ({result['precision']}): same metrics "
+            f"{result['same_metrics']}, same checkpoints {result['same_checkpoints']}, "
+            f"{min(result['wall_s']):.1f} s{mfu}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,14 +37,28 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (the CPU flag the native kernels must have for this set to differ from them, the variables that select it)
 KERNELS = {
     "avx512-no-amx": ("amx_bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
-    "avx2": ("avx512f", {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
-    "sse4": ("avx2", {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}),
+    "avx2": (
+        "avx512f",
+        {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    ),
+    "sse4": (
+        "avx2",
+        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    ),
 }
 PAPERS = {
-    "fedmatch": {"data": ["fedmatch_mine", "fedmatch_tokenizer"], "stage": ["stages/fedmatch_train.py", "--tables"],
-                 "checkpoints": "data/checkpoints/fedmatch", "seeds": "fedmatch.seeds"},
-    "fedcmc": {"data": ["fedcmc_partition"], "stage": ["stages/fedcmc_train.py", "--tables"],
-               "checkpoints": "data/checkpoints/fedcmc", "seeds": "fedcmc.seeds"},
+    "fedmatch": {
+        "data": ["fedmatch_mine", "fedmatch_tokenizer"],
+        "stage": ["stages/fedmatch_train.py", "--tables"],
+        "checkpoints": "data/checkpoints/fedmatch",
+        "seeds": "fedmatch.seeds",
+    },
+    "fedcmc": {
+        "data": ["fedcmc_partition"],
+        "stage": ["stages/fedcmc_train.py", "--tables"],
+        "checkpoints": "data/checkpoints/fedcmc",
+        "seeds": "fedcmc.seeds",
+    },
 }
 
 
@@ -63,7 +77,9 @@ def headline(workdir: Path, paper: str) -> dict[tuple, float]:
         metrics = json.loads(path.read_text())
         if paper == "fedcmc":
             cell = metrics["cell"]
-            values[(f"{cell['method']} {cell['dataset']} a{cell['alpha']:g}", cell["seed"])] = metrics["test"]["micro_f1"]
+            values[(f"{cell['method']} {cell['dataset']} a{cell['alpha']:g}", cell["seed"])] = metrics["test"][
+                "micro_f1"
+            ]
         else:
             overall = metrics["test"]["overall"]
             values[(path.parent.parent.name, int(path.parent.name.rsplit("-", 1)[1]))] = overall["mrr"]
@@ -92,16 +108,30 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--papers", nargs="+", default=sorted(PAPERS), choices=sorted(PAPERS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--emulate", nargs="*", default=None, choices=sorted(KERNELS),
-                        help="kernel sets to emulate (default: every one below this CPU's; none: --emulate alone)")
-    parser.add_argument("--fedmatch-report", type=Path, default=ROOT / "reports" / "fedmatch",
-                        help="an embedded FedMatch report folder (metrics.json, report.md) to compare with this machine")
+    parser.add_argument(
+        "--emulate",
+        nargs="*",
+        default=None,
+        choices=sorted(KERNELS),
+        help="kernel sets to emulate (default: every one below this CPU's; none: --emulate alone)",
+    )
+    parser.add_argument(
+        "--fedmatch-report",
+        type=Path,
+        default=ROOT / "reports" / "fedmatch",
+        help="an embedded FedMatch report folder (metrics.json, report.md) to compare with this machine",
+    )
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp()) / "fedrepro-isa"
     if not workdir.exists():
         subprocess.run(["git", "clone", "-q", str(ROOT), str(workdir)], check=True)
-    env = {**os.environ, "PYTHONPATH": str(workdir), "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(workdir),
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     fingerprint = machine_fingerprint()
     print(f"machine: {fingerprint['cpu']} {fingerprint['isa_flags']}")
     kernels_to_run = {"native": {}}
@@ -118,8 +148,10 @@ def main() -> None:
         spec = PAPERS[paper]
         subprocess.run(["dvc", "repro", *spec["data"]], cwd=workdir, env=env, check=True, stdout=subprocess.DEVNULL)
         set_seeds(workdir, spec["seeds"], [args.seeds[0]])
-        by_kernels = {name: run_table(workdir, paper, f"{name}-seed{args.seeds[0]}", kernels)
-                      for name, kernels in kernels_to_run.items()}
+        by_kernels = {
+            name: run_table(workdir, paper, f"{name}-seed{args.seeds[0]}", kernels)
+            for name, kernels in kernels_to_run.items()
+        }
         set_seeds(workdir, spec["seeds"], args.seeds[1:])
         other_seeds = f"native-seeds{'-'.join(map(str, args.seeds[1:]))}"
         by_seed = {**run_table(workdir, paper, other_seeds, {}), **by_kernels["native"]}  # native = the first seed's
@@ -127,9 +159,15 @@ def main() -> None:
         native = by_kernels["native"]
         emulated = [k for k in kernels_to_run if k != "native"]
         other = other_machine(args.fedmatch_report) if paper == "fedmatch" else {}
-        print(f"\n{paper}: headline per row at seed {args.seeds[0]}: std over seeds {args.seeds} (this machine), the largest "
-              f"move to another kernel set emulated here ({', '.join(emulated) or 'none run'})"
-              + (f", and the move to the other machine's report ({other['machine']}; it rounds to 4 decimals)" if other else ""))
+        print(
+            f"\n{paper}: headline per row at seed {args.seeds[0]}: std over seeds {args.seeds} (this machine), "
+            f"the largest move to another kernel set emulated here ({', '.join(emulated) or 'none run'})"
+            + (
+                f", and the move to the other machine's report ({other['machine']}; it rounds to 4 decimals)"
+                if other
+                else ""
+            )
+        )
         print(f"{'row':44s} {'native':>8s} {'seed std':>9s} {'emulated':>9s}" + (f" {'machine':>9s}" if other else ""))
         columns: dict[str, list[float]] = {"seed std": [], "emulated": [], "machine": []}
         for key, value in sorted(native.items()):
@@ -150,15 +188,21 @@ def main() -> None:
         for name, values in columns.items():
             if values:
                 same = sum(v < 5e-5 for v in values)
-                print(f"{name}: median {statistics.median(values):.4f}, largest {max(values):.4f}, "
-                      f"{same} of {len(values)} rows below 0.00005")
+                print(
+                    f"{name}: median {statistics.median(values):.4f}, largest {max(values):.4f}, "
+                    f"{same} of {len(values)} rows below 0.00005"
+                )
 
 
 def other_machine(report: Path) -> dict:
     """An embedded FedMatch report's overall MRR per method (seed 0) and the machine its report names."""
-    hardware = next((line for line in (report / "report.md").read_text().splitlines() if "Hardware the cells ran on" in line), "")
-    return {"mrr": json.loads((report / "metrics.json").read_text())["mrr"],
-            "machine": hardware.split(":", 1)[-1].split(". The same")[0].strip()}
+    hardware = next(
+        (line for line in (report / "report.md").read_text().splitlines() if "Hardware the cells ran on" in line), ""
+    )
+    return {
+        "mrr": json.loads((report / "metrics.json").read_text())["mrr"],
+        "machine": hardware.split(":", 1)[-1].split(". The same")[0].strip(),
+    }
 
 
 if __name__ == "__main__":

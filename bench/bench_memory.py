@@ -56,24 +56,35 @@ def main() -> None:
         ("backbone: one model, every parameter", memory["model"]),
         ("gradients: 1 x trainable", trainable),
         ("Adam state: 2 x trainable bytes", 2 * trainable),
-        (f"private state: T = {clients} clients x {memory['private_per_client_max'] / MIB:.2f} MiB", memory["private_all_clients"]),
+        (
+            f"private state: T = {clients} clients x {memory['private_per_client_max'] / MIB:.2f} MiB",
+            memory["private_all_clients"],
+        ),
         ("server's shared weights, the round's broadcast copy and the new aggregate: 3 x shared", 3 * shared),
         (f"uploads held during aggregation: k = {k} x {uploads / k / MIB:.1f} MiB", uploads),
         ("data: parquet tables, tokeniser, tokenised pairs (RSS after build - baseline - models)", data),
         ("overhead: RSS of the imported libraries, before data and model", baseline),
     ]
     bound = sum(size for _, size in terms)
-    print(f"FedMatch H+LR, scale {params.scale} ({params.model.backbone}, {params.model.keep_layers or 'all'} layers, "
-          f"{params.train.precision}), {args.rounds} rounds, {clients} clients x <= {args.max_triples} triples")
+    print(
+        f"FedMatch H+LR, scale {params.scale} ({params.model.backbone}, {params.model.keep_layers or 'all'} layers, "
+        f"{params.train.precision}), {args.rounds} rounds, {clients} clients x <= {args.max_triples} triples"
+    )
     for label, size in terms:
         print(f"  {label:<88} {size / MIB:8.1f} MiB")
     print(f"  {'bound':<88} {bound / MIB:8.1f} MiB")
-    print(f"peak RSS of the run: {peak / MIB:.1f} MiB = {peak / bound:.2f} x bound; peak <= bound x {SLACK}: "
-          f"{'yes' if peak <= bound * SLACK else 'NO'} (limit {bound * SLACK / MIB:.1f} MiB; the slack is for what is not "
-          "sized: bf16 autocast weight copies, one batch's activations, Adam's temporaries, memory the allocators keep)")
-    print(f"contrast, a full model per client (the authors' code): T x model = {clients} x {memory['model'] / MIB:.1f} MiB "
-          f"= {clients * memory['model'] / MIB:.1f} MiB, against {memory['private_all_clients'] / MIB:.1f} MiB of "
-          f"private state here")
+    print(
+        f"peak RSS of the run: {peak / MIB:.1f} MiB = {peak / bound:.2f} x bound; peak <= bound x {SLACK}: "
+        f"{'yes' if peak <= bound * SLACK else 'NO'} (limit {bound * SLACK / MIB:.1f} MiB; "
+        "the slack is for what is not sized: bf16 autocast weight copies, one batch's activations, Adam's temporaries, "
+        "memory the allocators keep)"
+    )
+    print(
+        f"contrast, a full model per client (the authors' code): T x model = {clients} x {memory['model'] / MIB:.1f} "
+        f"MiB = {clients * memory['model'] / MIB:.1f} MiB, against {memory['private_all_clients'] / MIB:.1f} MiB of "
+        "private state here"
+    )
+
 
 if __name__ == "__main__":
     main()

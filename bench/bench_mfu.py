@@ -106,7 +106,7 @@ class TokenCounter:
             lengths = mask.sum(dim=1).double()
             self.real += int(lengths.sum())
             self.padded += mask.numel()
-            self.attention_flops += float((12 * self.layers * self.hidden * lengths ** 2).sum())
+            self.attention_flops += float((12 * self.layers * self.hidden * lengths**2).sum())
             yield batch
 
 
@@ -163,25 +163,36 @@ def measure(engine, label: str, precision: str, peaks: dict[str, float]) -> None
     achieved = flops / train_seconds
     peak = peaks["bf16" if precision == "bf16" else "fp32"]
     print(f"\n{label} ({layers} layers, hidden {hidden}, {weights / 1e6:.1f} M Linear weights, {precision})")
-    print(f"  round 1, {len(engine.train_ids)} clients: {counter.real} real tokens in {train_seconds:.1f} s = "
-          f"{counter.real / train_seconds:,.0f} tokens/s; padding {1 - counter.real / counter.padded:.1%} of the batches")
-    print(f"  achieved {achieved / 1e9:.1f} GFLOP/s of model FLOPs = MFU {achieved / peak:.1%} of the {precision} matmul peak")
+    print(
+        f"  round 1, {len(engine.train_ids)} clients: {counter.real} real tokens in {train_seconds:.1f} s = "
+        f"{counter.real / train_seconds:,.0f} tokens/s; padding {1 - counter.real / counter.padded:.1%} of the batches"
+    )
+    print(
+        f"  achieved {achieved / 1e9:.1f} GFLOP/s of model FLOPs = "
+        f"MFU {achieved / peak:.1%} of the {precision} matmul peak"
+    )
     print(f"  validation pass {eval_seconds:.1f} s = {eval_seconds / (train_seconds + eval_seconds):.0%} of the round")
 
 
 def fedmatch_engine(project: Path, params: Params, scratch: Path):
     from fedrepro.fedmatch.cells import Cell
     from fedrepro.fedmatch.runs import build_cell
+
     mined, tokenizer = project / "data" / "mined", project / "data" / "tokenizer"
-    return build_cell(params, Cell("fedmatch_h_lr", 0), mined, tokenizer, tree_digest(mined, tokenizer), scratch,
-                      progress=False)
+    return build_cell(
+        params, Cell("fedmatch_h_lr", 0), mined, tokenizer, tree_digest(mined, tokenizer), scratch, progress=False
+    )
 
 
 def fedcmc_engine(project: Path, params: Params, scratch: Path):
     from fedrepro.fedcmc.cells import table_cells
     from fedrepro.fedcmc.runs import build_cell
-    folders = (project / "data" / "prepared" / "re", project / "data" / "fedcmc" / "partitions",
-               project / "data" / "fedcmc" / "tokenizer")
+
+    folders = (
+        project / "data" / "prepared" / "re",
+        project / "data" / "fedcmc" / "partitions",
+        project / "data" / "fedcmc" / "tokenizer",
+    )
     cell = next(c for c in table_cells(params) if c.method == "fedavg")
     return build_cell(params, cell, *folders, tree_digest(*folders), scratch, progress=False)
 
@@ -193,8 +204,10 @@ def compare(project: Path, scale: str, papers: list[str]) -> None:
     before = load_params(project, scale, before=True)
     workers = cell_workers(now.train.threads)
     print(f"machine: {describe([machine_fingerprint()])}; {cores} cores")
-    print(f"before: fp32, per-tensor Adam, 1 cell x {cores} threads;  now: {now.train.precision}, fused Adam, "
-          f"{workers} cells x {now.train.threads} thread(s)")
+    print(
+        f"before: fp32, per-tensor Adam, 1 cell x {cores} threads;  now: {now.train.precision}, fused Adam, "
+        f"{workers} cells x {now.train.threads} thread(s)"
+    )
     for paper in papers:
         build, label = BUILDERS[paper]
         with tempfile.TemporaryDirectory() as scratch:  # each build sets its torch threads (train.threads)
@@ -203,8 +216,10 @@ def compare(project: Path, scale: str, papers: list[str]) -> None:
                 counter, seconds = train_round(build(project, before, Path(scratch) / "before"))
             real, padded = counter.real, counter.padded
             old = real / seconds
-        print(f"{label}: before {old:,.0f} real tokens/s ({seconds:.1f} s for round 1's {real} real tokens, padding "
-              f"{1 - real / padded:.1%}), now {new:,.0f} tokens/s: {new / old:.2f}x")
+        print(
+            f"{label}: before {old:,.0f} real tokens/s ({seconds:.1f} s for round 1's {real} real tokens, padding "
+            f"{1 - real / padded:.1%}), now {new:,.0f} tokens/s: {new / old:.2f}x"
+        )
 
 
 BUILDERS = {"fedmatch": (fedmatch_engine, "FedMatch H+LR"), "fedcmc": (fedcmc_engine, "FedCMC's FedAvg cell")}

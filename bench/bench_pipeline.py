@@ -5,8 +5,8 @@ of 5 (issue 19).
 With ``--set KEY=VALUE`` (repeatable) the fresh copy runs ``dvc exp run -S KEY=VALUE ...`` instead, as a user runs a
 variation: ``scripts/loopback.sh python bench/bench_pipeline.py --set train.runtime=flower-simulation`` times the whole
 embedded default on Flower (issue 19's goals: within 1.5x the engine's time on the simulation, 2.5x on a deployment).
-Usage: python bench/bench_pipeline.py [--noop-only DIR] [--set KEY=VALUE ...] [--target STAGE ...]   (DIR: a project whose
-pipeline is already up to date; STAGE: time only these stages and what they need)
+Usage: python bench/bench_pipeline.py [--noop-only DIR] [--set KEY=VALUE ...] [--target STAGE ...]   (DIR: a project
+whose pipeline is already up to date; STAGE: time only these stages and what they need)
 """
 
 import argparse
@@ -33,8 +33,14 @@ def timed_stages(command, cwd) -> tuple[float, dict[str, float]]:
     """Run ``command`` reading its output as it comes: its wall time and each stage's (from the line DVC prints as
     the stage starts to the next such line or the end)."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=cwd, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env={**ENV, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     stages, current, since, tail = {}, None, started, []
     for line in process.stdout:
         tail = (tail + [line])[-40:]
@@ -86,8 +92,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noop-only", type=Path, default=None, metavar="DIR")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run dvc exp run -S KEY=VALUE")
-    parser.add_argument("--target", action="append", default=[], metavar="STAGE",
-                        help="only these stages and what they need (default: the whole pipeline)")
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="only these stages and what they need (default: the whole pipeline)",
+    )
     args = parser.parse_args()
     if args.noop_only:
         noops = noop_times(args.noop_only.resolve())
@@ -105,8 +116,10 @@ def main() -> None:
             print(f"  {stage:32s} {seconds:7.1f} s")
         print(f"embedded {' '.join(command)}: {full:.1f} s ({full / 60:.2f} min; target for dvc repro <= 12 min)")
         print(f"machine: one thread's fp32 matmul {speed_before:.1f} GFLOP/s before, {speed_after:.1f} after")
-    print(f"no-op dvc repro:    median {statistics.median(noops):.2f} s of {NOOP_RUNS} ("
-          f"{', '.join(f'{s:.2f}' for s in noops)}; target < 2 s)")
+    print(
+        f"no-op dvc repro:    median {statistics.median(noops):.2f} s of {NOOP_RUNS} ("
+        f"{', '.join(f'{s:.2f}' for s in noops)}; target < 2 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def train_and_score(params, cell: Cell, project: Path, checkpoints: Path) -> tup
     engine.run()
     seconds = time.perf_counter() - started
     with torch.no_grad():
-        scores = {c: ranking_metrics(*qrels_and_run(engine.task.score(m, c, "test"))) for c, m in engine.client_models()}
+        scores = {
+            c: ranking_metrics(*qrels_and_run(engine.task.score(m, c, "test"))) for c, m in engine.client_models()
+        }
     return overall(scores), seconds
 
 
@@ -51,7 +53,9 @@ def main() -> None:
             folder = reuse if precision == params.train.precision and reuse.exists() else Path(scratch)
             results[precision] = train_and_score(chosen, cell, project, folder)
     for precision, (metrics, seconds) in results.items():
-        print(f"{precision}: test MAP {metrics['map']:.4f}, MRR {metrics['mrr']:.4f} (training this run: {seconds:.0f} s)")
+        print(
+            f"{precision}: test MAP {metrics['map']:.4f}, MRR {metrics['mrr']:.4f} (training this run: {seconds:.0f} s)"
+        )
     gap = results["bf16"][0]["mrr"] - results["fp32"][0]["mrr"]
     print(f"{cell.name} at scale {params.scale}: MRR bf16 - fp32 = {gap:+.4f}")
 

@@ -73,8 +73,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as store:
         for label, where in (("cell store off", "off"), ("cell store on", os.path.join(store, "cells"))):
             seconds, trained, restored = queued_grid(where, args.target, args.knob, args.values, args.extra)
-            print(f"{label}: {len(args.values)} queued variations of {args.knob} ({args.target}) in {seconds:.0f} s; "
-                  f"cells trained {trained}, restored from the store {restored}", flush=True)
+            print(
+                f"{label}: {len(args.values)} queued variations of {args.knob} ({args.target}) in {seconds:.0f} s; "
+                f"cells trained {trained}, restored from the store {restored}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,13 @@ def stage_order(project: Path, targets: list[str]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", required=True, metavar="KEY=VALUE", help="copy B's params")
-    parser.add_argument("--target", action="append", default=[], metavar="STAGE",
-                        help="only these stages and what they need (default: the whole pipeline)")
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="only these stages and what they need (default: the whole pipeline)",
+    )
     args = parser.parse_args()
     speed_before = machine_speed()
     with tempfile.TemporaryDirectory() as folder:
@@ -93,12 +98,16 @@ def main() -> None:
         noops = {name: noop_times(project, args.target) for name, project in copies.items()}
     speed_after = machine_speed()
     total_a, total_b = sum(times["A"].values()), sum(times["B"].values())
-    print(f"sum of stages: A {total_a:.1f} s ({total_a / 60:.2f} min), B {total_b:.1f} s ({total_b / 60:.2f} min), "
-          f"B/A {total_b / total_a:.2f}x")
+    print(
+        f"sum of stages: A {total_a:.1f} s ({total_a / 60:.2f} min), B {total_b:.1f} s ({total_b / 60:.2f} min), "
+        f"B/A {total_b / total_a:.2f}x"
+    )
     print(f"machine: one thread's fp32 matmul {speed_before:.1f} GFLOP/s before, {speed_after:.1f} after")
     for name, runs in noops.items():
-        print(f"no-op dvc repro in {name}: median {statistics.median(runs):.2f} s of {len(runs)} "
-              f"({', '.join(f'{s:.2f}' for s in runs)}; target < 2 s)")
+        print(
+            f"no-op dvc repro in {name}: median {statistics.median(runs):.2f} s of {len(runs)} "
+            f"({', '.join(f'{s:.2f}' for s in runs)}; target < 2 s)"
+        )
 
 
 if __name__ == "__main__":

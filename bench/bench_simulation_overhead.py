@@ -31,6 +31,7 @@ def nothing(hub: VerticalHub) -> None:
 
 def round_trips(hub: VerticalHub, exchanges: int) -> dict[str, float]:
     """Median seconds of a command that does nothing to one party and to every party, and of a forward (batch 64)."""
+
     def median(op: str, commands: dict) -> float:
         times = []
         for _ in range(exchanges):
@@ -41,9 +42,11 @@ def round_trips(hub: VerticalHub, exchanges: int) -> dict[str, float]:
 
     noop = {"updates": []}
     forward = {"batches": {"train": list(range(64))}, "grad": False, "training": True, "noise_key": ["bench", 0]}
-    return {"nothing, one party": median(UPDATE, {hub.others[0]: (noop, {})}),
-            f"nothing, {len(hub.others)} parties": median(UPDATE, {j: (noop, {}) for j in hub.others}),
-            f"forward, {len(hub.others)} parties": median(FORWARD, {j: (forward, {}) for j in hub.others})}
+    return {
+        "nothing, one party": median(UPDATE, {hub.others[0]: (noop, {})}),
+        f"nothing, {len(hub.others)} parties": median(UPDATE, {j: (noop, {}) for j in hub.others}),
+        f"forward, {len(hub.others)} parties": median(FORWARD, {j: (forward, {}) for j in hub.others}),
+    }
 
 
 def main() -> None:
@@ -67,12 +70,15 @@ def main() -> None:
         walls.append(time.perf_counter() - started)
         cpus.append(time.process_time() - cpu)
     with tempfile.TemporaryDirectory() as folder:
-        _, trips = VerticalSimulation(recipe, folder, functools.partial(this.round_trips,
-                                                                        exchanges=args.exchanges)).run()
+        _, trips = VerticalSimulation(
+            recipe, folder, functools.partial(this.round_trips, exchanges=args.exchanges)
+        ).run()
     print(f"{args.parties} parties (the label party in the ServerApp, {args.parties - 1} nodes on one kept worker)")
     print(f"first run (starts Ray and the worker): {walls[0]:6.2f} s wall, {cpus[0]:5.2f} s CPU of this process")
-    print(f"later empty run, median of {len(walls) - 1}:   {statistics.median(walls[1:]):6.3f} s wall, "
-          f"{statistics.median(cpus[1:]):5.3f} s CPU of this process")
+    print(
+        f"later empty run, median of {len(walls) - 1}:   {statistics.median(walls[1:]):6.3f} s wall, "
+        f"{statistics.median(cpus[1:]):5.3f} s CPU of this process"
+    )
     for name, seconds in trips.items():
         print(f"round trip, {name:<22} {1000 * seconds:7.2f} ms (median of {args.exchanges - 10})")
 

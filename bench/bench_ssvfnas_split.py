@@ -39,8 +39,10 @@ CLIP_FORWARD, CLIP_BACKWARD, SIGMA = 5.0, 0.2, 1.0
 
 
 def views(dataset) -> tuple[list[torch.Tensor], torch.Tensor]:
-    features = [torch.tensor(frame.drop(columns=["sample_id"]).to_numpy(np.float32) / 16.0).reshape(-1, *shape)
-                for frame, shape in zip(dataset.parties, dataset.shapes)]
+    features = [
+        torch.tensor(frame.drop(columns=["sample_id"]).to_numpy(np.float32) / 16.0).reshape(-1, *shape)
+        for frame, shape in zip(dataset.parties, dataset.shapes)
+    ]
     return features, torch.tensor(dataset.labels, dtype=torch.long)
 
 
@@ -57,12 +59,16 @@ def sgd(params) -> torch.optim.Optimizer:
 def run_split(features, labels, bottoms, top, steps, batch, mechanisms=(None, None)) -> tuple[float, list[nn.Module]]:
     bottoms, top = copy.deepcopy(bottoms), copy.deepcopy(top)
     label = len(features) - 1
-    parties = [Party(k, x, b, labels if k == label else None, top if k == label else None)
-               for k, (x, b) in enumerate(zip(features, bottoms))]
-    protocol = VerticalProtocol(parties, forward_mechanisms=mechanisms[0], backward_mechanism=mechanisms[1],
-                                split_sizes={"train": len(labels)})
-    training = SplitTraining(protocol, [sgd(p.weight_parameters()) for p in parties], [None] * len(parties),
-                             grad_clip=GRAD_CLIP)
+    parties = [
+        Party(k, x, b, labels if k == label else None, top if k == label else None)
+        for k, (x, b) in enumerate(zip(features, bottoms))
+    ]
+    protocol = VerticalProtocol(
+        parties, forward_mechanisms=mechanisms[0], backward_mechanism=mechanisms[1], split_sizes={"train": len(labels)}
+    )
+    training = SplitTraining(
+        protocol, [sgd(p.weight_parameters()) for p in parties], [None] * len(parties), grad_clip=GRAD_CLIP
+    )
     indices = torch.arange(len(labels))
     started = time.perf_counter()
     training.run(indices, indices, batch, steps)
@@ -81,7 +87,9 @@ class Unsplit(nn.Module):
 def run_unsplit(features, labels, bottoms, top, steps, batch) -> tuple[float, list[nn.Module]]:
     model = Unsplit(copy.deepcopy(bottoms), copy.deepcopy(top))
     # the label party's optimizer holds its bottom and the top, as in the split run
-    groups = [list(b.parameters()) for b in model.bottoms[:-1]] + [list(model.bottoms[-1].parameters()) + list(model.top.parameters())]
+    groups = [list(b.parameters()) for b in model.bottoms[:-1]] + [
+        list(model.bottoms[-1].parameters()) + list(model.top.parameters())
+    ]
     optimizers = [sgd(g) for g in groups]
     indices = torch.arange(len(labels))
     started = time.perf_counter()
@@ -122,7 +130,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{args.steps} steps, batch {args.batch}, conv baseline width {args.width}, 1 thread, median of {args.repeats}")
+    print(
+        f"{args.steps} steps, batch {args.batch}, conv baseline width {args.width}, 1 thread, median of {args.repeats}"
+    )
     for dataset in (digits_halves(), digits_quarters()):
         features, labels = views(dataset)
         bottoms, top = networks(features, args.width)
@@ -135,23 +145,33 @@ def main() -> None:
             timings["unsplit"].append(seconds)
             seconds, split_nets = run_split(features, labels, bottoms, top, args.steps, args.batch)
             timings["split"].append(seconds)
-            timings["split+clip"].append(run_split(features, labels, bottoms, top, args.steps, args.batch, clip_only)[0])
-            timings["split+clip+noise"].append(run_split(features, labels, bottoms, top, args.steps, args.batch, noised)[0])
+            timings["split+clip"].append(
+                run_split(features, labels, bottoms, top, args.steps, args.batch, clip_only)[0]
+            )
+            timings["split+clip+noise"].append(
+                run_split(features, labels, bottoms, top, args.steps, args.batch, noised)[0]
+            )
         median = {name: statistics.median(values) for name, values in timings.items()}
         print(f"\n{dataset.name} (K = {k}, {len(labels)} samples)")
         for name, seconds in median.items():
             print(f"  {name:<17} {1000 * seconds / args.steps:7.2f} ms/step")
-        print(f"  split / unsplit: {median['split'] / median['unsplit']:.2f}x   (target <= 1.3x; final weights differ by at "
-              f"most {max_difference(split_nets, unsplit_nets):.1e})")
-        print(f"  clipping cost:   {median['split+clip'] / median['split']:.2f}x a split step without DP; "
-              f"clip + noise {median['split+clip+noise'] / median['split']:.2f}x")
+        print(
+            f"  split / unsplit: {median['split'] / median['unsplit']:.2f}x   (target <= 1.3x; "
+            f"final weights differ by at most {max_difference(split_nets, unsplit_nets):.1e})"
+        )
+        print(
+            f"  clipping cost:   {median['split+clip'] / median['split']:.2f}x a split step without DP; "
+            f"clip + noise {median['split+clip+noise'] / median['split']:.2f}x"
+        )
     rows = torch.randn(args.batch, OUT_DIM)
     mechanism = GaussianMechanism(CLIP_FORWARD, 0.0)
     vectorised = median_time(lambda: [mechanism.clip_tensor(rows) for _ in range(1000)], args.repeats) / 1000
     looped = median_time(lambda: [clip_in_a_loop(mechanism, rows) for _ in range(100)], args.repeats) / 100
     assert torch.allclose(clip_in_a_loop(mechanism, rows), mechanism.clip_tensor(rows), atol=1e-6)
-    print(f"\nper-sample clip of a {args.batch}x{OUT_DIM} batch: vectorised {1e6 * vectorised:.1f} us, "
-          f"Python loop over samples {1e6 * looped:.1f} us ({looped / vectorised:.0f}x slower)")
+    print(
+        f"\nper-sample clip of a {args.batch}x{OUT_DIM} batch: vectorised {1e6 * vectorised:.1f} us, "
+        f"Python loop over samples {1e6 * looped:.1f} us ({looped / vectorised:.0f}x slower)"
+    )
 
 
 if __name__ == "__main__":

@@ -64,10 +64,16 @@ def plain_steps(task, model, settings, clients, round_index: int, steps: dict[st
     model.train()
     for client_id in clients:
         optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-        total = settings.rounds * settings.local_epochs * math.ceil(task.num_train_samples([client_id]) / settings.batch_size)
+        total = (
+            settings.rounds
+            * settings.local_epochs
+            * math.ceil(task.num_train_samples([client_id]) / settings.batch_size)
+        )
         losses = []
         for epoch in range(settings.local_epochs):
-            generator = torch.Generator().manual_seed(derive_seed(settings.seed, "shuffle", round_index, client_id, epoch))
+            generator = torch.Generator().manual_seed(
+                derive_seed(settings.seed, "shuffle", round_index, client_id, epoch)
+            )
             torch.manual_seed(derive_seed(settings.seed, "dropout", round_index, client_id, epoch))
             for batch in task.train_batches([client_id], generator):
                 for group in optimizer.param_groups:
@@ -114,7 +120,9 @@ def bench(args: argparse.Namespace, params: Params, precision: str) -> None:
         engine.task = task
 
         def start_round(round_index: int) -> None:
-            task.plain = plain_steps(task.task, plain_model, engine.settings, engine.sample_clients(round_index), round_index, steps)
+            task.plain = plain_steps(
+                task.task, plain_model, engine.settings, engine.sample_clients(round_index), round_index, steps
+            )
             task.plain_seconds, started[0] = 0.0, time.perf_counter()
 
         def after_engine_round(record: dict) -> None:
@@ -132,21 +140,29 @@ def bench(args: argparse.Namespace, params: Params, precision: str) -> None:
     sequences = 2 * engine.settings.local_epochs * task.num_train_samples(engine.sample_clients(0))
     engine_s, plain_s = statistics.median(engine_times[1:]), statistics.median(plain_times[1:])
     paired = statistics.median(e / p for e, p in zip(engine_times[1:], plain_times[1:]))
-    print(f"[{precision}] {len(task.client_ids)} clients x <= {args.max_triples} triples "
-          f"({', '.join(f'{c} {len(f)}' for c, f in task.triples.items())}): {sequences} sequences/round, "
-          f"{torch.get_num_threads()} threads, {len(engine_times) - 1} timed rounds of each (+1 warm-up)")
-    print(f"[{precision}] engine rounds (s): {' '.join(f'{t:.1f}' for t in engine_times[1:])}; plain rounds (s): "
-          f"{' '.join(f'{t:.1f}' for t in plain_times[1:])}; median of the per-round ratios engine/plain {paired:.3f}")
-    print(f"[{precision}] engine {engine_s:.1f} s/round ({sequences / engine_s:.0f} seq/s), plain loop {plain_s:.1f} s/round "
-          f"({sequences / plain_s:.0f} seq/s): engine throughput = {plain_s / engine_s:.0%} of plain (target >= 90%); "
-          f"time ratio engine/plain = {engine_s / plain_s:.3f} (target <= 1.11)")
+    print(
+        f"[{precision}] {len(task.client_ids)} clients x <= {args.max_triples} triples "
+        f"({', '.join(f'{c} {len(f)}' for c, f in task.triples.items())}): {sequences} sequences/round, "
+        f"{torch.get_num_threads()} threads, {len(engine_times) - 1} timed rounds of each (+1 warm-up)"
+    )
+    print(
+        f"[{precision}] engine rounds (s): {' '.join(f'{t:.1f}' for t in engine_times[1:])}; plain rounds (s): "
+        f"{' '.join(f'{t:.1f}' for t in plain_times[1:])}; median of the per-round ratios engine/plain {paired:.3f}"
+    )
+    print(
+        f"[{precision}] engine {engine_s:.1f} s/round ({sequences / engine_s:.0f} seq/s), plain loop "
+        f"{plain_s:.1f} s/round ({sequences / plain_s:.0f} seq/s): engine throughput = {plain_s / engine_s:.0%} "
+        f"of plain (target >= 90%); time ratio engine/plain = {engine_s / plain_s:.3f} (target <= 1.11)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", type=Path, default=Path("."), help="folder with params.yaml and data/ (default .)")
     parser.add_argument("--scale", default="cpu", help="overrides params.yaml's scale (default cpu)")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds of each, after one warm-up round (default 4)")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="timed rounds of each, after one warm-up round (default 4)"
+    )
     parser.add_argument("--max-triples", type=int, default=120, help="training triples kept per client (default 120)")
     parser.add_argument("--precision", nargs="+", choices=["bf16", "fp32"], help="one line each (default: the scale's)")
     args = parser.parse_args()

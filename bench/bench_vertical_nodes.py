@@ -39,7 +39,8 @@ ROWS, FEATURES, OUT_DIM, CLASSES, SEED = 2048, 64, 16, 10, 3
 
 
 def synthetic_party(index: int, parties: int, label: int) -> Party:
-    """Party ``index`` alone: its own synthetic columns and supernet (and the labels and top if it is the label party)."""
+    """Party ``index`` alone: its own synthetic columns and supernet (and the labels and top if it is the label
+    party)."""
     columns = torch.Generator().manual_seed(derive_seed(SEED, "columns", index))
     features = torch.randn(ROWS, FEATURES, generator=columns)
     torch.manual_seed(derive_seed(SEED, "bottom", index))
@@ -52,11 +53,18 @@ def synthetic_party(index: int, parties: int, label: int) -> Party:
 
 
 def bench_recipe(parties: int, rule: str, dp: bool) -> VerticalRecipe:
-    return VerticalRecipe(functools.partial(synthetic_party, parties=parties, label=parties - 1), parties, parties - 1,
-                          rule, SEED, fingerprint=f"bench/{parties}/{rule}/{dp}", threads=torch.get_num_threads(),
-                          forward_mechanism=GaussianMechanism(5.0, 1.0) if dp else None,
-                          backward_mechanism=GaussianMechanism(0.5, 1.0) if dp else None,
-                          split_sizes=(("train", ROWS // 2), ("val", ROWS // 2)))
+    return VerticalRecipe(
+        functools.partial(synthetic_party, parties=parties, label=parties - 1),
+        parties,
+        parties - 1,
+        rule,
+        SEED,
+        fingerprint=f"bench/{parties}/{rule}/{dp}",
+        threads=torch.get_num_threads(),
+        forward_mechanism=GaussianMechanism(5.0, 1.0) if dp else None,
+        backward_mechanism=GaussianMechanism(0.5, 1.0) if dp else None,
+        split_sizes=(("train", ROWS // 2), ("val", ROWS // 2)),
+    )
 
 
 def batches(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,9 +77,13 @@ def median_after_first(times: list[float]) -> float:
 
 
 def in_process(recipe: VerticalRecipe, steps: int, size: int) -> tuple[float, list]:
-    protocol = VerticalProtocol([recipe.build_party(j) for j in range(recipe.parties)],
-                                forward_mechanisms=recipe.forward_mechanism, backward_mechanism=recipe.backward_mechanism,
-                                seed=recipe.seed, split_sizes=dict(recipe.split_sizes))
+    protocol = VerticalProtocol(
+        [recipe.build_party(j) for j in range(recipe.parties)],
+        forward_mechanisms=recipe.forward_mechanism,
+        backward_mechanism=recipe.backward_mechanism,
+        seed=recipe.seed,
+        split_sizes=dict(recipe.split_sizes),
+    )
     weights, arch = make_optimizers(protocol)
     rule = {"train": SplitTraining, "darts": DartsSearch, "milenas": MiLeNASSearch}[recipe.rule]
     search = rule(protocol, weights, arch, grad_clip=recipe.grad_clip)
@@ -134,9 +146,13 @@ def main() -> None:
     reference, history = in_process(recipe, args.steps, args.batch)
     local, local_history = local_nodes(recipe, args.steps, args.batch)
     flower, flower_history = flower_nodes(recipe, args.steps, args.batch)
-    deployed, deployed_history = deployment_nodes(recipe, args.steps, args.batch) if args.deployment else (None, history)
-    print(f"{args.rule}, {args.parties} parties, batch {args.batch}, {args.steps} steps, DP {'on' if args.dp else 'off'}, "
-          f"{recipe.threads} torch threads")
+    deployed, deployed_history = (
+        deployment_nodes(recipe, args.steps, args.batch) if args.deployment else (None, history)
+    )
+    print(
+        f"{args.rule}, {args.parties} parties, batch {args.batch}, {args.steps} steps, DP "
+        f"{'on' if args.dp else 'off'}, {recipe.threads} torch threads"
+    )
     print(f"in-process protocol:         {1000 * reference:8.1f} ms/step")
     print(f"nodes, in process:           {1000 * local:8.1f} ms/step  ({local / reference:.2f}x)")
     print(f"nodes on Flower (simulation): {1000 * flower:7.1f} ms/step  ({flower / reference:.2f}x)")

@@ -38,8 +38,9 @@ def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def upload_problem(client_id: str, upload: dict[str, torch.Tensor], server_tensors: dict[str, torch.Tensor],
-                   required: list[str]) -> str | None:
+def upload_problem(
+    client_id: str, upload: dict[str, torch.Tensor], server_tensors: dict[str, torch.Tensor], required: list[str]
+) -> str | None:
     """Why a server must not aggregate an upload (a name it does not hold, a missing shared parameter, a wrong
     shape or dtype, a NaN or Inf value), naming the client and the field; None when it may.
 
@@ -47,19 +48,25 @@ def upload_problem(client_id: str, upload: dict[str, torch.Tensor], server_tenso
     runtime: one NaN averaged into the global weights spreads to every client in the next round."""
     unknown = sorted(set(upload) - set(server_tensors))
     if unknown:
-        return f"client {client_id}: upload field {unknown[0]!r} is not a tensor the server holds ({len(unknown)} unknown)"
+        return (
+            f"client {client_id}: upload field {unknown[0]!r} is not a tensor the server holds ({len(unknown)} unknown)"
+        )
     missing = [name for name in required if name not in upload]
     if missing:
         return f"client {client_id}: upload lacks field {missing[0]!r} ({len(missing)} shared parameters missing)"
     for name, tensor in upload.items():
         expected = server_tensors[name]
         if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
-            return (f"client {client_id}: upload field {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
-                    f"expected {tuple(expected.shape)} {expected.dtype}")
+            return (
+                f"client {client_id}: upload field {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
+                f"expected {tuple(expected.shape)} {expected.dtype}"
+            )
         finite = torch.isfinite(tensor)
         if not bool(finite.all()):
-            return (f"client {client_id}: upload field {name!r} holds {int((~finite).sum())} non-finite values "
-                    f"(NaN or Inf) of {tensor.numel()}")
+            return (
+                f"client {client_id}: upload field {name!r} holds {int((~finite).sum())} non-finite values "
+                f"(NaN or Inf) of {tensor.numel()}"
+            )
     return None
 
 
@@ -72,11 +79,15 @@ class Channel:
         """Scalars a real network carries beside the tensors (a node's client id, sample counts, losses, metrics):
         logged apart, so tensor bytes per round and per link mean the same in every runtime."""
 
-    def send(self, round_index: int, sender: str, receiver: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def send(
+        self, round_index: int, sender: str, receiver: str, tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """Deliver a detached copy, so the receiver can never alias (and silently mutate) the sender's memory."""
         return self.broadcast(round_index, sender, [receiver], tensors)
 
-    def broadcast(self, round_index: int, sender: str, receivers: list[str], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def broadcast(
+        self, round_index: int, sender: str, receivers: list[str], tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """The same tensors to several receivers: one read-only copy in memory, bytes counted once per receiver."""
         delivered = {name: t.detach().clone() for name, t in tensors.items()}
         names, nbytes = tuple(sorted(delivered)), tensor_bytes(delivered)
@@ -92,7 +103,9 @@ class Channel:
         self.messages.append(Message(round_index, sender, receiver, names, nbytes))
         return delivered
 
-    def send_scalars(self, round_index: int, sender: str, receiver: str, values: dict[str, object]) -> dict[str, object]:
+    def send_scalars(
+        self, round_index: int, sender: str, receiver: str, values: dict[str, object]
+    ) -> dict[str, object]:
         """Log scalars that cross beside the tensors; their bytes are their UTF-8 text, as in a text format."""
         nbytes = sum(len(str(value).encode("utf-8")) for value in values.values())
         self.scalars.append(Message(round_index, sender, receiver, tuple(sorted(values)), nbytes))

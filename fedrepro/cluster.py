@@ -73,6 +73,7 @@ CONNECT_SECONDS = 10.0
 class _Ran:
     """What a cell's task sends back: the lines it wrote to stderr (less its progress bars), the seconds it ran, and
     its metrics and output and checkpoint folders (packed), or its error as ``fedrepro.jobs.child_error`` takes it."""
+
     said: list[str] = field(default_factory=list)
     seconds: float = 0.0
     metrics: dict | None = None
@@ -81,11 +82,18 @@ class _Ran:
     error: tuple | None = None
 
 
-def run_on_cluster(address: str, jobs: list[Job], inputs: Callable[[Any], tuple[Path, ...]],
-                   run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
-                   finish: Callable[[Job, dict], None], ledger: ResultsLedger | None,
-                   may_start: Callable[[Job], bool], stop_at: float | None,
-                   resources: Callable[[Any], dict] | None) -> None:
+def run_on_cluster(
+    address: str,
+    jobs: list[Job],
+    inputs: Callable[[Any], tuple[Path, ...]],
+    run_cell: Callable[[Any, Path, Path, str], dict],
+    store: CellStore,
+    finish: Callable[[Job, dict], None],
+    ledger: ResultsLedger | None,
+    may_start: Callable[[Job], bool],
+    stop_at: float | None,
+    resources: Callable[[Any], dict] | None,
+) -> None:
     """Finish the jobs: here those whose runs were scored before (``scored_before``; each job restored from the cell
     store first, as in a local run), the others on the Ray cluster at ``address``, joined only if there are any
     (``_train_on_cluster``). Paths travel relative to the working directory: an input, output or checkpoint folder
@@ -106,10 +114,15 @@ def run_on_cluster(address: str, jobs: list[Job], inputs: Callable[[Any], tuple[
         _train_on_cluster(_connect(address), to_train, run_cell, finish, ledger, stop_at, resources)
 
 
-def _train_on_cluster(ray: Any, jobs: list[tuple[Job, tuple[Path, ...]]],
-                      run_cell: Callable[[Any, Path, Path, str], dict], finish: Callable[[Job, dict], None],
-                      ledger: ResultsLedger | None, stop_at: float | None,
-                      resources: Callable[[Any], dict] | None) -> None:
+def _train_on_cluster(
+    ray: Any,
+    jobs: list[tuple[Job, tuple[Path, ...]]],
+    run_cell: Callable[[Any, Path, Path, str], dict],
+    finish: Callable[[Job, dict], None],
+    ledger: ResultsLedger | None,
+    stop_at: float | None,
+    resources: Callable[[Any], dict] | None,
+) -> None:
     """Each job (with its input folders) sent as a task asking for ``resources(cell)`` (``DEFAULT_RESOURCES``), a line
     when it is sent and (``finish``) when it is done; its outputs and checkpoint written here, and kept
     (``keep_scored``). A task that reaches a node after ``stop_at`` does not start its cell (``$FEDREPRO_STOP_AT``).
@@ -127,11 +140,22 @@ def _train_on_cluster(ray: Any, jobs: list[tuple[Job, tuple[Path, ...]]],
             digest, pack_ref = packs[folders]
             asked = _asked(job.cell, resources)
             task = train.options(name=f"cell {job.cell.name}", **asked).remote(
-                cell_runner, job.cell, job.out, job.checkpoint_dir, job.inputs_digest, digest, [pack_ref],
-                _pack_folder(job.checkpoint_dir), stop_at)
+                cell_runner,
+                job.cell,
+                job.out,
+                job.checkpoint_dir,
+                job.inputs_digest,
+                digest,
+                [pack_ref],
+                _pack_folder(job.checkpoint_dir),
+                stop_at,
+            )
             running[task] = job
-            print(f"sent {job.cell.name} to the Ray cluster ({', '.join(f'{k} {v}' for k, v in asked.items())})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"sent {job.cell.name} to the Ray cluster ({', '.join(f'{k} {v}' for k, v in asked.items())})",
+                file=sys.stderr,
+                flush=True,
+            )
         while running:
             [task], _ = ray.wait(list(running))
             job = running.pop(task)
@@ -169,9 +193,11 @@ def _connect(address: str) -> Any:
         try:
             socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
         except OSError as error:
-            raise ConfigError(f"${CLUSTER_ENV} = {address!r}: no Ray cluster answers there "
-                              f"({error.strerror or error}); start one (`ray start --head`), or unset {CLUSTER_ENV} "
-                              "to train here") from None
+            raise ConfigError(
+                f"${CLUSTER_ENV} = {address!r}: no Ray cluster answers there "
+                f"({error.strerror or error}); start one (`ray start --head`), or unset {CLUSTER_ENV} "
+                "to train here"
+            ) from None
     import ray
 
     with warnings.catch_warnings():  # that a task asking for no GPU will one day see the node's: not in this Ray
@@ -186,9 +212,11 @@ def _travelling(job: Job, inputs: tuple[Path, ...]) -> tuple[Path, ...]:
     stays inside it."""
     for path in (*inputs, job.out, job.checkpoint_dir):
         if Path(path).is_absolute() or ".." in Path(path).parts:
-            raise ConfigError(f"cell {job.cell.name}: {path} is not inside the working directory, so it cannot travel "
-                              f"to a node of the Ray cluster (${CLUSTER_ENV}): a cell sent there reads and writes "
-                              "paths relative to the stage's working directory")
+            raise ConfigError(
+                f"cell {job.cell.name}: {path} is not inside the working directory, so it cannot travel "
+                f"to a node of the Ray cluster (${CLUSTER_ENV}): a cell sent there reads and writes "
+                "paths relative to the stage's working directory"
+            )
     return tuple(Path(folder) for folder in inputs)
 
 
@@ -197,8 +225,10 @@ def _asked(cell: Any, resources: Callable[[Any], dict] | None) -> dict:
     asked = {**DEFAULT_RESOURCES, **(resources(cell) if resources is not None else {})}
     unknown = sorted(set(asked) - set(RESOURCE_OPTIONS))
     if unknown:
-        raise ConfigError(f"cell {cell.name}: {unknown} are not resources a Ray task asks for "
-                          f"(those are {', '.join(RESOURCE_OPTIONS)})")
+        raise ConfigError(
+            f"cell {cell.name}: {unknown} are not resources a Ray task asks for "
+            f"(those are {', '.join(RESOURCE_OPTIONS)})"
+        )
     return asked
 
 
@@ -225,9 +255,17 @@ def _unpack(pack: bytes, folder: Path) -> None:
         archive.extractall(folder, filter="data")
 
 
-def _train_cell(run_cell: Callable[[Any, Path, Path, str], dict], cell: Any, out: Path, checkpoint_dir: Path,
-                inputs_digest: str, pack_digest: str, pack: list, checkpoint: bytes | None,
-                stop_at: float | None) -> _Ran | None:
+def _train_cell(
+    run_cell: Callable[[Any, Path, Path, str], dict],
+    cell: Any,
+    out: Path,
+    checkpoint_dir: Path,
+    inputs_digest: str,
+    pack_digest: str,
+    pack: list,
+    checkpoint: bytes | None,
+    stop_at: float | None,
+) -> _Ran | None:
     """A cell's task, on its node: ``run_cell`` in a scratch folder (its working directory) that holds its inputs
     (``_node_inputs``: ``pack`` is a list, so that Ray hands over the reference, not the pack, which a node that
     unpacked it already need not fetch) and its checkpoint as the driver had it; what it wrote and said sent back. None
@@ -235,8 +273,10 @@ def _train_cell(run_cell: Callable[[Any, Path, Path, str], dict], cell: Any, out
     if stop_at is not None and time.time() >= stop_at:
         return None
     started = time.perf_counter()
-    with (tempfile.TemporaryDirectory(prefix="fedrepro-cell-") as scratch,
-          tempfile.TemporaryFile("w+", encoding="utf-8", newline="") as said):  # newline="": its "\r"s kept
+    with (
+        tempfile.TemporaryDirectory(prefix="fedrepro-cell-") as scratch,
+        tempfile.TemporaryFile("w+", encoding="utf-8", newline="") as said,
+    ):  # newline="": its "\r"s kept
         shutil.copytree(_node_inputs(pack_digest, pack[0]), scratch, copy_function=os.link, dirs_exist_ok=True)
         if checkpoint is not None:
             _unpack(checkpoint, Path(scratch) / checkpoint_dir)

@@ -118,8 +118,11 @@ def cell_code(entry: str, runtime: str, algorithm: str | None = None) -> set[Pat
 
 def _prose(statement: ast.stmt) -> bool:
     """A bare string statement: a docstring, or the string under an attribute that documents it (a no-op either way)."""
-    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
-            and isinstance(statement.value.value, str))
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 def _without_docstrings(tree: ast.Module) -> ast.Module:

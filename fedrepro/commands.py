@@ -25,8 +25,11 @@ from fedrepro.preflight import check_params
 
 def _upstream(stages: dict, name: str) -> list[str]:
     """The stages whose outputs ``name`` reads, directly or not (dvc.yaml's deps against its outs)."""
-    outs = {str(next(iter(out)) if isinstance(out, dict) else out): other
-            for other, stage in stages.items() for out in stage.get("outs", [])}
+    outs = {
+        str(next(iter(out)) if isinstance(out, dict) else out): other
+        for other, stage in stages.items()
+        for out in stage.get("outs", [])
+    }
     found, todo = [], [name]
     while todo:
         for dep in stages[todo.pop()].get("deps", []):
@@ -62,7 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="list every mistake in params.yaml at once, before any work")
-    check.add_argument("params", nargs="?", default="params.yaml", help="the params file (its scales/ folder beside it)")
+    check.add_argument(
+        "params", nargs="?", default="params.yaml", help="the params file (its scales/ folder beside it)"
+    )
     commands.add_parser("plan", help="each train stage's cells, those finished, and the rest's estimated cost")
     args = parser.parse_args(argv)
     if args.command == "plan":

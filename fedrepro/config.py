@@ -39,16 +39,21 @@ class DataParams(_Strict):
     max_questions_per_client: int = Field(ge=0, description="train questions of the largest client; 0 = all")
     min_questions_per_client: int = Field(ge=1)
     client_train_questions: dict[str, Annotated[int, Field(ge=0)]] = Field(
-        description="train questions of the named clients, in place of their skew-preserving cap; 0 = all")
+        description="train questions of the named clients, in place of their skew-preserving cap; 0 = all"
+    )
     max_eval_questions_per_client: int = Field(ge=0, description="valid/test questions per client; 0 = all")
     re_corpora: list[str] = Field(description=f"of {list(RE_CORPORA)}, or your own named in data.re_layouts")
     vertical_sets: dict[str, list[str] | None] = Field(description="FATE set -> host files to join (null: all)")
     own_files: dict[str, str] = Field(
-        description="the user's own raw files, read from data.mirror at any source: {path under the mirror: sha256}")
+        description="the user's own raw files, read from data.mirror at any source: {path under the mirror: sha256}"
+    )
     qa_layouts: dict[str, Literal[QA_LAYOUTS]] = Field(  # type: ignore[valid-type]
-        description="your own QA collections of partition.collections: {name: the public collection whose layout it follows}")
+        description="your own QA collections of partition.collections: "
+        "{name: the public collection whose layout it follows}"
+    )
     re_layouts: dict[str, Literal[RE_LAYOUTS]] = Field(  # type: ignore[valid-type]
-        description="your own relation corpora of data.re_corpora: {name: the public corpus whose layout it follows}")
+        description="your own relation corpora of data.re_corpora: {name: the public corpus whose layout it follows}"
+    )
     i2b2_dir: str | None = None
     modelnet40_dir: str | None = None
     modelnet40_image_size: int = Field(32, ge=4)
@@ -60,18 +65,24 @@ class DataParams(_Strict):
         for path, digest in files.items():
             parts = path.split("/")
             if len(parts) < 2 or path.startswith("/") or any(part in ("", ".", "..") for part in parts):
-                raise ValueError(f"{path!r}: expected a relative path under data.mirror, collection folder first "
-                                 "(for example fate_vfl/clinic_hetero_guest.csv)")
+                raise ValueError(
+                    f"{path!r}: expected a relative path under data.mirror, collection folder first "
+                    "(for example fate_vfl/clinic_hetero_guest.csv)"
+                )
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise ValueError(f"{path!r}: {digest!r} is no sha256; expected 64 lowercase hex digits (sha256sum of the file)")
+                raise ValueError(
+                    f"{path!r}: {digest!r} is no sha256; expected 64 lowercase hex digits (sha256sum of the file)"
+                )
         return files
 
     @model_validator(mode="after")
     def _re_corpora_are_known_or_declared(self) -> "DataParams":
         for index, name in enumerate(self.re_corpora):
             if name not in RE_CORPORA and name not in self.re_layouts:
-                raise ValueError(f"data.re_corpora.{index} = {name!r}: allowed {list(RE_CORPORA)}, or a corpus of your own "
-                                 "named in data.re_layouts with the layout it follows")
+                raise ValueError(
+                    f"data.re_corpora.{index} = {name!r}: allowed {list(RE_CORPORA)}, or a corpus of your own "
+                    "named in data.re_layouts with the layout it follows"
+                )
         return self
 
     @field_validator("qa_layouts", "re_layouts")
@@ -80,8 +91,10 @@ class DataParams(_Strict):
         """The embedded source prepares InsuranceQA's domains and a synthetic relation corpus only: a collection or
         corpus of the user's own would be acquired and then left unused, so say so instead."""
         if layouts and info.data.get("source") == "embedded":
-            raise ValueError(f"applies only with data.source mirror or official (the embedded source prepares only its "
-                             f"own data); set data.source: mirror, or data.{info.field_name}: {{}}")
+            raise ValueError(
+                f"applies only with data.source mirror or official (the embedded source prepares only its "
+                f"own data); set data.source: mirror, or data.{info.field_name}: {{}}"
+            )
         return layouts
 
     @property
@@ -104,7 +117,8 @@ class MineParams(_Strict):
     negatives_per_question: int = Field(ge=1)
     max_triples_per_client: int = Field(ge=0, description="training triples kept per client (seeded sample); 0 = all")
     client_max_triples: dict[str, Annotated[int, Field(ge=0)]] = Field(
-        description="training triples kept for the named clients, in place of max_triples_per_client; 0 = all")
+        description="training triples kept for the named clients, in place of max_triples_per_client; 0 = all"
+    )
     eval_negatives: int = Field(ge=1)
     eval_pool: Literal["bm25", "official"]
     es_url: str | None = None
@@ -121,7 +135,9 @@ class TinyBertParams(_Strict):
 class ModelParams(_Strict):
     backbone: str = Field(min_length=1, description="tiny | minilm | a hub name or local directory")
     max_length: int = Field(ge=16, le=512)
-    keep_layers: int = Field(ge=0, description="keep only the lowest N encoder layers of a pretrained backbone; 0 = all")
+    keep_layers: int = Field(
+        ge=0, description="keep only the lowest N encoder layers of a pretrained backbone; 0 = all"
+    )
     tiny: TinyBertParams
 
 
@@ -135,18 +151,26 @@ class TrainParams(_Strict):
     warmup_fraction: float = Field(ge=0, lt=1)
     max_grad_norm: float = Field(gt=0)
     eval_every: int = Field(ge=0, description="rounds between validation MAP/MRR; 0 = none")
-    fit_samples: int = Field(ge=0, description="training samples each evaluated model's training loss is measured on "
-                                               "(the same every round); 0 = all")
+    fit_samples: int = Field(
+        ge=0,
+        description="training samples each evaluated model's training loss is measured on "
+        "(the same every round); 0 = all",
+    )
     threads: int = Field(ge=1)
-    device: str = Field(description="auto | cpu | cuda | cuda:N: where every cell of the three papers computes; auto = "
-                                    "a GPU when torch sees one, else the CPU (resolved here, see fedrepro.device)")
+    device: str = Field(
+        description="auto | cpu | cuda | cuda:N: where every cell of the three papers computes; auto = "
+        "a GPU when torch sees one, else the CPU (resolved here, see fedrepro.device)"
+    )
     precision: Literal["fp32", "bf16", "auto"] = Field(
         description="bf16 = bfloat16 autocast for training and scoring (each model's scores and logits computed in "
-                    "fp32 from its features); auto = bf16 where the device has bf16 instructions (the CPU's, or the "
-                    "GPU's), else fp32 (resolved here, so recipes, fingerprints and reports see the one used)")
+        "fp32 from its features); auto = bf16 where the device has bf16 instructions (the CPU's, or the "
+        "GPU's), else fp32 (resolved here, so recipes, fingerprints and reports see the one used)"
+    )
 
     runtime: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
-        description="engine (in process) | flower-simulation (Flower on Ray) | flower-deployment (SuperLink + SuperNodes)")
+        description="engine (in process) | flower-simulation (Flower on Ray) | "
+        "flower-deployment (SuperLink + SuperNodes)"
+    )
     # How long a flower-deployment server waits for a round's replies before it closes the round without the silent
     # clients (a crashed silo must not stall the others). It bounds the whole round, not one client: on one machine
     # the launcher runs the round's ClientApps a core budget at a time (one at a time on 2 cores), and one FedMatch
@@ -167,8 +191,10 @@ class TrainParams(_Strict):
     @classmethod
     def _silo_local_on_flower(cls, value: bool, info: ValidationInfo) -> bool:
         if value and info.data.get("runtime") == "engine":
-            raise ValueError("needs train.runtime flower-simulation or flower-deployment: the engine trains every "
-                             "client in one process, from the whole data")
+            raise ValueError(
+                "needs train.runtime flower-simulation or flower-deployment: the engine trains every "
+                "client in one process, from the whole data"
+            )
         return value
 
     @field_validator("device")
@@ -191,9 +217,13 @@ class FedMatchSettings(_Strict):
     shared_layers: int | None = Field(ge=0, description="bottom encoder layers shared; the rest private; null = all")
     clients_sampled: int = Field(ge=1, description="k clients per round for the _cs methods")
     matcher_dim: int = Field(ge=4, description="embedding and hidden size of RE2 and ESIM")
-    matcher_lr: float = Field(gt=0, description="learning rate of RE2 and ESIM, trained from scratch (BERT's is train.lr)")
-    pooling: Literal["cls", "mean"] = Field(description="the cross-encoder's pair state: [CLS] (the paper) or the masked "
-                                                         "mean of the token states (what a sentence-transformer backbone is trained to give)")
+    matcher_lr: float = Field(
+        gt=0, description="learning rate of RE2 and ESIM, trained from scratch (BERT's is train.lr)"
+    )
+    pooling: Literal["cls", "mean"] = Field(
+        description="the cross-encoder's pair state: [CLS] (the paper) or the masked "
+        "mean of the token states (what a sentence-transformer backbone is trained to give)"
+    )
 
 
 class FedMatchSweeps(_Strict):
@@ -227,21 +257,32 @@ class FedMatchParams(_Strict):
 class FedCMCSettings(_Strict):
     """Knobs of every FedCMC-track cell: its own backbone and training (the paper's, not FedMatch's)."""
 
-    backbone: str = Field(min_length=1, description="tiny | minilm | a hub name (distilbert-base-uncased) | a local directory")
+    backbone: str = Field(
+        min_length=1, description="tiny | minilm | a hub name (distilbert-base-uncased) | a local directory"
+    )
     max_length: int = Field(ge=8)
     keep_layers: int = Field(ge=0)
     rounds: int = Field(ge=1)
     clients: int = Field(ge=2, description="K, the clients the training split is partitioned among")
     local_epochs: int = Field(ge=1)
-    steps_per_epoch: int = Field(ge=0, description="0: a local epoch is one pass over the client's data; N: every "
-                                 "client takes N steps a local epoch, so a large client's update is not also longer")
+    steps_per_epoch: int = Field(
+        ge=0,
+        description="0: a local epoch is one pass over the client's data; N: every "
+        "client takes N steps a local epoch, so a large client's update is not also longer",
+    )
     lr: float = Field(gt=0)
     batch_size: int = Field(ge=1)
-    eval_every: int = Field(ge=0, description="rounds between valid and test F1 of the global model (convergence rule, Fig 3); 0 = none")
+    eval_every: int = Field(
+        ge=0, description="rounds between valid and test F1 of the global model (convergence rule, Fig 3); 0 = none"
+    )
     partition: Literal["dirichlet", "iid", "quantity"]
     balance: bool = Field(description="NIID-Bench's balance trick in the Dirichlet draw")
-    min_client_size: int = Field(ge=0, description="training sentences every client must get (bounded redraws); 0 = none")
-    max_train_sentences: int = Field(ge=0, description="seeded sample of each corpus's training split, label mix kept; 0 = all")
+    min_client_size: int = Field(
+        ge=0, description="training sentences every client must get (bounded redraws); 0 = none"
+    )
+    max_train_sentences: int = Field(
+        ge=0, description="seeded sample of each corpus's training split, label mix kept; 0 = all"
+    )
     max_eval_sentences: int = Field(ge=0, description="the same for its valid and test splits; 0 = all")
     negative_labels: list[str] = Field(description="no-relation labels, left out of micro/macro-F1")
 
@@ -252,12 +293,15 @@ class FedCMCSettings(_Strict):
 
 
 class FedCMCSweeps(_Strict):
-    """Fig 3b / the clients table / Fig 4 / Table 3 at one dataset; an empty list leaves that one out (the report says so)."""
+    """Fig 3b / the clients table / Fig 4 / Table 3 at one dataset; an empty list leaves that one out (the report says
+    so)."""
 
     seeds: list[int] = Field(min_length=1)
     dataset: str
     alpha: float = Field(gt=0)
-    methods: list[str] = Field(min_length=1, description="methods of the clients and local-epochs sweeps (fedcmc.methods' names)")
+    methods: list[str] = Field(
+        min_length=1, description="methods of the clients and local-epochs sweeps (fedcmc.methods' names)"
+    )
     clients: list[int]
     local_epochs: list[int]
     vectors: list[str] = Field(description="FedCMC's vector rules (checked with the method names, by fedcmc.cells)")
@@ -269,8 +313,14 @@ class FedCMCSweeps(_Strict):
 
 
 class FedCMCParams(_Strict):
-    methods: list[str] = Field(min_length=1, description="federated algorithms by their registry name (checked by the training stage: config does not import the algorithms)")
-    datasets: list[str] = Field(min_length=1, description="prepared RE corpora: synthetic-re (embedded) or data.re_corpora names")
+    methods: list[str] = Field(
+        min_length=1,
+        description="federated algorithms by their registry name (checked by the training stage: config does not "
+        "import the algorithms)",
+    )
+    datasets: list[str] = Field(
+        min_length=1, description="prepared RE corpora: synthetic-re (embedded) or data.re_corpora names"
+    )
     alphas: list[float] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
     target_f1: float = Field(gt=0, le=1, description="Fig 3a: rounds each method needs to reach this test micro-F1")
@@ -289,7 +339,9 @@ class SSVFNASSplit(_Strict):
     """How ssvfnas_partition splits each aligned dataset (once, seeded by data.seed, stratified by label)."""
 
     test_fraction: float = Field(gt=0, lt=1)
-    valid_fraction: float = Field(gt=0, lt=1, description="share of the training rows held out for alpha (the paper: 0.5)")
+    valid_fraction: float = Field(
+        gt=0, lt=1, description="share of the training rows held out for alpha (the paper: 0.5)"
+    )
     max_samples: int = Field(ge=0, description="seeded stratified cap on a dataset's aligned rows; 0 = all")
 
 
@@ -298,7 +350,9 @@ class SSVFNASSearch(_Strict):
 
     steps: int = Field(ge=1, description="collaborative search steps (each: one train and one search-valid batch)")
     batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0, description="SGD on the weights, cosine-annealed to lr_min (the released code: 0.025 -> 0.001)")
+    lr: float = Field(
+        gt=0, description="SGD on the weights, cosine-annealed to lr_min (the released code: 0.025 -> 0.001)"
+    )
     lr_min: float = Field(ge=0)
     momentum: float = Field(ge=0, lt=1)
     weight_decay: float = Field(ge=0)
@@ -306,7 +360,9 @@ class SSVFNASSearch(_Strict):
     arch_lr: float = Field(gt=0, description="Adam on the alphas (the released code: 3e-4)")
     arch_weight_decay: float = Field(ge=0)
     second_order: bool = Field(description="VFNAS-1 with DARTS's second-order (finite-difference) alpha gradient")
-    milenas_lambda: float = Field(ge=0, description="MiLeNAS: alpha gradient = train gradient + lambda x valid gradient")
+    milenas_lambda: float = Field(
+        ge=0, description="MiLeNAS: alpha gradient = train gradient + lambda x valid gradient"
+    )
     cells: int = Field(ge=1)
     nodes: int = Field(ge=1)
     width: int = Field(ge=1, description="channels (conv) or units (MLP) of every cell edge")
@@ -334,11 +390,18 @@ class SSVFNASRetrain(_Strict):
     batch_size: int = Field(ge=1)
     lr: float = Field(gt=0)
     lr_min: float = Field(ge=0)
-    eval_every: int = Field(ge=1, description="steps between validation points (mean training loss, held-out accuracy): "
-                                              "what the health rule judges the cell by")
-    held_out_fraction: float = Field(gt=0, lt=1, description="share of each partition's train split (stratified, seeded by "
-                                                             "data.seed) that no phase of a cell trains on; the retraining's "
-                                                             "validation accuracy is scored on it, never on test")
+    eval_every: int = Field(
+        ge=1,
+        description="steps between validation points (mean training loss, held-out accuracy): "
+        "what the health rule judges the cell by",
+    )
+    held_out_fraction: float = Field(
+        gt=0,
+        lt=1,
+        description="share of each partition's train split (stratified, seeded by "
+        "data.seed) that no phase of a cell trains on; the retraining's "
+        "validation accuracy is scored on it, never on test",
+    )
     width: int | None = Field(ge=1, description="the derived networks' width; null = the search's")
     cells: int | None = Field(ge=1, description="the derived networks' cells; null = the search's")
     baseline_depth: int = Field(ge=1, description="layers of the hand-designed baseline (its width is sized to match)")
@@ -353,9 +416,14 @@ class SSVFNASDP(_Strict):
 
 
 class SSVFNASParams(_Strict):
-    methods: list[str] = Field(min_length=1, description="rows of the main table (checked by ssvfnas.cells: config "
-                               "imports no paper's method list, which every stage would then depend on)")
-    datasets: list[str] = Field(min_length=1, description="digits and/or FATE classification sets of data.vertical_sets")
+    methods: list[str] = Field(
+        min_length=1,
+        description="rows of the main table (checked by ssvfnas.cells: config "
+        "imports no paper's method list, which every stage would then depend on)",
+    )
+    datasets: list[str] = Field(
+        min_length=1, description="digits and/or FATE classification sets of data.vertical_sets"
+    )
     parties: list[int] = Field(min_length=1, description="K values; each dataset runs at every K it allows")
     dp_levels: list[list[float]] = Field(min_length=1, description="(sigma1, sigma2) noise multipliers; [0, 0] = no DP")
     seeds: list[int] = Field(min_length=1)
@@ -372,7 +440,9 @@ class SSVFNASParams(_Strict):
     def _levels_and_parties(self) -> "SSVFNASParams":
         for index, level in enumerate(self.dp_levels):
             if len(level) != 2 or any(not 0 <= s < float("inf") for s in level):
-                raise ValueError(f"ssvfnas.dp_levels.{index} = {level}: a pair [sigma1, sigma2] of finite noise multipliers >= 0")
+                raise ValueError(
+                    f"ssvfnas.dp_levels.{index} = {level}: a pair [sigma1, sigma2] of finite noise multipliers >= 0"
+                )
         seen = [tuple(level) for level in self.dp_levels]
         if len(set(seen)) != len(seen):
             raise ValueError(f"ssvfnas.dp_levels = {self.dp_levels}: a level is listed twice")
@@ -401,7 +471,8 @@ class Params(_Strict):
     train: TrainParams
     algorithms: dict[str, dict[str, Any]] = Field(
         description="each algorithm's own knobs, {name: {knob: value}}; checked against the algorithm's Settings "
-                    "(fedrepro/fl/algorithms/<name>.py) when a training stage builds its cells")
+        "(fedrepro/fl/algorithms/<name>.py) when a training stage builds its cells"
+    )
     fedmatch: FedMatchParams
     fedcmc: FedCMCParams
     ssvfnas: SSVFNASParams
@@ -414,27 +485,35 @@ class Params(_Strict):
 
     @model_validator(mode="after")
     def _per_client_caps_name_clients(self) -> "Params":
-        for key, caps in (("data.client_train_questions", self.data.client_train_questions),
-                          ("mine.client_max_triples", self.mine.client_max_triples)):
+        for key, caps in (
+            ("data.client_train_questions", self.data.client_train_questions),
+            ("mine.client_max_triples", self.mine.client_max_triples),
+        ):
             known = self.partition.collections + self.partition.embedded_domains  # unused where the source lacks it
             unknown = sorted(set(caps) - set(known))
             if unknown:
-                raise ValueError(f"{key} names {unknown}, which are no QA collection or embedded domain; allowed {known}")
+                raise ValueError(
+                    f"{key} names {unknown}, which are no QA collection or embedded domain; allowed {known}"
+                )
         return self
 
     @model_validator(mode="after")
     def _qa_collections_are_known_or_declared(self) -> "Params":
         for index, name in enumerate(self.partition.collections):
             if name not in QA_LAYOUTS and name not in self.data.qa_layouts:
-                raise ValueError(f"partition.collections.{index} = {name!r}: allowed {list(QA_LAYOUTS)}, or a collection of "
-                                 "your own named in data.qa_layouts with the layout it follows")
+                raise ValueError(
+                    f"partition.collections.{index} = {name!r}: allowed {list(QA_LAYOUTS)}, or a collection of "
+                    "your own named in data.qa_layouts with the layout it follows"
+                )
         return self
 
     @model_validator(mode="after")
     def _clients_per_round_fits(self) -> "Params":
         n_clients = len(self.qa_clients)
-        for key, value, least in (("train.clients_per_round", self.train.clients_per_round, "0 (all)"),
-                                  ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled, "1")):
+        for key, value, least in (
+            ("train.clients_per_round", self.train.clients_per_round, "0 (all)"),
+            ("fedmatch.settings.clients_sampled", self.fedmatch.settings.clients_sampled, "1"),
+        ):
             if value > n_clients:
                 raise ValueError(f"{key} = {value}: more than the {n_clients} clients; allowed {least} .. {n_clients}")
         return self
@@ -452,18 +531,26 @@ class Params(_Strict):
         for index, name in enumerate(self.ssvfnas.datasets):
             where = f"ssvfnas.datasets.{index} = {name!r}"
             if name in REGRESSION_SETS:
-                raise ValueError(f"{where}: a regression set (continuous target); SS-VFNAS's grid reports accuracy, so "
-                                 "only classification sets run")
+                raise ValueError(
+                    f"{where}: a regression set (continuous target); SS-VFNAS's grid reports accuracy, so "
+                    "only classification sets run"
+                )
             if name == MODELNET40 and self.data.modelnet40_dir is None:
                 raise ValueError(f"{where}: data.modelnet40_dir is not set (a local copy of ModelNet40v1png)")
             if name not in (DIGITS, MODELNET40) and name not in sets:
                 allowed = [DIGITS, MODELNET40] + sorted(n for n in sets if n not in REGRESSION_SETS)
-                raise ValueError(f"{where}: neither the digits, ModelNet40 nor a set of data.vertical_sets; allowed {allowed}")
+                raise ValueError(
+                    f"{where}: neither the digits, ModelNet40 nor a set of data.vertical_sets; allowed {allowed}"
+                )
             views = vertical_views(name, sets.get(name))
             if not views:
-                raise ValueError(f"{where}: its number of host files is not known here; list its hosts in data.vertical_sets")
+                raise ValueError(
+                    f"{where}: its number of host files is not known here; list its hosts in data.vertical_sets"
+                )
             if not set(views) & set(self.ssvfnas.parties):
-                raise ValueError(f"{where}: runs at K in {sorted(views)}, none of ssvfnas.parties {self.ssvfnas.parties}")
+                raise ValueError(
+                    f"{where}: runs at K in {sorted(views)}, none of ssvfnas.parties {self.ssvfnas.parties}"
+                )
         return self
 
 
@@ -481,11 +568,16 @@ def read_raw_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"params: {path}: expected a mapping at the top")
     if "scales" in raw:
-        raise ConfigError(f"params: {path}: scales: the presets now live in {SCALES_FOLDER}/<scale>.yaml beside it, one "
-                          "file per scale (move each scales.<scale> mapping there)")
+        raise ConfigError(
+            f"params: {path}: scales: the presets now live in {SCALES_FOLDER}/<scale>.yaml beside it, one "
+            "file per scale (move each scales.<scale> mapping there)"
+        )
     folder = path.parent / SCALES_FOLDER
-    raw["scales"] = {scale: yaml.safe_load((folder / f"{scale}.yaml").read_text(encoding="utf-8"))
-                     for scale in SCALES if (folder / f"{scale}.yaml").exists()}
+    raw["scales"] = {
+        scale: yaml.safe_load((folder / f"{scale}.yaml").read_text(encoding="utf-8"))
+        for scale in SCALES
+        if (folder / f"{scale}.yaml").exists()
+    }
     return raw
 
 
@@ -496,8 +588,10 @@ def fill_from_scale(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"params: scale = {scale!r}: allowed {list(SCALES)}")
     presets = (raw.get("scales") or {}).get(scale)
     if not isinstance(presets, dict):
-        raise ConfigError(f"params: {SCALES_FOLDER}/{scale}.yaml is missing or empty; it must give the values of the "
-                          f"scale {scale!r} for the keys params.yaml leaves null")
+        raise ConfigError(
+            f"params: {SCALES_FOLDER}/{scale}.yaml is missing or empty; it must give the values of the "
+            f"scale {scale!r} for the keys params.yaml leaves null"
+        )
     filled = copy.deepcopy({k: v for k, v in raw.items() if k != "scales"})
     _fill(filled, presets, f"{SCALES_FOLDER}/{scale}.yaml", "")
     return filled

@@ -60,6 +60,7 @@ CUDA_CONTEXT = 2**30
 
 # ----- architectures of the papers' pretrained backbones ------------------------------------------------------------
 
+
 def published_config(backbone: str):
     """The architecture of a hub backbone the papers name, written out from its published ``config.json`` (the hub
     cannot be reached here, and only the shape is needed); None for any other name."""
@@ -67,12 +68,20 @@ def published_config(backbone: str):
 
     # https://huggingface.co/google-bert/bert-base-uncased/blob/main/config.json
     if backbone == "bert-base-uncased":
-        return BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                          intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)
+        return BertConfig(
+            vocab_size=30522,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+        )
     # https://huggingface.co/distilbert/distilbert-base-uncased/blob/main/config.json
     if backbone == "distilbert-base-uncased":
-        return DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
-                                max_position_embeddings=512)
+        return DistilBertConfig(
+            vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512
+        )
     return None
 
 
@@ -82,8 +91,13 @@ def encoder_config(backbone: str, tiny: dict, param: str):
     from transformers import AutoConfig, BertConfig
 
     if backbone == "tiny":
-        return BertConfig(vocab_size=tiny["vocab_size"], hidden_size=tiny["hidden"], num_hidden_layers=tiny["layers"],
-                          num_attention_heads=tiny["heads"], intermediate_size=tiny["intermediate"])
+        return BertConfig(
+            vocab_size=tiny["vocab_size"],
+            hidden_size=tiny["hidden"],
+            num_hidden_layers=tiny["layers"],
+            num_attention_heads=tiny["heads"],
+            intermediate_size=tiny["intermediate"],
+        )
     config = published_config(backbone)
     if config is None:
         from fedrepro.models.backbone import pretrained_source
@@ -102,11 +116,14 @@ class Transformer:
 def transformer_shape(config) -> Transformer:
     """L, d and the heads of a BERT-family config (BERT's and DistilBERT's own names for them)."""
     get = lambda *names: next(getattr(config, n) for n in names if hasattr(config, n))  # noqa: E731
-    return Transformer(get("num_hidden_layers", "n_layers"), get("hidden_size", "dim"),
-                       get("num_attention_heads", "n_heads"))
+    return Transformer(
+        get("num_hidden_layers", "n_layers"), get("hidden_size", "dim"), get("num_attention_heads", "n_heads")
+    )
 
 
-def meta_encoder(backbone: str, vocab_size: int, tiny: dict, max_length: int, keep_layers: int, param: str) -> nn.Module:
+def meta_encoder(
+    backbone: str, vocab_size: int, tiny: dict, max_length: int, keep_layers: int, param: str
+) -> nn.Module:
     """``build_encoder``'s encoder on the meta device: the tiny BERT without a pooler, a pretrained one as
     ``AutoModel`` loads it (BERT with its pooler), its embeddings grown to the tokenizer, cut to ``keep_layers``."""
     from transformers import AutoModel, BertModel
@@ -123,6 +140,7 @@ def meta_encoder(backbone: str, vocab_size: int, tiny: dict, max_length: int, ke
 
 
 # ----- a model's parameters, as the FLOP and memory rules read them -------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -147,8 +165,12 @@ def model_shape(model: nn.Module, is_private: Callable[[str], bool]) -> ModelSha
     """Counts of ``model`` (built, adapted by its algorithm): a model with an ``encoder`` (the cross-encoder, the
     relation classifier) reads its heads once per sequence; one without (the matchers) counts everything per token."""
     params = dict(model.named_parameters())
-    embedded = {f"{m}.{n}" if m else n for m, module in model.named_modules() if isinstance(module, nn.Embedding)
-                for n, _ in module.named_parameters()}
+    embedded = {
+        f"{m}.{n}" if m else n
+        for m, module in model.named_modules()
+        if isinstance(module, nn.Embedding)
+        for n, _ in module.named_parameters()
+    }
     encoder = getattr(model, "encoder", None)
     config = getattr(encoder, "config", None)
     if config is not None:
@@ -157,13 +179,18 @@ def model_shape(model: nn.Module, is_private: Callable[[str], bool]) -> ModelSha
         heads = []
     count = lambda names: sum(params[n].numel() for n in names)  # noqa: E731
     total = count(params)
-    return ModelShape(total=total, trained=sum(p.numel() for p in params.values() if p.requires_grad),
-                      per_token=total - count(embedded) - count(heads), per_sequence=count(heads),
-                      private=count(n for n in params if is_private(n)),
-                      transformer=transformer_shape(config) if config is not None else None)
+    return ModelShape(
+        total=total,
+        trained=sum(p.numel() for p in params.values() if p.requires_grad),
+        per_token=total - count(embedded) - count(heads),
+        per_sequence=count(heads),
+        private=count(n for n in params if is_private(n)),
+        transformer=transformer_shape(config) if config is not None else None,
+    )
 
 
 # ----- the rules ------------------------------------------------------------------------------------------------
+
 
 def forward_flops(shape: ModelShape, length: int) -> float:
     """FLOPs of one forward pass over one sequence of ``length`` tokens (module docstring)."""
@@ -219,6 +246,7 @@ def weight_flops(module: nn.Module, positions: int) -> int:
 
 # ----- memory ---------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Memory:
     """Bytes of one cell on its device (module docstring)."""
@@ -259,13 +287,16 @@ class AlgorithmState:
     """SCAFFOLD uploads its control-variate delta beside its weights."""
 
 
-ALGORITHM_STATE = {"moon": AlgorithmState(extra_forwards=2, client_copies=1),
-                   "scaffold": AlgorithmState(client_copies=1, server_copies=2, upload_copies=2),
-                   "feddyn": AlgorithmState(client_copies=1, server_copies=2)}
+ALGORITHM_STATE = {
+    "moon": AlgorithmState(extra_forwards=2, client_copies=1),
+    "scaffold": AlgorithmState(client_copies=1, server_copies=2, upload_copies=2),
+    "feddyn": AlgorithmState(client_copies=1, server_copies=2),
+}
 
 
-def text_memory(shape: ModelShape, algorithm: str, precision: str, activations: int, clients: int, per_round: int,
-                pooled: bool) -> Memory:
+def text_memory(
+    shape: ModelShape, algorithm: str, precision: str, activations: int, clients: int, per_round: int, pooled: bool
+) -> Memory:
     """A text cell's memory: the engine's one model (and MOON's two reference copies) with its gradients and Adam,
     one batch's activations, and the federation's resident tensors: the server's state plus the round's broadcast copy
     and new aggregate (2 x shared), ``per_round`` uploads, and every client's private tensors and algorithm state (a
@@ -280,6 +311,7 @@ def text_memory(shape: ModelShape, algorithm: str, precision: str, activations: 
 
 
 # ----- one cell's cost ------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CellCost:
@@ -305,6 +337,7 @@ class CellCost:
 
 # ----- GPUs -----------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GPU:
     label: str
@@ -314,8 +347,8 @@ class GPU:
     """Dense peak per precision: bf16 on the tensor cores, fp32 without TF32 (which ``fedrepro.device`` turns off)."""
 
 
-GPUS = {  # NVIDIA's datasheets: H100 Tensor Core GPU (SXM5), H200 Tensor Core GPU (SXM), A100 Tensor Core GPU (SXM4 80GB);
-    # the bf16 figures are the dense halves of the datasheets' "with sparsity" numbers
+GPUS = {  # NVIDIA's datasheets: H100 Tensor Core GPU (SXM5), H200 Tensor Core GPU (SXM),
+    # A100 Tensor Core GPU (SXM4 80GB); the bf16 figures are the dense halves of the datasheets' "with sparsity" numbers
     "h100": GPU("H100 SXM5 80 GB", 80 * 10**9, {"bf16": 989.4, "fp32": 66.9}),
     "h200": GPU("H200 SXM 141 GB", 141 * 10**9, {"bf16": 989.4, "fp32": 66.9}),
     "a100": GPU("A100 SXM4 80 GB", 80 * 10**9, {"bf16": 312.0, "fp32": 19.5}),
@@ -330,6 +363,7 @@ def gpu_hours(flops: float, tflops: float) -> float:
 
 
 # ----- the engine's scoring schedule ----------------------------------------------------------------------------
+
 
 def fit_sequences(fit_samples: int, batch_size: int, available: int) -> int:
     """Training samples the engine's ``FIT`` loss reads: the first ceil(fit_samples / batch) batches (0: all)."""

@@ -49,7 +49,9 @@ def gpu_share(device: str) -> float:
     except ValueError:
         share = -1.0
     if not 0 < share <= 1:
-        raise ConfigError(f"${GPU_SHARE_ENV} = {raw!r}: expected the share of one GPU a cell takes, above 0 and at most 1")
+        raise ConfigError(
+            f"${GPU_SHARE_ENV} = {raw!r}: expected the share of one GPU a cell takes, above 0 and at most 1"
+        )
     return share
 
 
@@ -75,7 +77,9 @@ def resolve_device(setting: str, key: str = "train.device") -> str:
     index = int(setting.partition(":")[2] or 0)
     if index >= count:
         seen = f"{count} GPU(s)" if count else "no GPU" + ("" if torch.version.cuda else " (this torch is a CPU build)")
-        raise ConfigError(f"{key} = {setting!r}: torch sees {seen} here; use auto or cpu, or run on a machine with the GPU")
+        raise ConfigError(
+            f"{key} = {setting!r}: torch sees {seen} here; use auto or cpu, or run on a machine with the GPU"
+        )
     return setting
 
 
@@ -83,8 +87,12 @@ def _smi(query: str) -> list[str]:
     """One line per GPU (in nvidia-smi's order) of ``nvidia-smi --query-gpu=<query>``; none without nvidia-smi. A
     subprocess, so asking leaves this process's CUDA uninitialised (see ``resolve_device``)."""
     try:
-        found = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=60)
+        found = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in found.stdout.splitlines() if line.strip()] if found.returncode == 0 else []
@@ -122,7 +130,8 @@ def capability(device: str) -> tuple[int, int]:
 
 
 def memory_bytes(device: str) -> int | None:
-    """The memory of the GPU behind a resolved ``device``, without initialising CUDA; None where nvidia-smi is missing."""
+    """The memory of the GPU behind a resolved ``device``, without initialising CUDA; None where nvidia-smi is
+    missing."""
     listed = _listed(device, "memory.total")
     return int(float(listed) * 2**20) if listed and listed.replace(".", "", 1).isdigit() else None
 
@@ -144,8 +153,10 @@ def configure(device: str) -> None:
     import torch
 
     if not torch.cuda.is_available() or torch.device(device).index not in (None, *range(torch.cuda.device_count())):
-        raise ConfigError(f"train.device = {device!r}: torch sees no such GPU on this machine ({os.uname().nodename}); "
-                          "a cell sent to a node without one cannot train there")
+        raise ConfigError(
+            f"train.device = {device!r}: torch sees no such GPU on this machine ({os.uname().nodename}); "
+            "a cell sent to a node without one cannot train there"
+        )
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -177,6 +188,10 @@ def describe(device: str) -> dict[str, Any] | None:
     import torch
 
     props = torch.cuda.get_device_properties(torch.device(device))
-    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version()}
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+    }

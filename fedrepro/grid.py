@@ -4,10 +4,10 @@ of this very run from any other, and the main table's rows.
 A stage imports torch once (seconds a process, more than a small cell's training) and trains its cells in that
 process, or, with more than one worker (``cell_workers``), in that many children forked from it, each training one
 cell at a time: the networks are small, so one torch thread a cell and two cells on two cores train about 1.4-1.6x as
-many sequences a second as one cell on both cores (``bench/README.md``). Each cell seeds itself and keeps its own checkpoint and
-output folder, so its result does not depend on the process it ran in, a killed run resumes where it stopped, and a
-new grid point trains only the new cells (the others resume from their finished checkpoints, and their outputs, kept
-beside each checkpoint, are copied: ``scored_cell``).
+many sequences a second as one cell on both cores (``bench/README.md``). Each cell seeds itself and keeps its own
+checkpoint and output folder, so its result does not depend on the process it ran in, a killed run resumes where it
+stopped, and a new grid point trains only the new cells (the others resume from their finished checkpoints, and their
+outputs, kept beside each checkpoint, are copied: ``scored_cell``).
 """
 
 from __future__ import annotations
@@ -69,18 +69,22 @@ def fingerprint(identity: dict[str, Any], inputs_digest: str, shaping: dict[str,
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def table_rows(cells: Sequence[Any], methods: Sequence[str], allowed: str,
-               only: str | None = None) -> tuple[Path, dict[Path, list]]:
+def table_rows(
+    cells: Sequence[Any], methods: Sequence[str], allowed: str, only: str | None = None
+) -> tuple[Path, dict[Path, list]]:
     """The main table's cells a row per method (``tables/<method>``) and the folder the rows are written to: all of
     ``tables``, or with ``only`` that one row, rerun in place. ``allowed`` names the methods' params key."""
     if only is not None and only not in methods:
         raise ConfigError(f"--method {only!r} is not in {allowed} {list(methods)}")
     chosen = list(methods) if only is None else [only]
-    return (TABLES if only is None else TABLES / only), {TABLES / m: [c for c in cells if c.method == m] for m in chosen}
+    return (TABLES if only is None else TABLES / only), {
+        TABLES / m: [c for c in cells if c.method == m] for m in chosen
+    }
 
 
-def sweep_rows(sweeps: Sequence[str], cells_of: Callable[[str], list], only: str | None = None
-               ) -> tuple[Path, dict[Path, list]]:
+def sweep_rows(
+    sweeps: Sequence[str], cells_of: Callable[[str], list], only: str | None = None
+) -> tuple[Path, dict[Path, list]]:
     """Every sweep's cells (``cells_of(sweep)``) a row per sweep (``sweeps/<sweep>``) and the folder the rows are
     written to: all of ``sweeps``, or with ``only`` that one sweep, rerun in place."""
     return (SWEEPS if only is None else SWEEPS / only), {SWEEPS / s: cells_of(s) for s in sweeps if only in (None, s)}
@@ -109,16 +113,20 @@ class Placement:
         return {"num_cpus": self.threads, "num_gpus": self.share}
 
 
-def placement(threads: int, runtime: str = "engine", device: str = "cpu",
-              cell_bytes: Callable[[], int | None] | None = None) -> Placement:
+def placement(
+    threads: int, runtime: str = "engine", device: str = "cpu", cell_bytes: Callable[[], int | None] | None = None
+) -> Placement:
     """How a stage trains its cells at once. On the CPU, ``cell_workers``. On a GPU (``device`` cuda), as many cells
-    as fit the GPU's memory at ``cell_bytes()`` each (the grid's largest cell, ``fedrepro.<paper>.costs``, asked only here; one
-    a GPU where it is not known), on every visible GPU for ``cuda`` (each worker sees its own) or on GPU N alone for
-    ``cuda:N``, and no more than the cores allow; ``$FEDREPRO_CELL_WORKERS`` still decides the count where it is set."""
+    as fit the GPU's memory at ``cell_bytes()`` each (the grid's largest cell, ``fedrepro.<paper>.costs``, asked only
+    here; one a GPU where it is not known), on every visible GPU for ``cuda`` (each worker sees its own) or on GPU N
+    alone for ``cuda:N``, and no more than the cores allow; ``$FEDREPRO_CELL_WORKERS`` still decides the count where it
+    is set."""
     if os.environ.get(CLUSTER_ENV, "").strip() and runtime != "engine":
-        raise ConfigError(f"train.runtime = {runtime!r}: a stage sends its cells to the Ray cluster at ${CLUSTER_ENV} "
-                          "on the engine runtime only (Flower runs its own Ray or federation from the stage); set "
-                          f"train.runtime: engine, or unset {CLUSTER_ENV}")
+        raise ConfigError(
+            f"train.runtime = {runtime!r}: a stage sends its cells to the Ray cluster at ${CLUSTER_ENV} "
+            "on the engine runtime only (Flower runs its own Ray or federation from the stage); set "
+            f"train.runtime: engine, or unset {CLUSTER_ENV}"
+        )
     if not device.startswith("cuda"):
         return Placement(cell_workers(threads, runtime), threads)
     memory, needed = memory_bytes(device), cell_bytes() if cell_bytes is not None else None
@@ -126,7 +134,9 @@ def placement(threads: int, runtime: str = "engine", device: str = "cpu",
     gpus = tuple(visible_gpus()) if device == "cuda" else ()
     fitting = per_gpu * max(1, len(gpus))
     workers = cell_workers(threads, runtime)
-    workers = workers if os.environ.get(WORKERS_ENV, "").strip() or runtime == "flower-deployment" else min(workers, fitting)
+    workers = (
+        workers if os.environ.get(WORKERS_ENV, "").strip() or runtime == "flower-deployment" else min(workers, fitting)
+    )
     on_one_gpu = -(-workers // max(1, len(gpus)))  # the most cells any one GPU gets
     return Placement(workers, threads, gpus, 1.0 / on_one_gpu)
 
@@ -168,8 +178,11 @@ class GridPlan:
         return self.worth * self.seconds_per_worth / max(1, min(self.workers, self.to_train)) / 60
 
     def line(self) -> str:
-        came = {"ledger": "from the results ledger", "checkpoint": "finished in their checkpoints",
-                "store": "finished in the cell store"}
+        came = {
+            "ledger": "from the results ledger",
+            "checkpoint": "finished in their checkpoints",
+            "store": "finished in the cell store",
+        }
         parts = [f"{n} {came[where]}" for where, n in self.held.items() if n] + [f"{self.to_train} to train"]
         text = f"plan, {self.label}: {self.cells} cells: " + ", ".join(parts)
         if not self.to_train:
@@ -178,8 +191,10 @@ class GridPlan:
             return text + " (no cost measured yet for this grid on this machine: the first cells will tell)"
         disk = (self.bytes_per_cell or 0) * self.to_train
         size = f"{disk / 1e9:.1f} GB" if disk >= 1e9 else f"{disk / 1e6:.0f} MB"
-        return (text + f": about {self.minutes:.0f} min on {min(self.workers, self.to_train)} worker(s) and "
-                f"{size} of checkpoints, from {self.measured} cell(s) measured on this machine")
+        return (
+            text + f": about {self.minutes:.0f} min on {min(self.workers, self.to_train)} worker(s) and "
+            f"{size} of checkpoints, from {self.measured} cell(s) measured on this machine"
+        )
 
 
 def grid_label(paper: str, folder: Path, scale: str, precision: str, runtime: str, device: str = "cpu") -> str:
@@ -209,9 +224,17 @@ def plan_of(jobs: list[Job], label: str, store: CellStore, ledger: ResultsLedger
     rates = sorted(cost["seconds"] / cost["worth"] for cost in costs if cost.get("worth"))
     sizes = sorted(cost["bytes"] for cost in costs if "bytes" in cost)
     training = [job for job in jobs if not job.held]
-    return GridPlan(label, len(jobs), {where: sum(job.held == where for job in jobs) for where in ("ledger", "checkpoint", "store")},
-                    len(training), sum(job.weight for job in training), workers,
-                    rates[len(rates) // 2] if rates else None, sizes[len(sizes) // 2] if sizes else None, len(costs))
+    return GridPlan(
+        label,
+        len(jobs),
+        {where: sum(job.held == where for job in jobs) for where in ("ledger", "checkpoint", "store")},
+        len(training),
+        sum(job.weight for job in training),
+        workers,
+        rates[len(rates) // 2] if rates else None,
+        sizes[len(sizes) // 2] if sizes else None,
+        len(costs),
+    )
 
 
 def confirm(plan: GridPlan) -> None:
@@ -226,20 +249,37 @@ def confirm(plan: GridPlan) -> None:
     if not sys.stdin.isatty():
         print(f"plan above ${CONFIRM_ENV} = {limit:g} min; not a terminal, so going on", file=sys.stderr, flush=True)
         return
-    print(f"about {plan.minutes:.0f} min, above ${CONFIRM_ENV} = {limit:g}: train? [y/N] ", end="", file=sys.stderr,
-          flush=True)
+    print(
+        f"about {plan.minutes:.0f} min, above ${CONFIRM_ENV} = {limit:g}: train? [y/N] ",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-        raise NotConfirmed(f"{plan.label}: not started ({plan.to_train} cells, about {plan.minutes:.0f} min); set "
-                           f"${CONFIRM_ENV} higher, or 0, to run without asking")
+        raise NotConfirmed(
+            f"{plan.label}: not started ({plan.to_train} cells, about {plan.minutes:.0f} min); set "
+            f"${CONFIRM_ENV} higher, or 0, to run without asking"
+        )
 
 
-def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
-             inputs: Callable[[Any], tuple[Path, ...]], run_cell: Callable[[Any, Path, Path, str], dict],
-             headline: Callable[[dict], str], fingerprint_of: Callable[[Any, str], str],
-             store: CellStore | None = None, workers: int = 1, weight: Callable[[Any], float] | None = None,
-             ledger: ResultsLedger | None = None, label: str = "", plan_only: bool = False,
-             resources: Callable[[Any], dict] | None = None,
-             environment: Callable[[int], dict[str, str]] | None = None) -> None:
+def run_grid(
+    rows: dict[Path, list],
+    folder: Path,
+    out: Path,
+    checkpoints: Path,
+    inputs: Callable[[Any], tuple[Path, ...]],
+    run_cell: Callable[[Any, Path, Path, str], dict],
+    headline: Callable[[dict], str],
+    fingerprint_of: Callable[[Any, str], str],
+    store: CellStore | None = None,
+    workers: int = 1,
+    weight: Callable[[Any], float] | None = None,
+    ledger: ResultsLedger | None = None,
+    label: str = "",
+    plan_only: bool = False,
+    resources: Callable[[Any], dict] | None = None,
+    environment: Callable[[int], dict[str, str]] | None = None,
+) -> None:
     """Run (or resume) every cell of ``rows`` (a folder -> its cells): ``run_cell(cell, out, checkpoint_dir,
     inputs_digest)`` writes to ``out/<row>/<cell>`` and checkpoints in ``checkpoints/<row>/<cell>``. ``folder`` (under
     both) is the stage's output: replaced whole once every cell is done, so a failed stage leaves no half of it. The
@@ -252,11 +292,11 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
     worker idle while its longest ends. With ``$RAY_ADDRESS`` (``CLUSTER_ENV``) set, the cells to train are Ray tasks
     on that cluster instead (``fedrepro.cluster``), each asking for ``resources(cell)`` (Ray's ``num_cpus``,
     ``num_gpus``: a fraction shares a GPU; by default one CPU). Worker i (the stage's own process when it trains alone)
-    sets ``environment(i)`` before its first cell (``Placement.environment``: the GPU it sees). Past ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell
-    starts. Before the first cell, the stage says its plan (``GridPlan``: the cells already finished, the rest's estimated minutes and disk,
-    measured from the cells of the same ``label`` this machine trained) and, above ``$FEDREPRO_CONFIRM_MINUTES``,
-    asks in a terminal (``confirm``). With ``plan_only`` it prints the plan (to stdout) and stops there, writing
-    nothing."""
+    sets ``environment(i)`` before its first cell (``Placement.environment``: the GPU it sees). Past
+    ``$FEDREPRO_STOP_AT`` (``STOP_ENV``) no cell starts. Before the first cell, the stage says its plan (``GridPlan``:
+    the cells already finished, the rest's estimated minutes and disk, measured from the cells of the same ``label``
+    this machine trained) and, above ``$FEDREPRO_CONFIRM_MINUTES``, asks in a terminal (``confirm``). With ``plan_only``
+    it prints the plan (to stdout) and stops there, writing nothing."""
     total, done = sum(len(cells) for cells in rows.values()), 0
     store = store if store is not None else CellStore.from_environment()
 
@@ -264,18 +304,42 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
         nonlocal done
         if not job.from_ledger:  # no checkpoint was made: there is nothing to keep
             trained = not (job.held or job.restored or not job.rescored)
-            cost = {"label": label, "machine": _machine(), "seconds": round(time.perf_counter() - job.started, 3),
-                    "worth": job.weight, "bytes": _size(job.checkpoint_dir)} if trained and label else None
+            cost = (
+                {
+                    "label": label,
+                    "machine": _machine(),
+                    "seconds": round(time.perf_counter() - job.started, 3),
+                    "worth": job.weight,
+                    "bytes": _size(job.checkpoint_dir),
+                }
+                if trained and label
+                else None
+            )
             store.keep(job.run, job.checkpoint_dir, cost)
         done += 1
-        came = (", from the results ledger" if job.from_ledger else
-                (", finished run from the cell store" if job.restored else "") + ("" if job.rescored else ", outputs as scored before"))
-        print(f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s{came})",
-              file=sys.stderr, flush=True)
+        came = (
+            ", from the results ledger"
+            if job.from_ledger
+            else (", finished run from the cell store" if job.restored else "")
+            + ("" if job.rescored else ", outputs as scored before")
+        )
+        print(
+            f"[{done}/{total}] {job.cell.name}: {headline(metrics)} ({time.perf_counter() - job.started:.1f} s{came})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     if plan_only:
-        print(plan_of(_jobs(rows, folder, out / folder, checkpoints, inputs, fingerprint_of, weight), label, store,
-                      ledger, workers).line(), flush=True)
+        print(
+            plan_of(
+                _jobs(rows, folder, out / folder, checkpoints, inputs, fingerprint_of, weight),
+                label,
+                store,
+                ledger,
+                workers,
+            ).line(),
+            flush=True,
+        )
         return
     (checkpoints / folder).mkdir(parents=True, exist_ok=True)  # a declared output, even for no cells
     cluster = os.environ.get(CLUSTER_ENV, "").strip()
@@ -303,13 +367,21 @@ def run_grid(rows: dict[Path, list], folder: Path, out: Path, checkpoints: Path,
                 job.restored = restore_job(job, store, ledger)
                 finish(job, scored_cell(run_cell, job, ledger))
         if done < total:
-            raise BudgetSpent(f"${STOP_ENV} passed: {total - done} of {total} cells were not started ({done} "
-                              "finished, each kept in the results ledger)")
+            raise BudgetSpent(
+                f"${STOP_ENV} passed: {total - done} of {total} cells were not started ({done} "
+                "finished, each kept in the results ledger)"
+            )
 
 
-def _jobs(rows: dict[Path, list], folder: Path, written: Path, checkpoints: Path,
-          inputs: Callable[[Any], tuple[Path, ...]], fingerprint_of: Callable[[Any, str], str],
-          weight: Callable[[Any], float] | None) -> list[Job]:
+def _jobs(
+    rows: dict[Path, list],
+    folder: Path,
+    written: Path,
+    checkpoints: Path,
+    inputs: Callable[[Any], tuple[Path, ...]],
+    fingerprint_of: Callable[[Any, str], str],
+    weight: Callable[[Any], float] | None,
+) -> list[Job]:
     """A job per cell: it writes under ``written`` (the stage's output folder, or its temporary stand-in), with the
     folders it reads digested once each."""
     digests: dict[tuple[Path, ...], str] = {}
@@ -319,9 +391,16 @@ def _jobs(rows: dict[Path, list], folder: Path, written: Path, checkpoints: Path
             folders = inputs(cell)
             if folders not in digests:
                 digests[folders] = tree_digest(*folders)
-            jobs.append(Job(cell, written / row.relative_to(folder) / cell.name, checkpoints / row / cell.name,
-                             digests[folders], fingerprint_of(cell, digests[folders]),
-                             weight(cell) if weight is not None else 1.0))
+            jobs.append(
+                Job(
+                    cell,
+                    written / row.relative_to(folder) / cell.name,
+                    checkpoints / row / cell.name,
+                    digests[folders],
+                    fingerprint_of(cell, digests[folders]),
+                    weight(cell) if weight is not None else 1.0,
+                )
+            )
     return jobs
 
 
@@ -341,14 +420,23 @@ def _stop_time() -> float | None:
 
 def _starter(stop_at: float | None, ledger: ResultsLedger | None) -> Callable[[Job], bool]:
     """Whether a job may start now: always before ``stop_at``, and after it only if the ledger holds its cell."""
+
     def may_start(job: Job) -> bool:
         return stop_at is None or time.time() < stop_at or (ledger is not None and ledger.holds(job.run, job.cell.name))
+
     return may_start
 
 
-def _run_forked(jobs: list[Job], run_cell: Callable[[Any, Path, Path, str], dict], store: CellStore,
-                finish: Callable[[Job, dict], None], workers: int, ledger: ResultsLedger | None,
-                may_start: Callable[[Job], bool], environment: Callable[[int], dict[str, str]] | None = None) -> None:
+def _run_forked(
+    jobs: list[Job],
+    run_cell: Callable[[Any, Path, Path, str], dict],
+    store: CellStore,
+    finish: Callable[[Job, dict], None],
+    workers: int,
+    ledger: ResultsLedger | None,
+    may_start: Callable[[Job], bool],
+    environment: Callable[[int], dict[str, str]] | None = None,
+) -> None:
     """The jobs on ``workers`` children forked once from this process (which has run no torch op, so no thread pool is
     copied half made), each training the cells handed to it one after another, so what a runtime keeps for a
     process's later cells (Flower's Ray workers) serves each child's. A cell's stderr (its progress bars and warnings)
@@ -364,8 +452,9 @@ def _run_forked(jobs: list[Job], run_cell: Callable[[Any, Path, Path, str], dict
             for number in range(min(workers, len(jobs))):
                 ours, theirs = context.Pipe()
                 settings = environment(number) if environment is not None else {}
-                child = context.Process(target=_worker, args=(theirs, run_cell, ledger, settings),
-                                        name=f"cell-worker-{number}")
+                child = context.Process(
+                    target=_worker, args=(theirs, run_cell, ledger, settings), name=f"cell-worker-{number}"
+                )
                 child.start()
                 theirs.close()
                 children.append((ours, child))
@@ -422,8 +511,12 @@ def _stop_tqdm_monitor() -> None:
         tqdm.monitor = None
 
 
-def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], dict], ledger: ResultsLedger | None,
-            settings: dict[str, str]) -> None:
+def _worker(
+    connection: Connection,
+    run_cell: Callable[[Any, Path, Path, str], dict],
+    ledger: ResultsLedger | None,
+    settings: dict[str, str],
+) -> None:
     """A forked child's work: its ``settings`` into its environment (the GPU it sees, before any CUDA op), then each
     cell it is sent (``None`` ends it), its stderr into the cell's log, its metrics or its error sent back."""
     os.environ.update(settings)
@@ -443,5 +536,3 @@ def _worker(connection: Connection, run_cell: Callable[[Any, Path, Path, str], d
         finally:
             sys.stderr.flush()
     connection.close()
-
-

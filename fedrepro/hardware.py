@@ -25,7 +25,7 @@ def _cpu() -> tuple[str, list[str]]:
     """The CPU's model name and which of ``FLAGS`` it has (Linux's /proc/cpuinfo; elsewhere the platform's name)."""
     fields: dict[str, str] = {}
     cpuinfo = Path("/proc/cpuinfo")
-    for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else []):
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     flags = set(fields.get("flags", "").split())
@@ -98,6 +98,8 @@ def describe(fingerprints: list[dict]) -> str:
         env = ", ".join(f"{k}={v}" for k, v in f["kernel_env"].items()) or "no kernel override"
         libs = ", ".join(f"{k} {v}" for k, v in f["libraries"].items() if v)
         gpu = f"{f['gpu']['name']} (CUDA {f['gpu']['cuda']}) with " if f.get("gpu") else ""
-        parts.append(f"`{f['id']}`: {gpu}{f['cpu']} ({', '.join(f['isa_flags']) or 'no AVX2'}; torch kernels "
-                     f"{f['torch_cpu_capability']}; {env}); {libs}; Python {f['python']}")
+        parts.append(
+            f"`{f['id']}`: {gpu}{f['cpu']} ({', '.join(f['isa_flags']) or 'no AVX2'}; torch kernels "
+            f"{f['torch_cpu_capability']}; {env}); {libs}; Python {f['python']}"
+        )
     return "; ".join(parts)

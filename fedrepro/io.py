@@ -112,4 +112,3 @@ def tree_digest(*folders: Path, pattern: str = "*") -> str:
             digest.update(str(path.relative_to(folder)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
-

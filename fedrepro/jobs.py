@@ -20,6 +20,7 @@ from fedrepro.ledger import ResultsLedger
 @dataclass
 class Job:
     """One cell of the grid, with where it writes and the fingerprint its checkpoint is kept under."""
+
     cell: Any
     out: Path
     checkpoint_dir: Path
@@ -39,7 +40,9 @@ SCORED = "scored"
 """In a cell's checkpoint folder: the outputs its finished run was scored to, and the run and cell they are of."""
 
 
-def scored_cell(run_cell: Callable[[Any, Path, Path, str], dict], job: Job, ledger: ResultsLedger | None = None) -> dict:
+def scored_cell(
+    run_cell: Callable[[Any, Path, Path, str], dict], job: Job, ledger: ResultsLedger | None = None
+) -> dict:
     """The job's outputs and metrics: as scored before where they were (``scored_before``), else ``run_cell``'s, then
     kept (``keep_scored``)."""
     metrics = scored_before(job, ledger)
@@ -88,7 +91,8 @@ def _stamp(job: Job) -> dict:
 
 
 def restore_job(job: Job, store: CellStore, ledger: ResultsLedger | None) -> bool:
-    """Restore the job's finished run from the cell store, unless the ledger holds its outputs (no checkpoint needed)."""
+    """Restore the job's finished run from the cell store, unless the ledger holds its outputs (no checkpoint
+    needed)."""
     return (ledger is None or not ledger.holds(job.run, job.cell.name)) and store.restore(job.run, job.checkpoint_dir)
 
 
@@ -96,8 +100,10 @@ def child_error(job: Job, child: Any, outcome: tuple | None) -> BaseException:
     """What a failed cell raises in the stage: a fedrepro error as it was raised (one clear line), anything else
     with the child's traceback attached; a child that died without a word, with its exit code."""
     if outcome is None:
-        return RuntimeError(f"cell {job.cell.name}: its process ended with exit code {child.exitcode} before "
-                            "reporting (killed, or out of memory?)")
+        return RuntimeError(
+            f"cell {job.cell.name}: its process ended with exit code {child.exitcode} before "
+            "reporting (killed, or out of memory?)"
+        )
     _, error, formatted = outcome
     if isinstance(error, FedreproError):
         return error

@@ -37,7 +37,8 @@ ENV = "FEDREPRO_LEDGER"
 """Environment variable: the ledger folder a stage takes finished cells from and records its cells in (unset: none)."""
 STAMP = "stamp.json"
 METRICS = "metrics.json"
-"""Every cell's output folder holds its metrics here; an entry keeps it with the outputs and reads it back from there."""
+"""Every cell's output folder holds its metrics here; an entry keeps it with the outputs and reads it back from
+there."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,12 @@ class Gold:
 
     def kept_files(self, out: Path) -> list[Path]:
         files = [p.relative_to(out) for p in sorted(out.rglob("*")) if p.is_file()]
-        return [p for p in files if any(fnmatch.fnmatch(str(p), g) for g in self.keep)
-                and not any(fnmatch.fnmatch(str(p), g) for g in self.dropped_files)]
+        return [
+            p
+            for p in files
+            if any(fnmatch.fnmatch(str(p), g) for g in self.keep)
+            and not any(fnmatch.fnmatch(str(p), g) for g in self.dropped_files)
+        ]
 
 
 def machine_class(precision: str, device: str = "cpu") -> str:
@@ -118,8 +123,10 @@ class ResultsLedger:
         when this process did not train the cell (its outputs were scored earlier)."""
         kept = self.gold.kept_files(out)
         if Path(METRICS) not in kept:
-            raise ValueError(f"{out}: no {METRICS} among the files the paper's Gold keeps ({self.gold.keep}); a ledger "
-                             f"entry reads its metrics from there")
+            raise ValueError(
+                f"{out}: no {METRICS} among the files the paper's Gold keeps ({self.gold.keep}); a ledger "
+                f"entry reads its metrics from there"
+            )
         with atomic_dir(self.entry(run, cell.name)) as folder:
             for relative in kept:
                 target = folder / "outputs" / relative
@@ -127,12 +134,22 @@ class ResultsLedger:
                 dropped = self.gold.dropped_columns.get(str(relative))
                 if dropped:
                     pd.read_csv(out / relative, dtype=str, keep_default_na=False).drop(columns=list(dropped)).to_csv(
-                        target, index=False)
+                        target, index=False
+                    )
                 else:
                     shutil.copy2(out / relative, target)
-            write_json(folder / STAMP, {"run": run, "cell": cell.name, "machine": self.machine, "commit": self.commit,
-                                        "date": dt.date.today().isoformat(),
-                                        "seconds": None if seconds is None else round(seconds, 1), "weight": weight})
+            write_json(
+                folder / STAMP,
+                {
+                    "run": run,
+                    "cell": cell.name,
+                    "machine": self.machine,
+                    "commit": self.commit,
+                    "date": dt.date.today().isoformat(),
+                    "seconds": None if seconds is None else round(seconds, 1),
+                    "weight": weight,
+                },
+            )
 
 
 def join_column(out: Path, file: str, key: str, column: str, values: pd.Series, position: int) -> None:

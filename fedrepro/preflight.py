@@ -44,8 +44,10 @@ def check_params(params_file: str | Path = "params.yaml", out: str | Path | None
     (the check stage's output; None writes nothing)."""
     found = problems(read_raw_params(params_file))
     if found:
-        raise ConfigError(f"{len(found)} problem(s) in {params_file}, each with its key, value and what is allowed "
-                          "(nothing was run):\n  " + "\n  ".join(found))
+        raise ConfigError(
+            f"{len(found)} problem(s) in {params_file}, each with its key, value and what is allowed "
+            "(nothing was run):\n  " + "\n  ".join(found)
+        )
     if out is not None:
         write_json(Path(out), {"checked": CHECKED})
 
@@ -83,8 +85,11 @@ def _unknown(key: str, names: Any, allowed: list[str], what: str = "") -> list[s
         return [] if names in allowed else [f"params: {key} = {names!r}{what}; allowed {allowed}"]
     if not isinstance(names, list):
         return []  # a wrong type: config's line says so
-    return [f"params: {key}.{index} = {name!r}{what}; allowed {allowed}" for index, name in enumerate(names)
-            if name not in allowed]
+    return [
+        f"params: {key}.{index} = {name!r}{what}; allowed {allowed}"
+        for index, name in enumerate(names)
+        if name not in allowed
+    ]
 
 
 def _name_problems(filled: dict[str, Any]) -> list[str]:
@@ -92,8 +97,11 @@ def _name_problems(filled: dict[str, Any]) -> list[str]:
     federated = sorted(name for name, algorithm in algorithms.REGISTRY.items() if algorithm.federated)
     source = data.get("source")
     corpora = list(EMBEDDED_CORPORA) if source == "embedded" else list(data.get("re_corpora") or [])
-    corpus_why = (" (the embedded source prepares only the synthetic corpus)" if source == "embedded" else
-                  " (no corpus data.re_corpora prepares)")
+    corpus_why = (
+        " (the embedded source prepares only the synthetic corpus)"
+        if source == "embedded"
+        else " (no corpus data.re_corpora prepares)"
+    )
     collections = list(QA_LAYOUTS) + list(data.get("qa_layouts") or {})
     lines = []
     for key in ("fedmatch.methods", "fedmatch.sweeps.data_ratio_methods"):
@@ -105,8 +113,12 @@ def _name_problems(filled: dict[str, Any]) -> list[str]:
         lines += _unknown(key, _at(filled, key), corpora, corpus_why)
     lines += _unknown("ssvfnas.methods", _at(filled, "ssvfnas.methods"), sorted(SSVFNAS_METHODS))
     if source != "embedded":
-        lines += _unknown("partition.collections", _at(filled, "partition.collections"), collections,
-                          " is no public QA collection nor one of yours in data.qa_layouts")
+        lines += _unknown(
+            "partition.collections",
+            _at(filled, "partition.collections"),
+            collections,
+            " is no public QA collection nor one of yours in data.qa_layouts",
+        )
     return lines
 
 
@@ -157,5 +169,9 @@ def _own_file_problems(data: dict[str, Any]) -> list[str]:
     files, mirror = data.get("own_files"), data.get("mirror")
     if not isinstance(files, dict) or not files or not isinstance(mirror, str):
         return []
-    return [f"params: data.own_files names {path!r}, but {Path(mirror) / path} does not exist; put the file there or "
-            "correct the path (relative to data.mirror)" for path in files if not (Path(mirror) / path).is_file()]
+    return [
+        f"params: data.own_files names {path!r}, but {Path(mirror) / path} does not exist; put the file there or "
+        "correct the path (relative to data.mirror)"
+        for path in files
+        if not (Path(mirror) / path).is_file()
+    ]

@@ -1,11 +1,13 @@
 """Run one paper's grid at CPU scale on the mirrored real data in a clean clone, then freeze its report here.
 
-    python scripts/cpu_snapshot.py run fedcmc --budget 90      # train what the ledger lacks for 90 min, committing each cell
+    python scripts/cpu_snapshot.py run fedcmc --budget 90      # train what the ledger lacks for 90 min, committing
+                                                               # each cell
     python scripts/cpu_snapshot.py run fedmatch --mirror ../shared/data/raw
     python scripts/cpu_snapshot.py run ssvfnas               # 192 cells, about an hour on 2 cores
     python scripts/cpu_snapshot.py collect fedcmc WORKDIR    # copy WORKDIR's report into reports/cpu/fedcmc
     python scripts/cpu_snapshot.py status [--mark]           # each ledger's cells done and missing; stale reports
-    python scripts/cpu_snapshot.py carry fedcmc              # after a code change: re-key the ledger if 3 cells retrain identical
+    python scripts/cpu_snapshot.py carry fedcmc              # after a code change: re-key the ledger if 3 cells
+                                                             # retrain identical
     python scripts/cpu_snapshot.py canary ssvfnas            # a stale one carried forward, or marked
     python scripts/cpu_snapshot.py plan [fedmatch]           # the cells a snapshot trains, by table and figure
     python scripts/cpu_snapshot.py plan --scale paper        # what the paper-scale grid costs on a GPU (bench/README)
@@ -15,7 +17,8 @@ A snapshot grows across stretches of work in its results ledger, ``reports/cpu/<
 each cell's outputs a report needs, none of the raw data, committed as it lands. ``run`` clones HEAD (its committed
 code: commit first), trains in the clone every cell the ledger lacks for this machine class (the main table seed by
 seed, then the figures), takes the others back from the ledger untrained, and with ``--budget`` starts no cell past
-the budget less its longest cell (Ctrl-C stops it at once, losing only the cells still running); it then writes the ledger's plan (``PLAN.json``: every cell the snapshot needs, its
+the budget less the 90th percentile of its recorded cells' seconds (Ctrl-C stops it at once, losing only the cells
+still running); it then writes the ledger's plan (``PLAN.json``: every cell the snapshot needs, its
 run fingerprint and inputs) and the stretch's manifest (``stretches/``: commit, dates, the machine, its one-thread
 matmul GFLOP/s, what it trained), and commits them. A code change in a cell's closure moves its run fingerprint, and
 so leaves its entry behind; when the change moved no result, ``carry`` re-keys the entries to HEAD's runs after a
@@ -60,7 +63,9 @@ PAPERS = {
         # add 44 cells, more than the 4-h budget allows, and a figure's claims then say "1 seed" (inconclusive)
         "grid": {"fedmatch.sweeps.seeds": [0]},
         "targets": ["fedmatch_table", "fedmatch_sweeps", "fedmatch_report"],
-        "stage_script": "fedmatch_train.py", "inputs": ("MINED", "TOKENIZER"), "gold": "MINED",
+        "stage_script": "fedmatch_train.py",
+        "inputs": ("MINED", "TOKENIZER"),
+        "gold": "MINED",
     },
     "fedcmc": {
         "title": "fedrepro — FedCMC at CPU scale on the mirrored real data",
@@ -69,32 +74,43 @@ PAPERS = {
         # and their claims then say "1 seed" (inconclusive) instead of being tested
         "grid": {"fedcmc.sweeps.seeds": [0]},
         "targets": ["fedcmc_table", "fedcmc_sweeps", "fedcmc_report"],
-        "stage_script": "fedcmc_train.py", "inputs": ("PREPARED", "PARTITIONS", "TOKENIZER"), "gold": "PARTITIONS",
+        "stage_script": "fedcmc_train.py",
+        "inputs": ("PREPARED", "PARTITIONS", "TOKENIZER"),
+        "gold": "PARTITIONS",
     },
     "ssvfnas": {
         "title": "fedrepro — SS-VFNAS at CPU scale on the mirrored real data",
-        # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP, sigma 1 and 2; 3 seeds),
-        # with the hand-designed baseline and the label party alone
+        # the main table as the cpu preset sizes it (digits K=2/4, breast, default_credit; no DP, sigma 1 and 2; 3
+        # seeds), with the hand-designed baseline and the label party alone
         "grid": {},
         "targets": ["ssvfnas_partition", "ssvfnas_table", "ssvfnas_report"],
         # every method, the baseline and the label party alone, on the cheapest tabular set and on digits (MLP and
         # conv search spaces), without and with DP: 22 of the 192 cells, about 3 min
-        "canary": {"ssvfnas.datasets": ["breast", "digits"], "ssvfnas.parties": [2],
-                   "ssvfnas.dp_levels": [[0, 0], [1.0, 1.0]], "ssvfnas.seeds": [0]},
+        "canary": {
+            "ssvfnas.datasets": ["breast", "digits"],
+            "ssvfnas.parties": [2],
+            "ssvfnas.dp_levels": [[0, 0], [1.0, 1.0]],
+            "ssvfnas.seeds": [0],
+        },
         "cell_key": "cell",
-        "stage_script": "ssvfnas_train.py", "inputs": ("PARTITIONS",), "gold": "PARTITIONS",
+        "stage_script": "ssvfnas_train.py",
+        "inputs": ("PARTITIONS",),
+        "gold": "PARTITIONS",
     },
 }
 
 
 def plan(paper: str) -> list[tuple[str, int, float]]:
     """(table or figure, cells, their training in main-table cells' worth) of ``paper``'s snapshot: a cell trained
-    twice the epochs counts 2, one on a fifth of the data 0.2. Multiply by a main-table cell's seconds for the wall time."""
+    twice the epochs counts 2, one on a fifth of the data 0.2. Multiply by a main-table cell's seconds for the wall
+    time."""
     sys.path.insert(0, str(ROOT))
     from fedrepro.config import parse_params, read_raw_params
 
     params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
-    return [(name, len(cells), sum(weight(cell) for cell in cells)) for name, cells, weight in snapshot_cells(paper, params)]
+    return [
+        (name, len(cells), sum(weight(cell) for cell in cells)) for name, cells, weight in snapshot_cells(paper, params)
+    ]
 
 
 def paper_params(mirror: Path):
@@ -108,12 +124,19 @@ def paper_params(mirror: Path):
     return parse_params(raw)
 
 
-def paper_plan(paper: str, params, mirror: Path, gpu: str, precision: str | None = None, mfu: float | None = None,
-               tflops: float | None = None) -> list[str]:
+def paper_plan(
+    paper: str,
+    params,
+    mirror: Path,
+    gpu: str,
+    precision: str | None = None,
+    mfu: float | None = None,
+    tflops: float | None = None,
+) -> list[str]:
     """The lines of ``plan --scale paper``: per table and figure of ``paper``'s grid at ``params``' scale, the cells,
-    their tokens and FLOPs (``fedrepro.<paper>.costs``), the largest cell's memory, how many such cells share one ``gpu``, and
-    GPU-hours at ``tflops`` achieved TFLOP/s (default: the GPU's dense peak at the precision x ``mfu``); then the
-    paper's total, each training run once (a figure's point that is a table's cell is trained once)."""
+    their tokens and FLOPs (``fedrepro.<paper>.costs``), the largest cell's memory, how many such cells share one
+    ``gpu``, and GPU-hours at ``tflops`` achieved TFLOP/s (default: the GPU's dense peak at the precision x ``mfu``);
+    then the paper's total, each training run once (a figure's point that is a table's cell is trained once)."""
     from fedrepro import costs
 
     device = costs.GPUS[gpu]
@@ -130,8 +153,12 @@ def paper_plan(paper: str, params, mirror: Path, gpu: str, precision: str | None
         model = text_model.from_mirror(params, mirror, precision)
     mfu = costs.ASSUMED_MFU if mfu is None else mfu
     rate = tflops or device.peak_tflops[precision] * mfu
-    how = (f"{tflops:g} TFLOP/s achieved (given)" if tflops else f"{device.peak_tflops[precision]:g} TFLOP/s dense "
-           f"{precision} peak x {mfu:.0%} MFU (assumed) = {rate:.1f} TFLOP/s")
+    how = (
+        f"{tflops:g} TFLOP/s achieved (given)"
+        if tflops
+        else f"{device.peak_tflops[precision]:g} TFLOP/s dense "
+        f"{precision} peak x {mfu:.0%} MFU (assumed) = {rate:.1f} TFLOP/s"
+    )
     groups = [(name, [model(cell) for cell in cells]) for name, cells, _ in snapshot_cells(paper, params)]
     hours = lambda flops: hours_text(costs.gpu_hours(flops, rate))  # noqa: E731
     runs = {cost.run: cost for _, group in groups for cost in group}
@@ -140,28 +167,37 @@ def paper_plan(paper: str, params, mirror: Path, gpu: str, precision: str | None
     def row(name: str, group: list) -> str:
         largest = max(group, key=lambda cost: costs.cell_gpu_memory(cost.memory))
         reserve = costs.cell_gpu_memory(largest.memory)
-        return (f"  {name:<28}{len(group):>6}{sum(sum(c.train_tokens.values()) for c in group):>11.2e}"
-                f"{sum(c.eval_tokens for c in group):>10.2e}{sum(c.train_flops for c in group):>11.2e}"
-                f"{sum(c.eval_flops for c in group):>10.2e}{gib(largest.memory.peak):>10}{gib(reserve):>9}"
-                f"{device.memory // reserve:>6}{hours(sum(cost.flops for cost in group)):>10}")
+        return (
+            f"  {name:<28}{len(group):>6}{sum(sum(c.train_tokens.values()) for c in group):>11.2e}"
+            f"{sum(c.eval_tokens for c in group):>10.2e}{sum(c.train_flops for c in group):>11.2e}"
+            f"{sum(c.eval_flops for c in group):>10.2e}{gib(largest.memory.peak):>10}{gib(reserve):>9}"
+            f"{device.memory // reserve:>6}{hours(sum(cost.flops for cost in group)):>10}"
+        )
 
     total = sum(cost.flops for cost in runs.values())
-    lines = [f"{paper} at paper scale: {len(runs)} training runs, {total:.2e} FLOPs, {hours(total)} GPU-hours on one "
-             f"{device.label} in {precision}", f"  at {how}",
-             f"  {'table or figure':<28}{'cells':>6}{'train tok':>11}{'eval tok':>10}{'train FLOP':>11}{'eval FLOP':>10}"
-             f"{'peak GiB':>10}{'GPU GiB':>9}{'/GPU':>6}{'GPU-hours':>10}"]
+    lines = [
+        f"{paper} at paper scale: {len(runs)} training runs, {total:.2e} FLOPs, {hours(total)} GPU-hours on one "
+        f"{device.label} in {precision}",
+        f"  at {how}",
+        f"  {'table or figure':<28}{'cells':>6}{'train tok':>11}{'eval tok':>10}{'train FLOP':>11}{'eval FLOP':>10}"
+        f"{'peak GiB':>10}{'GPU GiB':>9}{'/GPU':>6}{'GPU-hours':>10}",
+    ]
     lines += [row(name, group) for name, group in groups]
     lines.append(row("total, each run once", list(runs.values())))
     largest = max(runs.values(), key=lambda cost: cost.parameters)
-    notes = [f"largest model: {largest.parameters:,} parameters ({largest.name}). peak GiB: weights + gradients + "
-             "optimiser state + one batch's activations of the group's largest cell; GPU GiB: what that cell reserves "
-             f"(x {costs.GPU_SAFETY} + {gib(costs.CUDA_CONTEXT)} GiB of CUDA context); /GPU: such cells on one GPU",
-             *model.notes]
+    notes = [
+        f"largest model: {largest.parameters:,} parameters ({largest.name}). peak GiB: weights + gradients + "
+        "optimiser state + one batch's activations of the group's largest cell; GPU GiB: what that cell reserves "
+        f"(x {costs.GPU_SAFETY} + {gib(costs.CUDA_CONTEXT)} GiB of CUDA context); /GPU: such cells on one GPU",
+        *model.notes,
+    ]
     if paper == "ssvfnas":
-        notes.append("tiny networks: kernel launches, not FLOPs, bound their time on a GPU, so these GPU-hours are a "
-                     "floor")
-    return lines + [line for note in notes
-                    for line in textwrap.wrap(note, 118, initial_indent="  ", subsequent_indent="    ")]
+        notes.append(
+            "tiny networks: kernel launches, not FLOPs, bound their time on a GPU, so these GPU-hours are a floor"
+        )
+    return lines + [
+        line for note in notes for line in textwrap.wrap(note, 118, initial_indent="  ", subsequent_indent="    ")
+    ]
 
 
 def hours_text(value: float) -> str:
@@ -176,8 +212,10 @@ def snapshot_cells(paper: str, params) -> list[tuple[str, list, object]]:
 
         weight = lambda cell: training_weight(params, cell)  # noqa: E731
         groups = [("Tables 2-3", table_cells(params), weight)]
-        groups += [(f"{sweep} ({SWEEPS[sweep].split(':')[0]})", [c for c in sweep_cells(params) if c.sweep == sweep], weight)
-                   for sweep in SWEEPS]
+        groups += [
+            (f"{sweep} ({SWEEPS[sweep].split(':')[0]})", [c for c in sweep_cells(params) if c.sweep == sweep], weight)
+            for sweep in SWEEPS
+        ]
     elif paper == "fedcmc":
         from fedrepro.fedcmc.cells import SWEEPS, sweep_cells, table_cells, training_weight
 
@@ -187,8 +225,14 @@ def snapshot_cells(paper: str, params) -> list[tuple[str, list, object]]:
     else:
         from fedrepro.ssvfnas.cells import baseline_cells, label_alone_cells, table_cells
 
-        groups = [(name, cells(params), lambda cell: 1.0) for name, cells in
-                  [("main table", table_cells), ("hand-designed baseline", baseline_cells), ("label party alone", label_alone_cells)]]
+        groups = [
+            (name, cells(params), lambda cell: 1.0)
+            for name, cells in [
+                ("main table", table_cells),
+                ("hand-designed baseline", baseline_cells),
+                ("label party alone", label_alone_cells),
+            ]
+        ]
     return groups
 
 
@@ -200,16 +244,28 @@ def set_key(params: dict, dotted: str, value) -> None:
 
 
 STALE_BANNER = "> **Stale snapshot.**"
-ENV = {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "GIT_AUTHOR_NAME": "fedrepro",
-       "GIT_AUTHOR_EMAIL": "fedrepro@localhost", "GIT_COMMITTER_NAME": "fedrepro", "GIT_COMMITTER_EMAIL": "fedrepro@localhost",
-       "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+ENV = {
+    **os.environ,
+    "DVC_NO_ANALYTICS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "GIT_AUTHOR_NAME": "fedrepro",
+    "GIT_AUTHOR_EMAIL": "fedrepro@localhost",
+    "GIT_COMMITTER_NAME": "fedrepro",
+    "GIT_COMMITTER_EMAIL": "fedrepro@localhost",
+    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+}
 
 
 def snapshot_params(paper: str, base: dict, mirror: str) -> dict:
     """``base`` (a params.yaml) as a snapshot of ``paper`` runs it: CPU scale, the mirror, the paper's grid."""
     params = copy.deepcopy(base)
-    for key, value in {"scale": "cpu", "data.source": "mirror", "data.mirror": mirror,
-                       "report.title": PAPERS[paper]["title"], **PAPERS[paper]["grid"]}.items():
+    for key, value in {
+        "scale": "cpu",
+        "data.source": "mirror",
+        "data.mirror": mirror,
+        "report.title": PAPERS[paper]["title"],
+        **PAPERS[paper]["grid"],
+    }.items():
         set_key(params, key, value)
     return params
 
@@ -255,7 +311,9 @@ class LedgerCommitter(threading.Thread):
         while not self.stopped.wait(COMMIT_EVERY):
             cells = len(list(ledger_dir(self.paper).glob("*/*/stamp.json")))
             try:
-                commit_ledger(self.paper, f"ledger: {self.paper}, {cells} cells recorded (cpu_snapshot.py run, as they land)")
+                commit_ledger(
+                    self.paper, f"ledger: {self.paper}, {cells} cells recorded (cpu_snapshot.py run, as they land)"
+                )
             except subprocess.CalledProcessError as error:  # a commit of the user's at the same moment: next time
                 print(f"ledger commit deferred: {error.stderr.strip()}", file=sys.stderr)
 
@@ -272,17 +330,21 @@ def machine_speed() -> float:
     return measure()
 
 
-def longest_cell(paper: str, machine: str) -> float:
-    """The longest training seconds any cell of this machine class took (0 when none is recorded): how much before
-    the end of a budget the last cell may start."""
-    seconds = [stamp.get("seconds") or 0 for stamp in ledger_stamps(paper) if stamp["machine"] == machine]
-    return max(seconds, default=0.0)
+def last_start_margin(paper: str, machine: str) -> float:
+    """How much before the end of a budget the last cell may start: the 90th percentile of the training seconds the
+    cells of this machine class took (0 when none is recorded). Not the longest: two FedCMC cells that ran beside a
+    busy machine took 1,830 and 1,980 s where nine in ten took under 490, and would cut a 45-min stretch's window to
+    start cells in to 12 min. A cell as slow as those may run past the budget by its excess."""
+    seconds = sorted(stamp.get("seconds") or 0 for stamp in ledger_stamps(paper) if stamp["machine"] == machine)
+    return seconds[int(0.9 * (len(seconds) - 1))] if seconds else 0.0
 
 
 def seconds_per_worth(stamps: list[dict]) -> float | None:
     """The median recorded training seconds of a main-table cell's worth over the stamps that timed their cell
     (None when none did): what the ledger measured a cell to cost on this kind of machine."""
-    rates = sorted(stamp["seconds"] / stamp["weight"] for stamp in stamps if stamp.get("seconds") and stamp.get("weight"))
+    rates = sorted(
+        stamp["seconds"] / stamp["weight"] for stamp in stamps if stamp.get("seconds") and stamp.get("weight")
+    )
     return rates[len(rates) // 2] if rates else None
 
 
@@ -309,7 +371,7 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
     env[LEDGER_ENV] = str(ledger_dir(paper))
     started, speed_before = time.time(), machine_speed()
     if budget is not None:
-        env[STOP_ENV] = str(started + budget * 60 - longest_cell(paper, machine))
+        env[STOP_ENV] = str(started + budget * 60 - last_start_margin(paper, machine))
     before = {json.dumps(stamp, sort_keys=True) for stamp in ledger_stamps(paper)}
     committer = LedgerCommitter(paper) if commit else None
     if committer:
@@ -328,8 +390,12 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
     finally:
         if committer:
             committer.stop()
-    subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "write-plan", paper],
-                   cwd=workdir, env={**env, "PYTHONPATH": str(workdir)}, check=True)
+    subprocess.run(
+        [sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "write-plan", paper],
+        cwd=workdir,
+        env={**env, "PYTHONPATH": str(workdir)},
+        check=True,
+    )
     trained = [stamp["cell"] for stamp in ledger_stamps(paper) if json.dumps(stamp, sort_keys=True) not in before]
     write_stretch(paper, workdir, machine, started, budget, speed_before, trained, complete)
     if complete:
@@ -338,23 +404,41 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
     elif paper == "fedcmc" and (workdir / "data" / "fedcmc" / "partitions").is_dir():
         write_partial(paper, workdir)
     if commit:
-        commit_ledger(paper, f"ledger: {paper}, a stretch of {(time.time() - started) / 60:.0f} min on {machine} "
-                             f"trained {len(trained)} cells" + ("; every cell is in" if complete else ""))
+        commit_ledger(
+            paper,
+            f"ledger: {paper}, a stretch of {(time.time() - started) / 60:.0f} min on {machine} "
+            f"trained {len(trained)} cells" + ("; every cell is in" if complete else ""),
+        )
         partial = (ROOT / "reports" / "cpu" / paper / PARTIAL).relative_to(ROOT)
         if not complete and (ROOT / partial).is_file():
             git("add", "--", str(partial))
             if git("diff", "--cached", "--name-only", "--", str(partial)).strip():
-                git("commit", "-q", "-m", f"{paper}: its main table so far, from the ledger (no verdicts)", "--", str(partial))
+                git(
+                    "commit",
+                    "-q",
+                    "-m",
+                    f"{paper}: its main table so far, from the ledger (no verdicts)",
+                    "--",
+                    str(partial),
+                )
         if complete:
             git("add", "--", str((ROOT / "reports" / "cpu" / paper).relative_to(ROOT)))
-            git("commit", "-q", "-m", f"{paper} CPU snapshot assembled from its ledger", "--",
-                str((ROOT / "reports" / "cpu" / paper).relative_to(ROOT)))
+            git(
+                "commit",
+                "-q",
+                "-m",
+                f"{paper} CPU snapshot assembled from its ledger",
+                "--",
+                str((ROOT / "reports" / "cpu" / paper).relative_to(ROOT)),
+            )
     for line in ledger_status(paper):
         print(line)
 
 
-MACHINE_CLASS = ("from fedrepro.config import load_params; from fedrepro.ledger import machine_class; "
-                 "print(machine_class('fp32' if {paper!r} == 'ssvfnas' else load_params().train.precision))")
+MACHINE_CLASS = (
+    "from fedrepro.config import load_params; from fedrepro.ledger import machine_class; "
+    "print(machine_class('fp32' if {paper!r} == 'ssvfnas' else load_params().train.precision))"
+)
 """Run in a snapshot's clone: the machine class its cells record (SS-VFNAS trains in fp32, the others as resolved)."""
 
 
@@ -368,24 +452,46 @@ def snapshot_clone(paper: str, workdir: Path, mirror: str) -> tuple[dict, dict, 
     params = snapshot_params(paper, yaml.safe_load((workdir / "params.yaml").read_text()), mirror)
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
     env = {**ENV, "PYTHONPATH": str(workdir)}
-    machine = subprocess.run([sys.executable, "-c", MACHINE_CLASS.format(paper=paper)], cwd=workdir, env=env,
-                             capture_output=True, text=True, check=True).stdout.strip()
+    machine = subprocess.run(
+        [sys.executable, "-c", MACHINE_CLASS.format(paper=paper)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     return params, env, machine
 
 
-def write_stretch(paper: str, workdir: Path, machine: str, started: float, budget: float | None, speed_before: float,
-                  trained: list[str], complete: bool) -> None:
+def write_stretch(
+    paper: str,
+    workdir: Path,
+    machine: str,
+    started: float,
+    budget: float | None,
+    speed_before: float,
+    trained: list[str],
+    complete: bool,
+) -> None:
     """The stretch's manifest: which commit trained on which machine, how fast it was, what it recorded."""
     sys.path.insert(0, str(ROOT))
     from fedrepro.hardware import machine_fingerprint
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True
+    ).stdout.strip()
     stamp = dt.datetime.fromtimestamp(started, dt.timezone.utc)
-    manifest = {"commit": commit, "started": stamp.isoformat(timespec="seconds"),
-                "ended": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "budget_minutes": budget,
-                "machine_class": machine, "machine": machine_fingerprint(),
-                "matmul_gflops_one_thread": {"before": round(speed_before, 1), "after": round(machine_speed(), 1)},
-                "cells_trained": trained, "every_cell_in": complete}
+    manifest = {
+        "commit": commit,
+        "started": stamp.isoformat(timespec="seconds"),
+        "ended": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "budget_minutes": budget,
+        "machine_class": machine,
+        "machine": machine_fingerprint(),
+        "matmul_gflops_one_thread": {"before": round(speed_before, 1), "after": round(machine_speed(), 1)},
+        "cells_trained": trained,
+        "every_cell_in": complete,
+    }
     folder = ledger_dir(paper) / STRETCHES
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{stamp:%Y%m%dT%H%M%S}-{commit[:7]}.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -398,7 +504,9 @@ def checkout_stage(paper: str):
     from fedrepro.config import load_params
 
     runs = importlib.import_module(f"fedrepro.{paper}.runs")
-    stage_spec = importlib.util.spec_from_file_location(f"{paper}_stage", Path("stages") / PAPERS[paper]["stage_script"])
+    stage_spec = importlib.util.spec_from_file_location(
+        f"{paper}_stage", Path("stages") / PAPERS[paper]["stage_script"]
+    )
     stage = importlib.util.module_from_spec(stage_spec)
     stage_spec.loader.exec_module(stage)
     return load_params(), runs, stage, [getattr(stage, name) for name in PAPERS[paper]["inputs"]]
@@ -419,17 +527,36 @@ def write_plan(paper: str) -> None:
                 continue
             if inputs not in digests:
                 digests[inputs] = tree_digest(*inputs)
-            cells[cell.name] = {"group": group, "seed": cell.seed, "weight": weight(cell), "inputs": digests[inputs],
-                                "run": runs.run_fingerprint(params, cell, digests[inputs])}
+            cells[cell.name] = {
+                "group": group,
+                "seed": cell.seed,
+                "weight": weight(cell),
+                "inputs": digests[inputs],
+                "run": runs.run_fingerprint(params, cell, digests[inputs]),
+            }
     lock = yaml.safe_load(Path("dvc.lock").read_text())
     cell_stages = set(PAPERS[paper]["targets"])
-    upstream = {name: entry for name, entry in lock["stages"].items() if name not in cell_stages and
-                name.split("@")[0] not in cell_stages}
+    upstream = {
+        name: entry
+        for name, entry in lock["stages"].items()
+        if name not in cell_stages and name.split("@")[0] not in cell_stages
+    }
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     plan_file = Path(os.environ[LEDGER_ENV]) / PLAN
     plan_file.parent.mkdir(parents=True, exist_ok=True)
-    plan_file.write_text(json.dumps({"commit": commit, "date": dt.date.today().isoformat(), "mirror": params.data.mirror,
-                                     "upstream_lock": {**lock, "stages": upstream}, "cells": cells}, indent=1) + "\n")
+    plan_file.write_text(
+        json.dumps(
+            {
+                "commit": commit,
+                "date": dt.date.today().isoformat(),
+                "mirror": params.data.mirror,
+                "upstream_lock": {**lock, "stages": upstream},
+                "cells": cells,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def head_runs(paper: str, plan_data: dict) -> tuple[dict[str, tuple[str, str, float]], int, list[str]]:
@@ -442,15 +569,22 @@ def head_runs(paper: str, plan_data: dict) -> tuple[dict[str, tuple[str, str, fl
     mirror = plan_data.get("mirror") or "mirror"  # the plan's clone read the mirror there
     raw = snapshot_params(paper, yaml.safe_load(git("show", "HEAD:params.yaml")), mirror)
     cell_stages = [t for t in PAPERS[paper]["targets"] if not t.endswith("_report")]
-    moved = [line for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
-             if not line.split(":")[0].split("@")[0] in cell_stages]
+    moved = [
+        line
+        for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
+        if line.split(":")[0].split("@")[0] not in cell_stages
+    ]
     if moved:
         return {}, 0, moved
     params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), mirror))  # with scales/
     runs = importlib.import_module(f"fedrepro.{paper}.runs")
     groups = snapshot_cells(paper, params)
-    planned = {cell.name: (group, runs.run_fingerprint(params, cell, plan_data["cells"][cell.name]["inputs"]), weight(cell))
-               for group, members, weight in groups for cell in members if cell.name in plan_data["cells"]}
+    planned = {
+        cell.name: (group, runs.run_fingerprint(params, cell, plan_data["cells"][cell.name]["inputs"]), weight(cell))
+        for group, members, weight in groups
+        for cell in members
+        if cell.name in plan_data["cells"]
+    }
     return planned, sum(len(members) for _, members, _ in groups) - len(planned), []
 
 
@@ -472,12 +606,19 @@ def carry(paper: str, workdir: Path, sample: int = CARRY_SAMPLE) -> list[str]:
     # the stages that make the cells' inputs, and none of the cells: a stop time already passed
     subprocess.run(["dvc", "repro", PAPERS[paper]["targets"][0]], cwd=workdir, env={**env, STOP_ENV: "0"})
     at_head = workdir / "plan-at-head"
-    subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "write-plan", paper], cwd=workdir,
-                   env={**env, LEDGER_ENV: str(at_head)}, check=True)
+    subprocess.run(
+        [sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "write-plan", paper],
+        cwd=workdir,
+        env={**env, LEDGER_ENV: str(at_head)},
+        check=True,
+    )
     head_plan = json.loads((at_head / PLAN).read_text())
-    moved = [f"{name}: its inputs digest {cell['inputs'][:12]} at HEAD, {plan_data['cells'][name]['inputs'][:12]} in the "
-             f"ledger's plan (the data changed: it retrains)" for name, cell in head_plan["cells"].items()
-             if name in plan_data["cells"] and cell["inputs"] != plan_data["cells"][name]["inputs"]]
+    moved = [
+        f"{name}: its inputs digest {cell['inputs'][:12]} at HEAD, {plan_data['cells'][name]['inputs'][:12]} in the "
+        f"ledger's plan (the data changed: it retrains)"
+        for name, cell in head_plan["cells"].items()
+        if name in plan_data["cells"] and cell["inputs"] != plan_data["cells"][name]["inputs"]
+    ]
     if moved:
         return moved
     planned = {name: (cell["group"], cell["run"], cell["weight"]) for name, cell in head_plan["cells"].items()}
@@ -486,15 +627,21 @@ def carry(paper: str, workdir: Path, sample: int = CARRY_SAMPLE) -> list[str]:
         print(f"{paper}: no entry of {machine} is behind HEAD's runs")
         return []
     order = sorted(behind, key=lambda name: (planned[name][2], name))
-    sampled = order[::max(1, len(order) // sample)][:sample]
+    sampled = order[:: max(1, len(order) // sample)][:sample]
     retrained = workdir / "carry-ledger"
-    subprocess.run([sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "train-cells", paper, str(retrained),
-                    *sampled], cwd=workdir, env=env, check=True)
+    subprocess.run(
+        [sys.executable, str(workdir / "scripts" / "cpu_snapshot.py"), "train-cells", paper, str(retrained), *sampled],
+        cwd=workdir,
+        env=env,
+        check=True,
+    )
     differences = []
     for name in sampled:
         fresh = retrained / name / f"{planned[name][1][:16]}-{machine}"
         if not fresh.is_dir():
-            differences.append(f"{name}: its run at HEAD in the clone is not the one HEAD's plan computes (inputs differ?)")
+            differences.append(
+                f"{name}: its run at HEAD in the clone is not the one HEAD's plan computes (inputs differ?)"
+            )
             continue
         differences += [f"{name}: {why}" for why in entry_differences(folder / name / behind[name], fresh)]
     if differences:
@@ -521,9 +668,13 @@ def entries_behind(paper: str, planned: dict, machine: str) -> dict[str, str]:
 def entry_differences(old: Path, new: Path) -> list[str]:
     """What differs between two ledger entries of one cell: each kept file byte for byte, the metrics but the
     hardware that trained them."""
+
     def files(entry: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("*"))
-                if p.is_file() and p.name != "stamp.json"}
+        return {
+            str(p.relative_to(entry)): p.read_bytes()
+            for p in sorted(entry.rglob("*"))
+            if p.is_file() and p.name != "stamp.json"
+        }
 
     ours, theirs, differences = files(old), files(new), []
     for name in sorted(set(ours) | set(theirs)):
@@ -544,10 +695,21 @@ def carry_entries(paper: str, behind: dict[str, str], head_plan: dict, machine: 
         old, new = folder / name / entry, folder / name / f"{run[:16]}-{machine}"
         stamp = json.loads((old / "stamp.json").read_text())
         shutil.copytree(old, new)
-        (new / "stamp.json").write_text(json.dumps(
-            {**stamp, "run": run, "carried_from": stamp["run"], "carried_by": commit,
-             "carried_on": dt.date.today().isoformat(), "carried_because": f"{len(sampled)} cells retrained at "
-             f"{commit[:7]} came out identical: {', '.join(sampled)}"}, indent=1) + "\n")
+        (new / "stamp.json").write_text(
+            json.dumps(
+                {
+                    **stamp,
+                    "run": run,
+                    "carried_from": stamp["run"],
+                    "carried_by": commit,
+                    "carried_on": dt.date.today().isoformat(),
+                    "carried_because": f"{len(sampled)} cells retrained at "
+                    f"{commit[:7]} came out identical: {', '.join(sampled)}",
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         shutil.rmtree(old)
     (folder / PLAN).write_text(json.dumps(head_plan, indent=1) + "\n")
 
@@ -559,8 +721,11 @@ def train_cells(paper: str, ledger_root: Path, names: list[str]) -> None:
     from fedrepro.io import tree_digest
     from fedrepro.ledger import ResultsLedger, machine_class
 
-    ledger = ResultsLedger(ledger_root, runs.ledger_gold(getattr(stage, PAPERS[paper]["gold"])),
-                           machine_class("fp32" if paper == "ssvfnas" else params.train.precision))
+    ledger = ResultsLedger(
+        ledger_root,
+        runs.ledger_gold(getattr(stage, PAPERS[paper]["gold"])),
+        machine_class("fp32" if paper == "ssvfnas" else params.train.precision),
+    )
     cells = {cell.name: (cell, weight) for _, members, weight in snapshot_cells(paper, params) for cell in members}
     work = Path(tempfile.mkdtemp(prefix="fedrepro-carry-"))
     for name in names:
@@ -568,8 +733,13 @@ def train_cells(paper: str, ledger_root: Path, names: list[str]) -> None:
         digest = tree_digest(*runs.cell_inputs(cell, *folders))
         started = time.perf_counter()
         runs.run_cell(params, cell, *folders, work / "out" / name, work / "checkpoints" / name, digest)
-        ledger.record(runs.run_fingerprint(params, cell, digest), cell, work / "out" / name,
-                      time.perf_counter() - started, weight(cell))
+        ledger.record(
+            runs.run_fingerprint(params, cell, digest),
+            cell,
+            work / "out" / name,
+            time.perf_counter() - started,
+            weight(cell),
+        )
         print(f"{name}: retrained at HEAD ({time.perf_counter() - started:.0f} s)", flush=True)
 
 
@@ -578,12 +748,18 @@ def ledger_status(paper: str) -> list[str]:
     about how long it would take here, and how many entries are stale; the plan checked against HEAD first."""
     folder = ledger_dir(paper)
     if not (folder / PLAN).is_file():
-        return [f"{paper} ledger: no plan yet (`python scripts/cpu_snapshot.py run {paper} --budget MINUTES` starts it)"]
+        return [
+            f"{paper} ledger: no plan yet (`python scripts/cpu_snapshot.py run {paper} --budget MINUTES` starts it)"
+        ]
     plan_data = json.loads((folder / PLAN).read_text())
     lines = [f"{paper} ledger (plan of commit {plan_data['commit'][:7]}, {plan_data['date']}):"]
     planned, unplanned, moved = head_runs(paper, plan_data)
     if moved:
-        return lines + ["  the cells' inputs changed since the plan (run a stretch to re-plan):"] + [f"    {m}" for m in moved]
+        return (
+            lines
+            + ["  the cells' inputs changed since the plan (run a stretch to re-plan):"]
+            + [f"    {m}" for m in moved]
+        )
     stamps = ledger_stamps(paper)
     held = defaultdict(set)  # (cell, run) -> machine classes
     for stamp in stamps:
@@ -606,7 +782,9 @@ def ledger_status(paper: str) -> list[str]:
     rate = seconds_per_worth(stamps)
     left = sum(1 for key in current if key not in held)
     estimate = f", {minutes(missing_weight, rate)} {at_rate(rate)}" if rate and left else ""
-    lines.append(f"  missing: {left} cells{estimate}" + (f"; {unplanned} not in the plan (re-plan)" if unplanned else ""))
+    lines.append(
+        f"  missing: {left} cells{estimate}" + (f"; {unplanned} not in the plan (re-plan)" if unplanned else "")
+    )
     lines.append(f"  stale entries (another run of a cell than HEAD's): {stale}")
     return lines
 
@@ -616,7 +794,8 @@ PARTIAL = "PARTIAL.md"
 
 
 def held_metrics(paper: str) -> dict[str, dict]:
-    """Cell name -> the metrics of its ledger entry at HEAD's run (the plan's), on any machine class it was trained on."""
+    """Cell name -> the metrics of its ledger entry at HEAD's run (the plan's), on any machine class it was trained
+    on."""
     plan_data = json.loads((ledger_dir(paper) / PLAN).read_text())
     planned, _, moved = head_runs(paper, plan_data)
     if moved:
@@ -647,9 +826,11 @@ def write_partial(paper: str, workdir: Path) -> Path:
 def collect(paper: str, workdir: Path) -> None:
     """Copy the clone's report here with a stamp: the commit that trained it, the date, the params."""
     target = ROOT / "reports" / "cpu" / paper
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True
+    ).stdout.strip()
     for entry in (workdir / "reports" / paper).iterdir():  # what the report stage writes replaces its old copy; the
-        old = target / entry.name                            # ledger, sanity sweeps and notes beside it are kept
+        old = target / entry.name  # ledger, sanity sweeps and notes beside it are kept
         if old.exists():
             shutil.rmtree(old) if old.is_dir() else old.unlink()
     shutil.copytree(workdir / "reports" / paper, target, dirs_exist_ok=True)
@@ -658,15 +839,20 @@ def collect(paper: str, workdir: Path) -> None:
     shutil.copy(workdir / "scales" / "cpu.yaml", target / "scales" / "cpu.yaml")
     shutil.copy(workdir / "dvc.lock", target / "SNAPSHOT.lock")
     (target / CELL_DIGESTS).write_text(json.dumps(cell_digests(workdir, paper), indent=1, sort_keys=True) + "\n")
-    times_file = next((f for f in (workdir / f"stage_times_{paper}.txt", workdir / "stage_times.txt") if f.exists()), None)
+    times_file = next(
+        (f for f in (workdir / f"stage_times_{paper}.txt", workdir / "stage_times.txt") if f.exists()), None
+    )
     times = times_file.read_text() if times_file else "(not recorded)\n"
     (target / "SNAPSHOT.md").write_text(
         f"# {paper} CPU-scale snapshot\n\n"
-        f"- Trained by commit `{commit}` of this repository (the report stage's code is the same or later; see git log).\n"
+        f"- Trained by commit `{commit}` of this repository (the report stage's code is the same or later; "
+        "see git log).\n"
         f"- Collected on {dt.date.today().isoformat()} on the project's 2-core CPU machine (no GPU).\n"
-        "- Params: `params.yaml` beside this file (scale `cpu`, data from the mirror) and its presets, `scales/cpu.yaml`.\n"
+        "- Params: `params.yaml` beside this file (scale `cpu`, data from the mirror) and its presets, "
+        "`scales/cpu.yaml`.\n"
         f"- Reproduce: `python scripts/cpu_snapshot.py run {paper} --mirror <mirror>`.\n\n"
-        f"Stage wall times:\n\n```\n{times}```\n")
+        f"Stage wall times:\n\n```\n{times}```\n"
+    )
     print(f"snapshot written to {target}")
 
 
@@ -707,18 +893,20 @@ def restamped_lock(old: dict, canary: dict, stages: list[str]) -> dict:
     for name in stages:
         entry, ran = new["stages"][name], canary["stages"][name]
         entry["cmd"] = ran["cmd"]
-        entry["deps"] = sorted([d for d in ran["deps"] if _is_code(d)] + [d for d in entry["deps"] if not _is_code(d)],
-                               key=lambda d: d["path"])
+        entry["deps"] = sorted(
+            [d for d in ran["deps"] if _is_code(d)] + [d for d in entry["deps"] if not _is_code(d)],
+            key=lambda d: d["path"],
+        )
     return new
 
 
 def canary(paper: str, workdir: Path) -> list[str]:
     """Whether HEAD's code still trains ``paper``'s snapshot to the same bits, without retraining it: in a clone of
     HEAD with the snapshot's params, the stages upstream of its cells must write outputs of the very hashes the
-    snapshot's lock holds for what its cells read, and a sample of its cells (``PAPERS[paper]["canary"]``: every method, the cheapest
-    settings) must come out as the snapshot's (each cell's files against ``SNAPSHOT.cells.json`` where the snapshot
-    has it, else its row of results.csv, every column as written). All identical: the snapshot is re-stamped (its
-    lock takes HEAD's code, SNAPSHOT.md says what was compared) and stays fresh. Anything else: it is marked stale.
+    snapshot's lock holds for what its cells read, and a sample of its cells (``PAPERS[paper]["canary"]``: every method,
+    the cheapest settings) must come out as the snapshot's (each cell's files against ``SNAPSHOT.cells.json`` where the
+    snapshot has it, else its row of results.csv, every column as written). All identical: the snapshot is re-stamped
+    (its lock takes HEAD's code, SNAPSHOT.md says what was compared) and stays fresh. Anything else: it is marked stale.
     Returns what differed (empty: carried forward)."""
     spec, folder = PAPERS[paper], ROOT / "reports" / "cpu" / paper
     if "canary" not in spec:
@@ -758,13 +946,17 @@ def canary(paper: str, workdir: Path) -> list[str]:
     digests = json.loads((folder / CELL_DIGESTS).read_text()) if (folder / CELL_DIGESTS).exists() else {}
     digests.update(cell_digests(workdir, paper))
     (folder / CELL_DIGESTS).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True
+    ).stdout.strip()
     with (folder / "SNAPSHOT.md").open("a") as handle:
-        handle.write(f"\nCarried forward to commit `{commit}` on {dt.date.today().isoformat()} by a canary "
-                     f"(`python scripts/cpu_snapshot.py canary {paper}`): HEAD's code changed what these cells depend "
-                     f"on ({len(changes)} deps), the data its cells read hashed as the snapshot's lock says, and "
-                     f"{len(compared)} cells retrained at HEAD came out identical ({how}): "
-                     f"{', '.join(sorted(compared))}.\n")
+        handle.write(
+            f"\nCarried forward to commit `{commit}` on {dt.date.today().isoformat()} by a canary "
+            f"(`python scripts/cpu_snapshot.py canary {paper}`): HEAD's code changed what these cells depend "
+            f"on ({len(changes)} deps), the data its cells read hashed as the snapshot's lock says, and "
+            f"{len(compared)} cells retrained at HEAD came out identical ({how}): "
+            f"{', '.join(sorted(compared))}.\n"
+        )
     remaining = status(paper)
     mark(paper, bool(remaining))
     return [f"still stale after the re-stamp: {line}" for line in remaining]
@@ -774,16 +966,20 @@ def _moved_inputs(workdir: Path, env: dict, ran: dict, old_lock: dict, stage: st
     """The data ``stage`` (the cells' stage) reads, as the canary's clone has made it, against what the snapshot's
     cells read (its lock's entry): DVC's own comparison, code deps left out (they are what moved). An upstream
     output may differ where the cells never look (``data/prepared`` holds every paper's data)."""
-    (workdir / "dvc.lock").write_text(yaml.safe_dump({**ran, "stages": {**ran["stages"], stage: old_lock["stages"][stage]}},
-                                                     sort_keys=False))
+    (workdir / "dvc.lock").write_text(
+        yaml.safe_dump({**ran, "stages": {**ran["stages"], stage: old_lock["stages"][stage]}}, sort_keys=False)
+    )
     status = subprocess.run(["dvc", "status", "--json", stage], cwd=workdir, env=env, capture_output=True, text=True)
     if status.returncode != 0:
         raise SystemExit(f"dvc status failed in {workdir}: {status.stderr.strip()}")
     moved = []
     for entry in json.loads(status.stdout or "{}").get(stage, []):
         if isinstance(entry, dict):
-            moved += [f"{stage}: its input {path} is not what the snapshot's cells read ({state})"
-                      for path, state in entry.get("changed deps", {}).items() if not path.startswith(CODE_DEPS)]
+            moved += [
+                f"{stage}: its input {path} is not what the snapshot's cells read ({state})"
+                for path, state in entry.get("changed deps", {}).items()
+                if not path.startswith(CODE_DEPS)
+            ]
     (workdir / "dvc.lock").write_text(yaml.safe_dump(ran, sort_keys=False))
     return moved
 
@@ -810,13 +1006,24 @@ def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], 
             differences.append(f"{cell}: not in the snapshot's results.csv")
         else:
             row = ours.loc[cell]
-            moved = [column for column in ours.columns if column in theirs.columns and row[column] != theirs.loc[cell, column]]
+            moved = [
+                column
+                for column in ours.columns
+                if column in theirs.columns and row[column] != theirs.loc[cell, column]
+            ]
             if moved:
                 differences.append(f"{cell}: " + ", ".join(f"{c} {theirs.loc[cell, c]} -> {row[c]}" for c in moved[:5]))
     compared = [cell for cell in [*ours.index, *unlisted] if cell not in not_compared]
-    how = (f"{by_bits} by every output file's sha256, {len(compared) - by_bits} by their results.csv rows, every column as "
-           "written" + (f"; not compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the "
-                        f"next canary: {', '.join(not_compared)}" if not_compared else ""))
+    how = (
+        f"{by_bits} by every output file's sha256, {len(compared) - by_bits} by their results.csv rows, every column "
+        "as written"
+        + (
+            f"; not compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the "
+            f"next canary: {', '.join(not_compared)}"
+            if not_compared
+            else ""
+        )
+    )
     return differences, compared, how
 
 
@@ -834,7 +1041,9 @@ def dependency_changes(lock: str, params: dict, targets: list[str], revision: st
         (head / "dvc.lock").write_text(lock)
         for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "snapshot status"]):
             subprocess.run(command, cwd=head, check=True, env=ENV, capture_output=True)
-        status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], cwd=head, env=ENV, capture_output=True, text=True)
+        status = subprocess.run(
+            ["dvc", "status", "--json", "--with-deps", *targets], cwd=head, env=ENV, capture_output=True, text=True
+        )
     if status.returncode != 0:
         raise SystemExit(f"dvc status failed: {status.stderr.strip()}")
     changes = []
@@ -868,13 +1077,17 @@ def status(paper: str) -> list[str]:
     if not (folder / "report.md").is_file():
         return [f"{NO_REPORT}: its ledger ({ledger_dir(paper).relative_to(ROOT)}) lacks cells, see below"]
     if not (folder / "SNAPSHOT.lock").is_file():
-        return [f"no SNAPSHOT.lock: trained by commit {trained_by(folder)} before snapshots kept what their cells "
-                "depended on"]
-    head_params = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=ROOT, capture_output=True,
-                                                text=True, check=True).stdout)
+        return [
+            f"no SNAPSHOT.lock: trained by commit {trained_by(folder)} before snapshots kept what their cells "
+            "depended on"
+        ]
+    head_params = yaml.safe_load(
+        subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    )
     mirror = yaml.safe_load((folder / "params.yaml").read_text())["data"]["mirror"]
-    return dependency_changes((folder / "SNAPSHOT.lock").read_text(), snapshot_params(paper, head_params, mirror),
-                              PAPERS[paper]["targets"])
+    return dependency_changes(
+        (folder / "SNAPSHOT.lock").read_text(), snapshot_params(paper, head_params, mirror), PAPERS[paper]["targets"]
+    )
 
 
 def mark(paper: str, stale: bool) -> None:
@@ -886,9 +1099,11 @@ def mark(paper: str, stale: bool) -> None:
     if lines[0].startswith(STALE_BANNER):
         lines = lines[2:]
     if stale:
-        banner = (f"{STALE_BANNER} Trained by commit `{trained_by(report.parent)}`; the code or params its cells depend "
-                  "on have changed since (`python scripts/cpu_snapshot.py status` lists what), so these are not the "
-                  "current code's numbers.")
+        banner = (
+            f"{STALE_BANNER} Trained by commit `{trained_by(report.parent)}`; the code or params its cells depend "
+            "on have changed since (`python scripts/cpu_snapshot.py status` lists what), so these are not the "
+            "current code's numbers."
+        )
         lines = [banner, ""] + lines
     report.write_text("\n".join(lines))
 
@@ -900,13 +1115,21 @@ def main() -> None:
     run_parser.add_argument("paper", choices=sorted(PAPERS))
     run_parser.add_argument("--mirror", type=Path, default=ROOT.parent / "shared" / "data" / "raw")
     run_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
-    run_parser.add_argument("--budget", type=float, default=None, metavar="MINUTES",
-                            help="start no cell past this many minutes less the longest recorded cell")
+    run_parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="start no cell past this many minutes less the 90th percentile of the recorded cells' seconds",
+    )
     run_parser.add_argument("--no-commit", action="store_true", help="record cells in the ledger without committing")
     plan_writer = commands.add_parser("write-plan", help="(in a snapshot's clone) write the ledger's PLAN.json")
     plan_writer.add_argument("paper", choices=sorted(PAPERS))
-    carry_parser = commands.add_parser("carry", help="carry the ledger's entries forward to HEAD's runs when a sample "
-                                       "of them retrained at HEAD comes out identical")
+    carry_parser = commands.add_parser(
+        "carry",
+        help="carry the ledger's entries forward to HEAD's runs when a sample "
+        "of them retrained at HEAD comes out identical",
+    )
     carry_parser.add_argument("paper", choices=sorted(PAPERS))
     carry_parser.add_argument("--sample", type=int, default=CARRY_SAMPLE)
     carry_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
@@ -919,34 +1142,72 @@ def main() -> None:
     collect_parser.add_argument("workdir", type=Path)
     status_parser = commands.add_parser("status")
     status_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
-    status_parser.add_argument("--mark", action="store_true", help="banner on each stale snapshot's report, none on a fresh one")
-    canary_parser = commands.add_parser("canary", help="carry a stale snapshot forward if a sample of its cells "
-                                        "retrained at HEAD comes out bit-identical; else mark it stale")
+    status_parser.add_argument(
+        "--mark", action="store_true", help="banner on each stale snapshot's report, none on a fresh one"
+    )
+    canary_parser = commands.add_parser(
+        "canary",
+        help="carry a stale snapshot forward if a sample of its cells "
+        "retrained at HEAD comes out bit-identical; else mark it stale",
+    )
     canary_parser.add_argument("paper", choices=sorted(p for p in PAPERS if "canary" in PAPERS[p]))
     canary_parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
-    plan_parser = commands.add_parser("plan", help="the cells a snapshot trains (--scale cpu); with --scale paper, what "
-                                      "the paper-scale grid costs on a GPU (fedrepro/<paper>/costs.py)")
+    plan_parser = commands.add_parser(
+        "plan",
+        help="the cells a snapshot trains (--scale cpu); with --scale paper, what "
+        "the paper-scale grid costs on a GPU (fedrepro/<paper>/costs.py)",
+    )
     plan_parser.add_argument("papers", nargs="*", help=f"of {sorted(PAPERS)}; default: every paper")
     plan_parser.add_argument("--scale", choices=["cpu", "paper"], default="cpu")
-    plan_parser.add_argument("--mirror", type=Path, default=ROOT.parent / "shared" / "data" / "raw",
-                             help="(--scale paper) the raw data mirror the datasets' sizes are counted from")
-    plan_parser.add_argument("--gpu", choices=["h100", "h200", "a100"], default="h100",  # fedrepro.costs.GPUS
-                             help="(--scale paper) the GPU whose datasheet gives the peak and the memory")
-    plan_parser.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="(--scale paper) the text "
-                             "papers' training precision; default: the params' (SS-VFNAS trains in fp32)")
-    plan_parser.add_argument("--mfu", type=float, default=None, help="(--scale paper) the share of the GPU's dense peak "
-                             "achieved; default: fedrepro.costs.ASSUMED_MFU")
-    plan_parser.add_argument("--tflops", type=float, default=None, help="(--scale paper) a measured throughput in "
-                             "achieved TFLOP/s, in place of the peak x MFU")
-    partial_parser = commands.add_parser("partial", help="FedCMC's Table 2 as the ledger holds it, no verdicts "
-                                         "(reports/cpu/fedcmc/PARTIAL.md)")
+    plan_parser.add_argument(
+        "--mirror",
+        type=Path,
+        default=ROOT.parent / "shared" / "data" / "raw",
+        help="(--scale paper) the raw data mirror the datasets' sizes are counted from",
+    )
+    plan_parser.add_argument(
+        "--gpu",
+        choices=["h100", "h200", "a100"],
+        default="h100",  # fedrepro.costs.GPUS
+        help="(--scale paper) the GPU whose datasheet gives the peak and the memory",
+    )
+    plan_parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default=None,
+        help="(--scale paper) the text papers' training precision; default: the params' (SS-VFNAS trains in fp32)",
+    )
+    plan_parser.add_argument(
+        "--mfu",
+        type=float,
+        default=None,
+        help="(--scale paper) the share of the GPU's dense peak achieved; default: fedrepro.costs.ASSUMED_MFU",
+    )
+    plan_parser.add_argument(
+        "--tflops",
+        type=float,
+        default=None,
+        help="(--scale paper) a measured throughput in achieved TFLOP/s, in place of the peak x MFU",
+    )
+    partial_parser = commands.add_parser(
+        "partial", help="FedCMC's Table 2 as the ledger holds it, no verdicts (reports/cpu/fedcmc/PARTIAL.md)"
+    )
     partial_parser.add_argument("paper", choices=["fedcmc"])
-    partial_parser.add_argument("workdir", type=Path, help="a clone whose data stages ran at HEAD (a stretch's or a "
-                                "carry's workdir): the partitions give the trivial rows")
+    partial_parser.add_argument(
+        "workdir",
+        type=Path,
+        help="a clone whose data stages ran at HEAD (a stretch's or a "
+        "carry's workdir): the partitions give the trivial rows",
+    )
     args = parser.parse_args()
     if args.command == "run":
-        run(args.paper, args.mirror, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}",
-            args.budget, not args.no_commit)
+        run(
+            args.paper,
+            args.mirror,
+            args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-cpu-{args.paper}",
+            args.budget,
+            not args.no_commit,
+        )
         return
     if args.command == "write-plan":
         write_plan(args.paper)
@@ -955,12 +1216,19 @@ def main() -> None:
         train_cells(args.paper, args.ledger, args.cells)
         return
     if args.command == "carry":
-        differences = carry(args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-carry-{args.paper}",
-                            args.sample)
+        differences = carry(
+            args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-carry-{args.paper}", args.sample
+        )
         for line in differences:
             print(f"  {line}")
-        print(f"{args.paper}: " + ("not carried: the entries stay at their runs" if differences else
-                                   "every entry behind HEAD carried forward (commit reports/cpu/<paper>/cells)"))
+        print(
+            f"{args.paper}: "
+            + (
+                "not carried: the entries stay at their runs"
+                if differences
+                else "every entry behind HEAD carried forward (commit reports/cpu/<paper>/cells)"
+            )
+        )
         sys.exit(1 if differences else 0)
     if args.command == "canary":
         differences = canary(args.paper, args.workdir or Path(tempfile.mkdtemp()) / f"fedrepro-canary-{args.paper}")
@@ -979,15 +1247,22 @@ def main() -> None:
         parser.error(f"{args.command}: unknown paper(s) {unknown}; allowed {sorted(PAPERS)}")
     for paper in args.papers or sorted(PAPERS):
         if args.command == "plan" and args.scale == "paper":
-            for line in paper_plan(paper, paper_params(args.mirror), args.mirror, args.gpu, args.precision, args.mfu,
-                                   args.tflops):
+            for line in paper_plan(
+                paper, paper_params(args.mirror), args.mirror, args.gpu, args.precision, args.mfu, args.tflops
+            ):
                 print(line)
             continue
         if args.command == "plan":
             groups, rate = plan(paper), seconds_per_worth(ledger_stamps(paper))
             total = sum(w for _, _, w in groups)
-            print(f"{paper}: {sum(n for _, n, _ in groups)} cells, {total:.1f} main-table cells' worth"
-                  + (f", {minutes(total, rate)} {at_rate(rate)} of its ledger" if rate else ", no cell of its ledger timed yet"))
+            print(
+                f"{paper}: {sum(n for _, n, _ in groups)} cells, {total:.1f} main-table cells' worth"
+                + (
+                    f", {minutes(total, rate)} {at_rate(rate)} of its ledger"
+                    if rate
+                    else ", no cell of its ledger timed yet"
+                )
+            )
             for name, cells, worth in groups:
                 print(f"  {name}: {cells} cells ({worth:.1f}" + (f", {minutes(worth, rate)})" if rate else ")"))
             continue
@@ -1000,6 +1275,7 @@ def main() -> None:
             mark(paper, bool(changes))
         for line in ledger_status(paper):
             print(line)
+
 
 if __name__ == "__main__":
     main()

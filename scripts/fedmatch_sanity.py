@@ -26,32 +26,66 @@ MINED, PARTITION, TOKENIZER = Path("data/mined"), Path("data/partition/qa"), Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lrs", type=float, nargs="+", required=True)
-    parser.add_argument("--rounds", type=int, required=True, help="rounds of the pooled reference (valid scored after each)")
-    parser.add_argument("--margin", type=float, default=0.02,
-                        help="MAP the reference must beat BM25 and random order by, on every collection")
+    parser.add_argument(
+        "--rounds", type=int, required=True, help="rounds of the pooled reference (valid scored after each)"
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.02,
+        help="MAP the reference must beat BM25 and random order by, on every collection",
+    )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--deeper", nargs=3, metavar=("KEEP_LAYERS", "LR", "ROUNDS"), default=None,
-                        help="also train one pooled reference with model.keep_layers = KEEP_LAYERS (0 = all) and report it "
-                             "beside the protocol (not part of the choice): what a deeper backbone would buy")
+    parser.add_argument(
+        "--deeper",
+        nargs=3,
+        metavar=("KEEP_LAYERS", "LR", "ROUNDS"),
+        default=None,
+        help="also train one pooled reference with model.keep_layers = KEEP_LAYERS (0 = all) and report it "
+        "beside the protocol (not part of the choice): what a deeper backbone would buy",
+    )
     args = parser.parse_args()
     params = load_params()
-    result, baselines = run_sanity(params, args.lrs, args.rounds, MINED, PARTITION, TOKENIZER, tree_digest(MINED, TOKENIZER),
-                                   Path("data/checkpoints/fedmatch-sanity"), args.margin)
+    result, baselines = run_sanity(
+        params,
+        args.lrs,
+        args.rounds,
+        MINED,
+        PARTITION,
+        TOKENIZER,
+        tree_digest(MINED, TOKENIZER),
+        Path("data/checkpoints/fedmatch-sanity"),
+        args.margin,
+    )
     verdict = write_sanity(result, args.out)
     table = per_collection(result, baselines)
     passed = bool(len(table)) and bool(table["passed"].all())
     with open(args.out / "sanity.md", "a", encoding="utf-8") as handle:
-        handle.write("\n".join([
-            "", "## Per collection at the chosen setting (the protocol's test)", "",
-            f"Validation MAP of the chosen pooled reference against BM25 alone and a random order of the same candidates; "
-            f"required margin over the better of the two: +{args.margin:g} MAP on every collection: "
-            f"**{'passed' if passed else 'FAILED'}**.", "",
-            table.to_markdown(index=False, floatfmt=".4f") if len(table) else "No setting trained soundly.", ""]))
+        handle.write(
+            "\n".join(
+                [
+                    "",
+                    "## Per collection at the chosen setting (the protocol's test)",
+                    "",
+                    "Validation MAP of the chosen pooled reference against BM25 alone and "
+                    "a random order of the same candidates; required margin over the better of the two: "
+                    f"+{args.margin:g} MAP on every collection: **{'passed' if passed else 'FAILED'}**.",
+                    "",
+                    table.to_markdown(index=False, floatfmt=".4f") if len(table) else "No setting trained soundly.",
+                    "",
+                ]
+            )
+        )
     if args.deeper:
         deeper_section(params, args, baselines)
     summary = read_json(args.out / "sanity.json")
-    summary.update({"per_collection": table.to_dict(orient="records"), "passed_every_collection": passed,
-                    "baselines_per_collection": baselines})
+    summary.update(
+        {
+            "per_collection": table.to_dict(orient="records"),
+            "passed_every_collection": passed,
+            "baselines_per_collection": baselines,
+        }
+    )
     write_json(args.out / "sanity.json", summary)
     print(verdict, "every collection:", passed)
 
@@ -60,8 +94,15 @@ def deeper_section(params, args, baselines: dict) -> None:
     """One pooled reference on a deeper backbone, per round and per collection against the same baselines."""
     keep, lr, rounds = int(args.deeper[0]), float(args.deeper[1]), int(args.deeper[2])
     deeper = params.model_copy(update={"model": params.model.model_copy(update={"keep_layers": keep})})
-    points = pooled_reference(deeper, lr, rounds, MINED, TOKENIZER, tree_digest(MINED, TOKENIZER),
-                              Path(f"data/checkpoints/fedmatch-sanity-extra/keep{keep}-lr{lr:g}"))
+    points = pooled_reference(
+        deeper,
+        lr,
+        rounds,
+        MINED,
+        TOKENIZER,
+        tree_digest(MINED, TOKENIZER),
+        Path(f"data/checkpoints/fedmatch-sanity-extra/keep{keep}-lr{lr:g}"),
+    )
     rows = []
     for point in points:
         row = {"round": point["round"], "train_loss": point["train_loss"], "valid (mean)": point["valid"]}
@@ -71,11 +112,21 @@ def deeper_section(params, args, baselines: dict) -> None:
         rows.append(row)
     layers = "all" if keep == 0 else f"the lowest {keep}"
     with open(args.out / "sanity.md", "a", encoding="utf-8") as handle:
-        handle.write("\n".join([
-            "", f"## Beside the protocol: {layers} layers of the backbone (not part of the choice)", "",
-            f"The same pooled reference with model.keep_layers = {keep}, lr {lr:g}, {rounds} rounds (the schedule over "
-            f"{rounds}), validation MAP per collection and its margin over the better of BM25 and random order.", "",
-            pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f"), ""]))
+        handle.write(
+            "\n".join(
+                [
+                    "",
+                    f"## Beside the protocol: {layers} layers of the backbone (not part of the choice)",
+                    "",
+                    f"The same pooled reference with model.keep_layers = {keep}, lr {lr:g}, {rounds} rounds (the "
+                    f"schedule over {rounds}), validation MAP per collection and its margin over the better of BM25 "
+                    "and random order.",
+                    "",
+                    pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f"),
+                    "",
+                ]
+            )
+        )
 
 
 if __name__ == "__main__":

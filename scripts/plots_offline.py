@@ -43,20 +43,32 @@ class Bundle:
 # The majors and minors dvc-render 1.0.2 loads from the CDN (vega@5.20.2, vega-lite@5.2.0, vega-embed@6.18.2);
 # vega is 5.21.0 because vega-lite 5.2.0 declares the peer dependency vega ^5.21.0.
 BUNDLES = (
-    Bundle("vega", "5.21.0",
-           "sha512-yqqRa9nAqYoAxe7sVhRpsh0b001fly7Yx05klPkXmrvzjxXd07gClW1mOuGgSnVQqo7jTp/LYgbO1bD37FbEig==",
-           "package/build/vega.min.js"),
-    Bundle("vega-lite", "5.2.0",
-           "sha512-Yxcg8MvYfxHcG6BbkaKT0oVCIMIcE19UvqIsEwBmyd/7h2nzW7oRnID81T8UrY7hpDrIr6wa2JADOT2dhGNErw==",
-           "package/build/vega-lite.min.js"),
-    Bundle("vega-embed", "6.18.2",
-           "sha512-wcDyQPE4J5aiCDc3/suH5RQDvrKkjuLkhzUcbOLwEkNF8/+pp17tS0JghzEvAPNRg+5aG1/N2ydixq8Lk3dOlg==",
-           "package/build/vega-embed.min.js"),
+    Bundle(
+        "vega",
+        "5.21.0",
+        "sha512-yqqRa9nAqYoAxe7sVhRpsh0b001fly7Yx05klPkXmrvzjxXd07gClW1mOuGgSnVQqo7jTp/LYgbO1bD37FbEig==",
+        "package/build/vega.min.js",
+    ),
+    Bundle(
+        "vega-lite",
+        "5.2.0",
+        "sha512-Yxcg8MvYfxHcG6BbkaKT0oVCIMIcE19UvqIsEwBmyd/7h2nzW7oRnID81T8UrY7hpDrIr6wa2JADOT2dhGNErw==",
+        "package/build/vega-lite.min.js",
+    ),
+    Bundle(
+        "vega-embed",
+        "6.18.2",
+        "sha512-wcDyQPE4J5aiCDc3/suH5RQDvrKkjuLkhzUcbOLwEkNF8/+pp17tS0JghzEvAPNRg+5aG1/N2ydixq8Lk3dOlg==",
+        "package/build/vega-embed.min.js",
+    ),
 )
 
 # How the page starts: a page written for other pins is rewritten.
-PAGE_HEAD = ("<!DOCTYPE html>\n<!-- fedrepro offline plots: "
-             + " ".join(f"{b.package}@{b.version} {b.integrity}" for b in BUNDLES) + " -->\n")
+PAGE_HEAD = (
+    "<!DOCTYPE html>\n<!-- fedrepro offline plots: "
+    + " ".join(f"{b.package}@{b.version} {b.integrity}" for b in BUNDLES)
+    + " -->\n"
+)
 
 # DVC fills {plot_divs} with one <div> per plot, each calling vegaEmbed. The page leaves out DVC's {scripts}
 # placeholder on purpose: that is where DVC would put its CDN <script> tags.
@@ -87,13 +99,17 @@ def download(bundle: Bundle) -> bytes:
         with urllib.request.urlopen(bundle.tarball_url, timeout=DOWNLOAD_TIMEOUT_S) as response:
             tarball = response.read()
     except (urllib.error.URLError, OSError) as error:
-        sys.exit(f"plots_offline.py: cannot download {bundle.package}@{bundle.version} from {bundle.tarball_url} "
-                 f"({error}); the offline plot page needs the npm registry once, at install time")
+        sys.exit(
+            f"plots_offline.py: cannot download {bundle.package}@{bundle.version} from {bundle.tarball_url} "
+            f"({error}); the offline plot page needs the npm registry once, at install time"
+        )
     algorithm, expected = bundle.integrity.split("-", 1)
     actual = base64.b64encode(hashlib.new(algorithm, tarball).digest()).decode()
     if actual != expected:
-        sys.exit(f"plots_offline.py: {bundle.tarball_url} does not match its pinned integrity "
-                 f"(expected {algorithm}-{expected}, got {algorithm}-{actual}); refusing to use it")
+        sys.exit(
+            f"plots_offline.py: {bundle.tarball_url} does not match its pinned integrity "
+            f"(expected {algorithm}-{expected}, got {algorithm}-{actual}); refusing to use it"
+        )
     return tarball
 
 
@@ -109,14 +125,19 @@ def browser_build(bundle: Bundle, tarball: bytes) -> str:
         script = member.read().decode("utf-8")
     for unsafe in UNSAFE_IN_BUNDLE:
         if unsafe in script:
-            sys.exit(f"plots_offline.py: {bundle.package}@{bundle.version} {bundle.path} contains {unsafe!r}, "
-                     f"which would break the inlined page")
+            sys.exit(
+                f"plots_offline.py: {bundle.package}@{bundle.version} {bundle.path} contains {unsafe!r}, "
+                f"which would break the inlined page"
+            )
     return script
 
 
 def page_html() -> str:
-    scripts = "\n".join(f"    <script>/* {b.package}@{b.version} from {b.tarball_url} */\n"
-                        f"{browser_build(b, download(b))}\n    </script>" for b in BUNDLES)
+    scripts = "\n".join(
+        f"    <script>/* {b.package}@{b.version} from {b.tarball_url} */\n"
+        f"{browser_build(b, download(b))}\n    </script>"
+        for b in BUNDLES
+    )
     return PAGE_HTML.format(head=PAGE_HEAD, scripts=scripts)
 
 

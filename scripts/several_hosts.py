@@ -46,8 +46,17 @@ from fedrepro.errors import FederationError
 from fedrepro.fl.checkpoint import LATEST
 from fedrepro.fl.flower import launcher
 from fedrepro.fl.flower.certificates import make_certificates, make_node_key
-from fedrepro.fl.flower.federation import (CONNECTION, MARK, TASK_POLL_SECONDS, NodeTimings, listed_run,
-                                           stopped_cleanly_on_sigterm, wait_for_run, wait_until, write_app)
+from fedrepro.fl.flower.federation import (
+    CONNECTION,
+    MARK,
+    TASK_POLL_SECONDS,
+    NodeTimings,
+    listed_run,
+    stopped_cleanly_on_sigterm,
+    wait_for_run,
+    wait_until,
+    write_app,
+)
 from fedrepro.fl.recipe import load_recipe, write_recipe_spec
 from fedrepro.io import atomic_file, read_json
 
@@ -72,11 +81,15 @@ class Hosts:
 
     def __init__(self, work: Path, prefix: str, subnet: str, clients: list[str]) -> None:
         if len(clients) > 250:
-            raise FederationError(f"--subnet {subnet}.0/24 holds at most 250 silos, the cell has {len(clients)} "
-                                  f"clients")
+            raise FederationError(
+                f"--subnet {subnet}.0/24 holds at most 250 silos, the cell has {len(clients)} clients"
+            )
         self.work, self.prefix = work, prefix
-        self.address = {SUPERLINK: f"{subnet}.1", EXPERIMENTER: f"{subnet}.254",
-                        **{client: f"{subnet}.{index + 2}" for index, client in enumerate(clients)}}
+        self.address = {
+            SUPERLINK: f"{subnet}.1",
+            EXPERIMENTER: f"{subnet}.254",
+            **{client: f"{subnet}.{index + 2}" for index, client in enumerate(clients)},
+        }
         self.veth = {host: f"v{index}" for index, host in enumerate(h for h in self.address if h != SUPERLINK)}
         """Each host's link, by the name of its end on the SuperLink's bridge (the drill takes it down)."""
         self.processes: list[subprocess.Popen] = []
@@ -106,8 +119,10 @@ class Hosts:
         existing = {Path(n).name for n in Path("/run/netns").glob("*")}
         for host in self.address:
             if self.namespace(host) in existing:
-                raise FederationError(f"network namespace {self.namespace(host)} exists already (another run, or one "
-                                      f"killed with SIGKILL): pick another --prefix, or `ip netns del` it")
+                raise FederationError(
+                    f"network namespace {self.namespace(host)} exists already (another run, or one "
+                    f"killed with SIGKILL): pick another --prefix, or `ip netns del` it"
+                )
             ip("netns", "add", self.namespace(host))
             self.made.append(self.namespace(host))
             ip("-n", self.namespace(host), "link", "set", "lo", "up")
@@ -115,46 +130,84 @@ class Hosts:
         ip("-n", hub, "addr", "add", f"{self.address[SUPERLINK]}/24", "dev", BRIDGE)
         ip("-n", hub, "link", "set", BRIDGE, "up")
         for host, veth in self.veth.items():
-            ip("-n", hub, "link", "add", "name", veth, "type", "veth", "peer", "name", "eth0", "netns",
-               self.namespace(host))
+            ip(
+                "-n",
+                hub,
+                "link",
+                "add",
+                "name",
+                veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                self.namespace(host),
+            )
             ip("-n", hub, "link", "set", veth, "master", BRIDGE, "up")
             ip("-n", self.namespace(host), "addr", "add", f"{self.address[host]}/24", "dev", "eth0")
             ip("-n", self.namespace(host), "link", "set", "eth0", "up")
 
     def describe(self, state_dirs: dict[str, Path], sockets: dict[str, Path]) -> dict:
         """What ``hosts.json`` holds."""
-        return {"superlink": {"namespace": self.namespace(SUPERLINK), "address": self.address[SUPERLINK]},
-                "experimenter": {"namespace": self.namespace(EXPERIMENTER), "address": self.address[EXPERIMENTER]},
-                "silos": {client: {"namespace": self.namespace(client), "address": self.address[client],
-                                   "link": {"namespace": self.namespace(SUPERLINK), "device": self.veth[client]},
-                                   "state_dir": str(state_dirs[client]), "launcher_socket": str(sockets[client])}
-                          for client in state_dirs}}
+        return {
+            "superlink": {"namespace": self.namespace(SUPERLINK), "address": self.address[SUPERLINK]},
+            "experimenter": {"namespace": self.namespace(EXPERIMENTER), "address": self.address[EXPERIMENTER]},
+            "silos": {
+                client: {
+                    "namespace": self.namespace(client),
+                    "address": self.address[client],
+                    "link": {"namespace": self.namespace(SUPERLINK), "device": self.veth[client]},
+                    "state_dir": str(state_dirs[client]),
+                    "launcher_socket": str(sockets[client]),
+                }
+                for client in state_dirs
+            },
+        }
 
     def environment(self, host: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         bin_dir = str(Path(sys.executable).parent)
-        return {**os.environ, "FLWR_HOME": str(self.home(host) / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0",
-                "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": TASK_POLL_SECONDS, MARK: f"{self.work}:{host}",
-                "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), **(extra or {})}
+        return {
+            **os.environ,
+            "FLWR_HOME": str(self.home(host) / "flwr-home"),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": TASK_POLL_SECONDS,
+            MARK: f"{self.work}:{host}",
+            "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+            **(extra or {}),
+        }
 
     def start(self, host: str, name: str, command: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen:
         """``command`` on ``host``, its output in ``<work>/logs/<host>-<name>.log``."""
         logs = self.work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{host}-{name}.log", "ab") as log:
-            process = subprocess.Popen(["ip", "netns", "exec", self.namespace(host), *command], stdout=log,
-                                       stderr=subprocess.STDOUT, cwd=self.home(host), env=self.environment(host, extra),
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                ["ip", "netns", "exec", self.namespace(host), *command],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home(host),
+                env=self.environment(host, extra),
+                start_new_session=True,
+            )
         self.processes.append(process)
         return process
 
     def flwr(self, *args: str, timeout: float = 120) -> str:
         """The Flower CLI on the experimenter's host; its stdout."""
-        result = subprocess.run(["ip", "netns", "exec", self.namespace(EXPERIMENTER),
-                                 str(Path(sys.executable).parent / "flwr"), *args], capture_output=True, text=True,
-                                cwd=self.home(EXPERIMENTER), env=self.environment(EXPERIMENTER), timeout=timeout)
+        result = subprocess.run(
+            ["ip", "netns", "exec", self.namespace(EXPERIMENTER), str(Path(sys.executable).parent / "flwr"), *args],
+            capture_output=True,
+            text=True,
+            cwd=self.home(EXPERIMENTER),
+            env=self.environment(EXPERIMENTER),
+            timeout=timeout,
+        )
         if result.returncode != 0:
-            raise FederationError(f"flwr {' '.join(args)} failed ({result.returncode}): "
-                                  f"{(result.stdout + result.stderr)[-2000:]}")
+            raise FederationError(
+                f"flwr {' '.join(args)} failed ({result.returncode}): {(result.stdout + result.stderr)[-2000:]}"
+            )
         return result.stdout
 
     @staticmethod
@@ -184,6 +237,7 @@ class Hosts:
 
     def _end(self, namespaces: list[str]) -> None:
         """SIGTERM to every process in ``namespaces``, SIGKILL to those left after ``GRACE_SECONDS``."""
+
         def left() -> list[int]:
             for process in self.processes:
                 process.poll()  # reap the ones this script started, so they leave their namespace
@@ -202,21 +256,50 @@ class Hosts:
 
 def superlink_command(certificates: dict[str, Path], address: str) -> list[str]:
     """docs/flower.md's step 1 (tests/test_flower_hosts.py checks that the docs give the same flags)."""
-    return ["flower-superlink", "--ssl-ca-certfile", str(certificates["ca"]), "--ssl-certfile",
-            str(certificates["cert"]), "--ssl-keyfile", str(certificates["key"]), "--enable-supernode-auth",
-            "--disable-runtime-dependency-installation", "--host", address, "--port", str(PORT)]
+    return [
+        "flower-superlink",
+        "--ssl-ca-certfile",
+        str(certificates["ca"]),
+        "--ssl-certfile",
+        str(certificates["cert"]),
+        "--ssl-keyfile",
+        str(certificates["key"]),
+        "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation",
+        "--host",
+        address,
+        "--port",
+        str(PORT),
+    ]
 
 
-def supernode_command(superlink: str, ca: Path, private_key: Path, client: str, state_dir: Path,
-                      timings: NodeTimings = FLOWERS_TIMINGS) -> list[str]:
+def supernode_command(
+    superlink: str, ca: Path, private_key: Path, client: str, state_dir: Path, timings: NodeTimings = FLOWERS_TIMINGS
+) -> list[str]:
     """docs/flower.md's step 3 (tests/test_flower_hosts.py checks that the docs give the same flags). ``timings``
     other than Flower's start the same SuperNode with the same flags through ``fedrepro.fl.flower.supernode``."""
-    entry = ["flower-supernode"] if timings == FLOWERS_TIMINGS else [
-        sys.executable, "-m", "fedrepro.fl.flower.supernode", str(timings.heartbeat_interval),
-        str(timings.pull_interval)]
-    return [*entry, "--superlink", superlink, "--root-certificates", str(ca),
-            "--auth-supernode-private-key", str(private_key),
-            "--node-config", f"client-id='{client}' state-dir='{state_dir}'"]
+    entry = (
+        ["flower-supernode"]
+        if timings == FLOWERS_TIMINGS
+        else [
+            sys.executable,
+            "-m",
+            "fedrepro.fl.flower.supernode",
+            str(timings.heartbeat_interval),
+            str(timings.pull_interval),
+        ]
+    )
+    return [
+        *entry,
+        "--superlink",
+        superlink,
+        "--root-certificates",
+        str(ca),
+        "--auth-supernode-private-key",
+        str(private_key),
+        "--node-config",
+        f"client-id='{client}' state-dir='{state_dir}'",
+    ]
 
 
 def last_round_checkpointed(checkpoint_dir: Path, rounds: int) -> bool:
@@ -227,14 +310,22 @@ def last_round_checkpointed(checkpoint_dir: Path, rounds: int) -> bool:
         return False
 
 
-def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: float | None, timeout: float,
-        timings: NodeTimings = FLOWERS_TIMINGS) -> dict:
+def run(
+    spec_path: Path,
+    work: Path,
+    prefix: str,
+    subnet: str,
+    reply_timeout: float | None,
+    timeout: float,
+    timings: NodeTimings = FLOWERS_TIMINGS,
+) -> dict:
     """The docs' four steps on namespaces (see the module docstring); Flower's ``flwr ls`` entry of the run."""
     recipe = load_recipe(spec_path)
     task, algorithm = recipe.build()
     if algorithm.pooled:
-        raise FederationError(f"{spec_path}: algorithm {recipe.algorithm} trains on pooled data: there is no silo to "
-                              f"federate")
+        raise FederationError(
+            f"{spec_path}: algorithm {recipe.algorithm} trains on pooled data: there is no silo to federate"
+        )
     clients = list(task.client_ids)
     work.mkdir(parents=True, exist_ok=True)
     with stopped_cleanly_on_sigterm(), Hosts(work, prefix, subnet, clients) as hosts:
@@ -249,8 +340,10 @@ def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: fl
         shutil.copyfile(certificates["ca"], ca)
         config = hosts.home(EXPERIMENTER) / "flwr-home" / "config.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-                          f'address = "{superlink}"\nroot-certificates = "{ca}"\n')
+        config.write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{superlink}"\nroot-certificates = "{ca}"\n'
+        )
 
         def superlink_answers() -> bool:
             if link.poll() is not None:
@@ -273,14 +366,23 @@ def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: fl
             shutil.copyfile(certificates["ca"], silo / "ca.crt")
             private, public = make_node_key(silo / "keys", client)
             hosts.flwr("supernode", "register", str(public), CONNECTION)
-            hosts.start(client, "launcher", [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(sockets[client]),
-                                             "1", *preload])
-            warm = {launcher.SOCKET_ENV: str(sockets[client]),
-                    "PATH": os.pathsep.join([str(launcher.shim_script(silo / "bin").parent),
-                                             hosts.environment(client)["PATH"]])}
-            hosts.start(client, "supernode",
-                        supernode_command(superlink, silo / "ca.crt", private, client, state_dirs[client], timings),
-                        warm)
+            hosts.start(
+                client,
+                "launcher",
+                [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(sockets[client]), "1", *preload],
+            )
+            warm = {
+                launcher.SOCKET_ENV: str(sockets[client]),
+                "PATH": os.pathsep.join(
+                    [str(launcher.shim_script(silo / "bin").parent), hosts.environment(client)["PATH"]]
+                ),
+            }
+            hosts.start(
+                client,
+                "supernode",
+                supernode_command(superlink, silo / "ca.crt", private, client, state_dirs[client], timings),
+                warm,
+            )
         # 4. the recipe spec and the app, `flwr run`, and the wait
         spec = write_recipe_spec(work / "run" / "recipe.json", {**recipe.spec, "fingerprint": recipe.fingerprint})
         checkpoint_dir = work / "server"
@@ -289,13 +391,19 @@ def run(spec_path: Path, work: Path, prefix: str, subnet: str, reply_timeout: fl
 
         def listing() -> dict:
             if link.poll() is not None:
-                raise FederationError(f"the SuperLink exited ({link.returncode}) during Flower run {run_id}: see "
-                                      f"{work / 'logs'}")
+                raise FederationError(
+                    f"the SuperLink exited ({link.returncode}) during Flower run {run_id}: see {work / 'logs'}"
+                )
             return listed_run(hosts.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json"), run_id)
 
-        return wait_for_run(run_id, listing, lambda: hosts.flwr("log", run_id, CONNECTION, "--show"), timeout,
-                            lambda: last_round_checkpointed(checkpoint_dir, recipe.settings.rounds),
-                            timeout_name=f"--timeout {timeout:g}")
+        return wait_for_run(
+            run_id,
+            listing,
+            lambda: hosts.flwr("log", run_id, CONNECTION, "--show"),
+            timeout,
+            lambda: last_round_checkpointed(checkpoint_dir, recipe.settings.rounds),
+            timeout_name=f"--timeout {timeout:g}",
+        )
 
 
 def main() -> None:
@@ -304,23 +412,45 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="where keys, logs, states and checkpoints go")
     parser.add_argument("--prefix", default="fedrepro", help="namespaces are named <prefix>-<host>")
     parser.add_argument("--subnet", default="10.77.0", help="the link's /24, as its first three numbers")
-    parser.add_argument("--reply-timeout", type=float, default=None,
-                        help="seconds the server waits for a round's replies (default: until every silo answers)")
+    parser.add_argument(
+        "--reply-timeout",
+        type=float,
+        default=None,
+        help="seconds the server waits for a round's replies (default: until every silo answers)",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
-    parser.add_argument("--heartbeat-interval", type=float, default=NodeTimings.heartbeat_interval,
-                        help="seconds between a SuperNode's heartbeats (Flower's default; at least 10): the SuperLink "
-                             "marks a silo offline after two missed")
-    parser.add_argument("--pull-interval", type=float, default=NodeTimings.pull_interval,
-                        help="at most this long between an idle SuperNode's asks for a message (Flower's default)")
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=NodeTimings.heartbeat_interval,
+        help="seconds between a SuperNode's heartbeats (Flower's default; at least 10): the SuperLink "
+        "marks a silo offline after two missed",
+    )
+    parser.add_argument(
+        "--pull-interval",
+        type=float,
+        default=NodeTimings.pull_interval,
+        help="at most this long between an idle SuperNode's asks for a message (Flower's default)",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0 or shutil.which("ip") is None:
         parser.error("the hosts are network namespaces: run as root, with iproute2's `ip` on PATH")
     if not args.recipe.is_file():
         parser.error(f"--recipe {args.recipe}: no such file")
-    entry = run(args.recipe.resolve(), args.work.resolve(), args.prefix, args.subnet, args.reply_timeout, args.timeout,
-                NodeTimings(args.heartbeat_interval, args.pull_interval))
-    print(json.dumps({"run-id": entry["run-id"], "status": entry["status"],
-                      "network-traffic": entry.get("network-traffic")}))
+    entry = run(
+        args.recipe.resolve(),
+        args.work.resolve(),
+        args.prefix,
+        args.subnet,
+        args.reply_timeout,
+        args.timeout,
+        NodeTimings(args.heartbeat_interval, args.pull_interval),
+    )
+    print(
+        json.dumps(
+            {"run-id": entry["run-id"], "status": entry["status"], "network-traffic": entry.get("network-traffic")}
+        )
+    )
 
 
 if __name__ == "__main__":

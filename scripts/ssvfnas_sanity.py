@@ -30,26 +30,49 @@ PARTITIONS = Path("data/ssvfnas/partitions")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.01, 0.05, 0.2],
-                        help="learning rates of the pooled reference and of the label party alone")
+    parser.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.05, 0.2],
+        help="learning rates of the pooled reference and of the label party alone",
+    )
     parser.add_argument("--arch-lrs", type=float, nargs="+", default=[3e-4, 3e-3, 3e-2])
     parser.add_argument("--search-steps", type=int, nargs="+", default=[100, 200])
     parser.add_argument("--retrain-lrs", type=float, nargs="+", default=[0.05, 0.2], help="VFNAS-2's retraining lr")
-    parser.add_argument("--margin", type=float, default=0.01, help="accuracy the reference must beat the best trivial baseline by")
-    parser.add_argument("--tolerance", type=float, default=0.005,
-                        help="mean held-out accuracy within which two sweep settings count as tied")
-    parser.add_argument("--held-out", type=float, default=None,
-                        help="share of each partition's train split held out (default: ssvfnas.retrain.held_out_fraction, "
-                             "so the protocol scores the rows the grid's cells are validated on)")
+    parser.add_argument(
+        "--margin", type=float, default=0.01, help="accuracy the reference must beat the best trivial baseline by"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.005,
+        help="mean held-out accuracy within which two sweep settings count as tied",
+    )
+    parser.add_argument(
+        "--held-out",
+        type=float,
+        default=None,
+        help="share of each partition's train split held out (default: ssvfnas.retrain.held_out_fraction, "
+        "so the protocol scores the rows the grid's cells are validated on)",
+    )
     parser.add_argument("--eval-every", type=int, default=50, help="retraining steps between held-out points")
-    parser.add_argument("--partitions", nargs="+", default=None, help="dataset-K names (default: every one of the grid)")
+    parser.add_argument(
+        "--partitions", nargs="+", default=None, help="dataset-K names (default: every one of the grid)"
+    )
     parser.add_argument("--work", type=Path, default=Path("data/ssvfnas/sanity"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     params = load_params()
-    settings = SanitySettings(tuple(args.lrs), tuple(args.arch_lrs), tuple(args.search_steps), tuple(args.retrain_lrs),
-                              args.margin, params.ssvfnas.retrain.held_out_fraction if args.held_out is None else args.held_out,
-                              args.eval_every)
+    settings = SanitySettings(
+        tuple(args.lrs),
+        tuple(args.arch_lrs),
+        tuple(args.search_steps),
+        tuple(args.retrain_lrs),
+        args.margin,
+        params.ssvfnas.retrain.held_out_fraction if args.held_out is None else args.held_out,
+        args.eval_every,
+    )
     names = [f"{dataset}-k{k}" for dataset, k, _ in partitions(params)]
     unknown = sorted(set(args.partitions or []) - set(names))
     if unknown:
@@ -59,8 +82,10 @@ def main() -> None:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    results = {name: sanity_partition(params, load_partition(PARTITIONS / name), settings, args.work, progress)
-               for name in args.partitions or names}
+    results = {
+        name: sanity_partition(params, load_partition(PARTITIONS / name), settings, args.work, progress)
+        for name in args.partitions or names
+    }
     if set(results) != set(names):
         progress(f"ran {sorted(results)} only: files not written (every partition of the grid is needed)")
         return

@@ -59,8 +59,11 @@ def wanted_deps(stage) -> list[str]:
     the rest (data files, upstream outputs) in their order."""
     old = [str(dep) for dep in stage.get("deps", [])]
     script = str(script_of(stage).relative_to(ROOT))
-    by_hand = [dep for dep in old if dep != script and not (dep.startswith("fedrepro/") and
-                                                          ((ROOT / dep).is_dir() or dep.endswith(".py")))]
+    by_hand = [
+        dep
+        for dep in old
+        if dep != script and not (dep.startswith("fedrepro/") and ((ROOT / dep).is_dir() or dep.endswith(".py")))
+    ]
     return [script, *closure_deps(script_of(stage)), *by_hand]
 
 

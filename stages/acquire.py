@@ -25,10 +25,19 @@ def main() -> None:
             (tmp / "insuranceqa_pkg").mkdir()
             files = copy_package_files(tmp / "insuranceqa_pkg")
             own = acquire_own(data.own_files, data.vertical_sets, data.mirror, tmp)
-            write_json(tmp / "manifest.json", {"source": "embedded", "files": files, **({"own_files": own} if own else {})})
+            write_json(
+                tmp / "manifest.json", {"source": "embedded", "files": files, **({"own_files": own} if own else {})}
+            )
         return
-    acquire(params.public_collections, data.source, data.mirror, OUT, own_files=data.own_files,
-            vertical_sets=data.vertical_sets, own_collections=[*data.qa_layouts, *data.re_layouts])
+    acquire(
+        params.public_collections,
+        data.source,
+        data.mirror,
+        OUT,
+        own_files=data.own_files,
+        vertical_sets=data.vertical_sets,
+        own_collections=[*data.qa_layouts, *data.re_layouts],
+    )
 
 
 if __name__ == "__main__":

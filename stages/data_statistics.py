@@ -10,8 +10,13 @@ from fedrepro.report.data_tables import render_statistics
 
 def main() -> None:
     params = load_params()
-    text = render_statistics(params.data.source, params.scale, read_json("data/prepared/statistics.json"),
-                             read_json("data/partition/summary.json"), read_json("data/mined/summary.json"))
+    text = render_statistics(
+        params.data.source,
+        params.scale,
+        read_json("data/prepared/statistics.json"),
+        read_json("data/partition/summary.json"),
+        read_json("data/mined/summary.json"),
+    )
     with atomic_file(Path("reports/statistics.md")) as handle:
         handle.write(text)
 

@@ -23,8 +23,11 @@ def main() -> None:
             table, assignment, proportions = build_partition(params, cell, corpora[cell.dataset])
             counts = write_partition(tmp / cell.partition, params, cell, table, assignment, proportions)
             subset = f", {cell.subset} subset" if cell.subset else ""
-            partition_heatmap(counts, f"{cell.dataset}: Dir(alpha={cell.alpha:g}), {cell.clients} clients{subset}",
-                              tmp / cell.partition / "heatmap.png")
+            partition_heatmap(
+                counts,
+                f"{cell.dataset}: Dir(alpha={cell.alpha:g}), {cell.clients} clients{subset}",
+                tmp / cell.partition / "heatmap.png",
+            )
     backbone = params.fedcmc.settings.backbone
     with atomic_dir(TOKENIZER) as tmp:
         if backbone == "tiny":

@@ -19,7 +19,11 @@ from fedrepro.grid import grid_label, placement, run_grid, sweep_rows, table_row
 from fedrepro.ledger import ResultsLedger
 from fedrepro.models.backbone import check_loadable
 
-PREPARED, PARTITIONS, TOKENIZER = Path("data/prepared/re"), Path("data/fedcmc/partitions"), Path("data/fedcmc/tokenizer")
+PREPARED, PARTITIONS, TOKENIZER = (
+    Path("data/prepared/re"),
+    Path("data/fedcmc/partitions"),
+    Path("data/fedcmc/tokenizer"),
+)
 CHECKPOINTS, OUT = Path("data/checkpoints/fedcmc"), Path("data/fedcmc")
 
 
@@ -30,7 +34,9 @@ def main() -> None:
     which.add_argument("--method", help="one method's row of the main table, in place")
     which.add_argument("--sweeps", action="store_true", help="every point x method x seed of every sweep")
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="one sweep's points, in place")
-    parser.add_argument("--plan", action="store_true", help="say what it would train and what that would cost; train nothing")
+    parser.add_argument(
+        "--plan", action="store_true", help="say what it would train and what that would cost; train nothing"
+    )
     args = parser.parse_args()
     params = load_params()
     check_methods(params)
@@ -41,21 +47,34 @@ def main() -> None:
         folder, rows = table_rows(table_cells(params), params.fedcmc.methods, "fedcmc.methods", args.method)
     folders = (PREPARED, PARTITIONS, TOKENIZER)
     cells = [cell for row in rows.values() for cell in row]
-    place = placement(params.train.threads, params.train.runtime, params.train.device,
-                      lambda: largest_cell_gpu_memory(params, cells))
+    place = placement(
+        params.train.threads, params.train.runtime, params.train.device, lambda: largest_cell_gpu_memory(params, cells)
+    )
     grid = functools.partial(
-        run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, *folders),
-        lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest), headline,
-        lambda cell, digest: run_fingerprint(params, cell, digest), workers=place.workers,
-        resources=place.resources, environment=place.environment,
+        run_grid,
+        rows,
+        folder,
+        OUT,
+        CHECKPOINTS,
+        lambda cell: cell_inputs(cell, *folders),
+        lambda cell, out, checkpoints, digest: run_cell(params, cell, *folders, out, checkpoints, digest),
+        headline,
+        lambda cell, digest: run_fingerprint(params, cell, digest),
+        workers=place.workers,
+        resources=place.resources,
+        environment=place.environment,
         weight=lambda cell: training_weight(params, cell),
         ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), params.train.precision, params.train.device),
-        label=grid_label("fedcmc", folder, params.scale, params.train.precision, params.train.runtime,
-                         params.train.device))
+        label=grid_label(
+            "fedcmc", folder, params.scale, params.train.precision, params.train.runtime, params.train.device
+        ),
+    )
     if args.plan:
         grid(plan_only=True)
         return
-    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", place.workers * params.train.threads):
+    with stage_federation(
+        params.train.runtime, CHECKPOINTS / folder / "federation", place.workers * params.train.threads
+    ):
         grid()
 
 

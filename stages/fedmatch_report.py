@@ -5,7 +5,14 @@ from pathlib import Path
 from fedrepro.cli import run_stage
 from fedrepro.config import load_params
 from fedrepro.fedmatch.render import render_report
-from fedrepro.fedmatch.report import bm25_levels, chance_levels, load_fedmatch, results_frame, summary_metrics, write_figures
+from fedrepro.fedmatch.report import (
+    bm25_levels,
+    chance_levels,
+    load_fedmatch,
+    results_frame,
+    summary_metrics,
+    write_figures,
+)
 from fedrepro.io import atomic_dir, atomic_file, read_json, write_json
 
 OUT = Path("reports/fedmatch")
@@ -17,7 +24,9 @@ def main() -> None:
     chance, bm25 = chance_levels(Path("data/mined")), bm25_levels(Path("data/mined_bm25"))
     with atomic_dir(OUT / "figures") as tmp:
         write_figures(data, params, tmp, chance)
-    report = render_report(params, data, chance, bm25, read_json("data/partition/summary.json"), read_json("data/mined/summary.json"))
+    report = render_report(
+        params, data, chance, bm25, read_json("data/partition/summary.json"), read_json("data/mined/summary.json")
+    )
     with atomic_file(OUT / "report.md") as handle:
         handle.write(report)
     results_frame(data).to_csv(OUT / "results.csv", index=False, float_format="%.6f")

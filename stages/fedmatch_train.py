@@ -26,34 +26,53 @@ CHECKPOINTS, OUT = Path("data/checkpoints/fedmatch"), Path("data/fedmatch")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--tables", action="store_true", help="every row of Tables 2-3: fedmatch.methods x fedmatch.seeds")
+    which.add_argument(
+        "--tables", action="store_true", help="every row of Tables 2-3: fedmatch.methods x fedmatch.seeds"
+    )
     which.add_argument("--method", help="one row, in place: every seed of fedmatch.seeds")
     which.add_argument("--sweeps", action="store_true", help="Figs 5-8: every point x method x seed of fedmatch.sweeps")
     which.add_argument("--sweep", choices=sorted(SWEEPS), help="one figure's points, in place")
-    parser.add_argument("--plan", action="store_true", help="say what it would train and what that would cost; train nothing")
+    parser.add_argument(
+        "--plan", action="store_true", help="say what it would train and what that would cost; train nothing"
+    )
     args = parser.parse_args()
     params = load_params()
     check_loadable(params.model.backbone, "model.backbone")
     if args.sweeps or args.sweep:
-        folder, rows = sweep_rows(SWEEPS, lambda sweep: [c for c in sweep_cells(params) if c.sweep == sweep], args.sweep)
+        folder, rows = sweep_rows(
+            SWEEPS, lambda sweep: [c for c in sweep_cells(params) if c.sweep == sweep], args.sweep
+        )
     else:
         folder, rows = table_rows(table_cells(params), params.fedmatch.methods, "fedmatch.methods", args.method)
     cells = [cell for row in rows.values() for cell in row]
-    place = placement(params.train.threads, params.train.runtime, params.train.device,
-                      lambda: largest_cell_gpu_memory(params, cells))
+    place = placement(
+        params.train.threads, params.train.runtime, params.train.device, lambda: largest_cell_gpu_memory(params, cells)
+    )
     grid = functools.partial(
-        run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, MINED, TOKENIZER),
+        run_grid,
+        rows,
+        folder,
+        OUT,
+        CHECKPOINTS,
+        lambda cell: cell_inputs(cell, MINED, TOKENIZER),
         lambda cell, out, checkpoints, digest: run_cell(params, cell, MINED, TOKENIZER, out, checkpoints, digest),
-        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=place.workers,
-        resources=place.resources, environment=place.environment,
+        headline,
+        lambda cell, digest: run_fingerprint(params, cell, digest),
+        workers=place.workers,
+        resources=place.resources,
+        environment=place.environment,
         weight=lambda cell: training_weight(params, cell),
         ledger=ResultsLedger.from_environment(ledger_gold(MINED), params.train.precision, params.train.device),
-        label=grid_label("fedmatch", folder, params.scale, params.train.precision, params.train.runtime,
-                         params.train.device))
+        label=grid_label(
+            "fedmatch", folder, params.scale, params.train.precision, params.train.runtime, params.train.device
+        ),
+    )
     if args.plan:
         grid(plan_only=True)
         return
-    with stage_federation(params.train.runtime, CHECKPOINTS / folder / "federation", place.workers * params.train.threads):
+    with stage_federation(
+        params.train.runtime, CHECKPOINTS / folder / "federation", place.workers * params.train.threads
+    ):
         grid()
 
 

@@ -22,8 +22,15 @@ def main() -> None:
     else:
         clients = clients_by_collection(PREPARED, partition.collections)
     with atomic_dir(OUT) as tmp:
-        summary = write_clients(clients, tmp, data.max_questions_per_client, data.min_questions_per_client,
-                                data.max_eval_questions_per_client, data.seed, data.client_train_questions)
+        summary = write_clients(
+            clients,
+            tmp,
+            data.max_questions_per_client,
+            data.min_questions_per_client,
+            data.max_eval_questions_per_client,
+            data.seed,
+            data.client_train_questions,
+        )
         write_json(tmp / "summary.json", summary)
 
 

@@ -20,8 +20,17 @@ def main() -> None:
             stats = prepare_embedded(RAW, tmp, data.seed)
             write_fate_sets(RAW, tmp, own_vertical_sets(data.vertical_sets, data.own_files), stats)  # the user's tables
         else:
-            stats = prepare_raw(RAW, tmp, data.seed, params.partition.collections, data.re_corpora, data.vertical_sets,
-                                data.i2b2_dir, data.qa_layouts, data.re_layouts)
+            stats = prepare_raw(
+                RAW,
+                tmp,
+                data.seed,
+                params.partition.collections,
+                data.re_corpora,
+                data.vertical_sets,
+                data.i2b2_dir,
+                data.qa_layouts,
+                data.re_layouts,
+            )
         if data.modelnet40_dir is not None:  # SS-VFNAS's own images, from the user's copy at any source
             write_modelnet40(tmp, data.modelnet40_dir, data.modelnet40_image_size, data.modelnet40_max_objects, stats)
         for line in stats["skipped"]:

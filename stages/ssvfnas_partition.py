@@ -27,16 +27,29 @@ def main() -> None:
             folder = PREPARED / prepared
             if not (folder / "meta.json").exists():
                 available = sorted(p.name for p in PREPARED.iterdir()) if PREPARED.exists() else []
-                hint = " (the embedded source prepares only the digits; set data.source=mirror)" if params.data.source == "embedded" else ""
-                raise DataError(f"params: ssvfnas.datasets names {dataset!r}, but {folder} does not exist{hint}; prepared "
-                                f"vertical sets: {available}")
-            tables, labels, splits, summary = build_partition(folder, dataset, k, split.test_fraction, split.valid_fraction,
-                                                              split.max_samples, seed)
+                hint = (
+                    " (the embedded source prepares only the digits; set data.source=mirror)"
+                    if params.data.source == "embedded"
+                    else ""
+                )
+                raise DataError(
+                    f"params: ssvfnas.datasets names {dataset!r}, but {folder} does not exist{hint}; prepared "
+                    f"vertical sets: {available}"
+                )
+            tables, labels, splits, summary = build_partition(
+                folder, dataset, k, split.test_fraction, split.valid_fraction, split.max_samples, seed
+            )
             write_partition(tmp / summary["name"], tables, labels, splits, summary)
             summaries[summary["name"]] = summary
-        write_json(tmp / "summary.json", {
-            "partitions": summaries,
-            "skipped": [{"dataset": d, "parties": k, "allowed": allowed} for d, k, allowed in skipped_partitions(params)]})
+        write_json(
+            tmp / "summary.json",
+            {
+                "partitions": summaries,
+                "skipped": [
+                    {"dataset": d, "parties": k, "allowed": allowed} for d, k, allowed in skipped_partitions(params)
+                ],
+            },
+        )
 
 
 if __name__ == "__main__":

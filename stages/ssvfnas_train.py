@@ -26,26 +26,47 @@ PARTITIONS, CHECKPOINTS, OUT = Path("data/ssvfnas/partitions"), Path("data/check
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--tables", action="store_true", help="every method's cells, the baseline's and the label party alone's")
+    which.add_argument(
+        "--tables", action="store_true", help="every method's cells, the baseline's and the label party alone's"
+    )
     which.add_argument("--method", help="one method's cells, in place: every dataset/K x DP level x seed")
     which.add_argument("--baseline", action="store_true", help="the hand-designed baseline's cells, in place")
-    parser.add_argument("--plan", action="store_true", help="say what it would train and what that would cost; train nothing")
+    parser.add_argument(
+        "--plan", action="store_true", help="say what it would train and what that would cost; train nothing"
+    )
     args = parser.parse_args()
     params = load_params()
-    folder, rows = table_rows(all_cells(params), [*params.ssvfnas.methods, BASELINE, LABEL_ALONE],
-                              f"ssvfnas.methods (or {BASELINE}, {LABEL_ALONE})",
-                              BASELINE if args.baseline else args.method)
+    folder, rows = table_rows(
+        all_cells(params),
+        [*params.ssvfnas.methods, BASELINE, LABEL_ALONE],
+        f"ssvfnas.methods (or {BASELINE}, {LABEL_ALONE})",
+        BASELINE if args.baseline else args.method,
+    )
     presearch_cache: dict = {}  # a pre-search depends only on the partition and the seed: once per process (each
     # child a stage forks to train cells at once runs its own, to the same result)
-    place = placement(params.ssvfnas.threads, params.train.runtime, params.train.device)  # one cell a GPU (fedrepro/ssvfnas/costs.py)
+    place = placement(
+        params.ssvfnas.threads, params.train.runtime, params.train.device
+    )  # one cell a GPU (fedrepro/ssvfnas/costs.py)
     grid = functools.partial(
-        run_grid, rows, folder, OUT, CHECKPOINTS, lambda cell: cell_inputs(cell, PARTITIONS),
-        lambda cell, out, checkpoints, digest: run_cell(params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache),
-        headline, lambda cell, digest: run_fingerprint(params, cell, digest), workers=place.workers,
-        resources=place.resources, environment=place.environment,
-        ledger=ResultsLedger.from_environment(ledger_gold(PARTITIONS), "fp32", params.train.device),  # SS-VFNAS trains in fp32
-        label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime,
-                         params.train.device))
+        run_grid,
+        rows,
+        folder,
+        OUT,
+        CHECKPOINTS,
+        lambda cell: cell_inputs(cell, PARTITIONS),
+        lambda cell, out, checkpoints, digest: run_cell(
+            params, cell, PARTITIONS, out, checkpoints, digest, presearch_cache
+        ),
+        headline,
+        lambda cell, digest: run_fingerprint(params, cell, digest),
+        workers=place.workers,
+        resources=place.resources,
+        environment=place.environment,
+        ledger=ResultsLedger.from_environment(
+            ledger_gold(PARTITIONS), "fp32", params.train.device
+        ),  # SS-VFNAS trains in fp32
+        label=grid_label("ssvfnas", folder, params.scale, "fp32", params.train.runtime, params.train.device),
+    )
     if args.plan:
         grid(plan_only=True)
         return

@@ -36,6 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def rank(item: pytest.Item) -> int:
         group = group_of(item.nodeid)
         return next((i for i, first in enumerate(LONGEST_FIRST) if group.endswith(first)), len(LONGEST_FIRST))
+
     items.sort(key=rank)
 
 

@@ -106,6 +106,7 @@ def command_line(pid: int) -> bytes:
 
 def in_background(deployment, drill: Callable, record: dict) -> None:
     """Run ``drill(federation)`` in a thread once the federation is up; its failure is recorded, not lost."""
+
     def guarded(federation) -> None:
         try:
             drill(federation)
@@ -122,8 +123,13 @@ def in_background(deployment, drill: Callable, record: dict) -> None:
 def run_leave(work: Path) -> dict:
     """The SuperNode of ``LEAVER`` is killed with SIGKILL right after round 1 closes and never restarted."""
     folder = work / LEAVE
-    deployment = build_runtime(recipe(LEAVE, LEAVE_ROUNDS), "flower-deployment", folder / "deployment",
-                               progress=False, reply_timeout=REPLY_TIMEOUT)
+    deployment = build_runtime(
+        recipe(LEAVE, LEAVE_ROUNDS),
+        "flower-deployment",
+        folder / "deployment",
+        progress=False,
+        reply_timeout=REPLY_TIMEOUT,
+    )
     drill: dict = {"sampled": [deployment.sample_clients(r) for r in range(LEAVE_ROUNDS)]}
 
     def leave(federation) -> None:
@@ -138,10 +144,14 @@ def run_leave(work: Path) -> dict:
     drill["seconds"] = time.monotonic() - started
     drill.pop("thread").join(timeout=5)
     result = outcome(deployment)
-    drill["control_gap"] = control_variate_gap(deployment.state.global_weights, deployment.state.client_states,
-                                               deployment.train_ids)
-    return {"drill": drill, "flower-deployment": result,
-            "engine": reference(LEAVE, LEAVE_ROUNDS, folder / "engine", result["history"])}
+    drill["control_gap"] = control_variate_gap(
+        deployment.state.global_weights, deployment.state.client_states, deployment.train_ids
+    )
+    return {
+        "drill": drill,
+        "flower-deployment": result,
+        "engine": reference(LEAVE, LEAVE_ROUNDS, folder / "engine", result["history"]),
+    }
 
 
 def run_restart(work: Path) -> dict:
@@ -149,8 +159,13 @@ def run_restart(work: Path) -> dict:
     or cleaned up), and ``flwr run`` is given the same app again on the same SuperLink, whose SuperNodes, launcher
     and node directories were never touched; the dead run is left as the crash left it."""
     folder = work / RESTART
-    deployment = build_runtime(recipe(RESTART, RESTART_ROUNDS), "flower-deployment", folder / "deployment",
-                               progress=False, reply_timeout=REPLY_TIMEOUT)
+    deployment = build_runtime(
+        recipe(RESTART, RESTART_ROUNDS),
+        "flower-deployment",
+        folder / "deployment",
+        progress=False,
+        reply_timeout=REPLY_TIMEOUT,
+    )
     deployment.launcher_slots = RESTART_LAUNCHER_SLOTS
     drill: dict = {}
 
@@ -163,12 +178,19 @@ def run_restart(work: Path) -> dict:
 
     def crashed_first_run(federation) -> None:
         """Start the run, kill its ServerApp after round 1; ``deployment.run`` then starts the second."""
-        app = write_app(federation.folder / "first-app", deployment.checkpoint_dir / "recipe.json",
-                        deployment.checkpoint_dir, REPLY_TIMEOUT)
+        app = write_app(
+            federation.folder / "first-app",
+            deployment.checkpoint_dir / "recipe.json",
+            deployment.checkpoint_dir,
+            REPLY_TIMEOUT,
+        )
         federation.flwr("run", str(app), CONNECTION)
         wait_for(lambda: checkpointed(deployment) >= 1, 600, "round 1")
-        server_apps = [pid for pid in federation.family("superlink", federation.processes["superlink"])
-                       if b"flwr-serverapp" in command_line(pid)]
+        server_apps = [
+            pid
+            for pid in federation.family("superlink", federation.processes["superlink"])
+            if b"flwr-serverapp" in command_line(pid)
+        ]
         for pid in server_apps:
             os.kill(pid, signal.SIGKILL)
         drill["killed_after_round"] = checkpointed(deployment)
@@ -181,11 +203,15 @@ def run_restart(work: Path) -> dict:
     deployment.run()
     drill["seconds"] = time.monotonic() - started
     federation = drill.pop("federation")
-    drill["supernode_exit_codes"] = {name: code for name, code in federation.exit_codes.items()
-                                     if name.startswith("supernode-")}  # None: still running when the run was over
+    drill["supernode_exit_codes"] = {
+        name: code for name, code in federation.exit_codes.items() if name.startswith("supernode-")
+    }  # None: still running when the run was over
     result = outcome(deployment)
-    return {"drill": drill, "flower-deployment": result,
-            "engine": reference(RESTART, RESTART_ROUNDS, folder / "engine", [])}
+    return {
+        "drill": drill,
+        "flower-deployment": result,
+        "engine": reference(RESTART, RESTART_ROUNDS, folder / "engine", []),
+    }
 
 
 def run_late(work: Path) -> dict:
@@ -196,8 +222,13 @@ def run_late(work: Path) -> dict:
     round of this tiny cell takes about 2 s, less than a SuperNode's start, and without the pause the latecomer was
     seen joining after the last round had opened, never to train."""
     folder = work / LATE
-    deployment = build_runtime(recipe(LATE, LATE_ROUNDS), "flower-deployment", folder / "deployment",
-                               progress=False, reply_timeout=REPLY_TIMEOUT)
+    deployment = build_runtime(
+        recipe(LATE, LATE_ROUNDS),
+        "flower-deployment",
+        folder / "deployment",
+        progress=False,
+        reply_timeout=REPLY_TIMEOUT,
+    )
     deployment.nodes_timeout = LATE_NODES_TIMEOUT
     drill: dict = {"sampled": [deployment.sample_clients(r) for r in range(LATE_ROUNDS)]}
     start_node = deployment.start_node
@@ -234,8 +265,11 @@ def run_late(work: Path) -> dict:
     drill["seconds"] = time.monotonic() - started
     drill.pop("thread").join(timeout=5)
     result = outcome(deployment)
-    return {"drill": drill, "flower-deployment": result,
-            "engine": reference(LATE, LATE_ROUNDS, folder / "engine", result["history"])}
+    return {
+        "drill": drill,
+        "flower-deployment": result,
+        "engine": reference(LATE, LATE_ROUNDS, folder / "engine", result["history"]),
+    }
 
 
 DRILLS = {"late": run_late, "leave": run_leave, "restart": run_restart}

@@ -36,15 +36,24 @@ def run_on_loopback(command: list[str], timeout: float) -> subprocess.CompletedP
     """``command`` inside ``unshare --net``; a failed namespace set-up fails the test with the reason, or skips it
     where ``$FEDREPRO_ALLOW_NO_NETNS=1`` and the machine refuses the namespace itself."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.fail("the Flower and offline-plots tests need `unshare` and `ip` (util-linux, iproute2) to isolate "
-                    "the network")
+        pytest.fail(
+            "the Flower and offline-plots tests need `unshare` and `ip` (util-linux, iproute2) to isolate the network"
+        )
     if os.environ.get(ALLOW_NO_NETNS) == "1" and (refusal := netns_refusal()) is not None:
-        pytest.skip(f"this runner refuses a network namespace (`unshare --net`: {refusal}); "
-                    f"{ALLOW_NO_NETNS}=1 allows the skip")
+        pytest.skip(
+            f"this runner refuses a network namespace (`unshare --net`: {refusal}); {ALLOW_NO_NETNS}=1 allows the skip"
+        )
     environment = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0"}
-    result = subprocess.run(["unshare", "--net", "--", "sh", "-c", UP_LOOPBACK, "sh", *command], capture_output=True,
-                            text=True, timeout=timeout, env=environment)
+    result = subprocess.run(
+        ["unshare", "--net", "--", "sh", "-c", UP_LOOPBACK, "sh", *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+    )
     if result.returncode != 0:
-        pytest.fail(f"{' '.join(command)} failed inside the loopback-only namespace (exit {result.returncode}):\n"
-                    f"{result.stderr[-12000:]}")
+        pytest.fail(
+            f"{' '.join(command)} failed inside the loopback-only namespace (exit {result.returncode}):\n"
+            f"{result.stderr[-12000:]}"
+        )
     return result

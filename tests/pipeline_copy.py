@@ -8,14 +8,22 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "GIT_AUTHOR_NAME": "fedrepro",
-       "GIT_AUTHOR_EMAIL": "fedrepro@localhost", "GIT_COMMITTER_NAME": "fedrepro", "GIT_COMMITTER_EMAIL": "fedrepro@localhost"}
+ENV = {
+    **os.environ,
+    "DVC_NO_ANALYTICS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "GIT_AUTHOR_NAME": "fedrepro",
+    "GIT_AUTHOR_EMAIL": "fedrepro@localhost",
+    "GIT_COMMITTER_NAME": "fedrepro",
+    "GIT_COMMITTER_EMAIL": "fedrepro@localhost",
+}
 
 
 def fresh_copy(target: Path) -> Path:
     """Copy the files git would ship (tracked and new, not ignored) and commit them in a new repository."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split("\0")
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():

@@ -14,8 +14,9 @@ from fedrepro.fl.algorithms.scaffold import CONTROL
 from fedrepro.fl.engine import STATE
 
 
-def control_variate_gap(server: dict[str, torch.Tensor], client_states: dict[str, dict[str, torch.Tensor]],
-                        client_ids: list[str]) -> float:
+def control_variate_gap(
+    server: dict[str, torch.Tensor], client_states: dict[str, dict[str, torch.Tensor]], client_ids: list[str]
+) -> float:
     """max |c - mean_k c_k| over every coordinate of every server variate."""
     gap = 0.0
     for name, variate in server.items():

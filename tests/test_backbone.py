@@ -1,4 +1,5 @@
-"""Where a pretrained backbone comes from: a local directory a user saved, and one clear line when nothing can load it."""
+"""Where a pretrained backbone comes from: a local directory a user saved, and one clear line when nothing can load
+it."""
 
 import shutil
 
@@ -30,8 +31,11 @@ def test_a_directory_without_a_saved_model_is_refused_naming_the_param(tmp_path)
 
 
 def test_a_path_that_does_not_exist_is_refused_with_the_ways_out():
-    with pytest.raises(ConfigError, match=r"model.backbone = './no-such-weights': no such directory; use a directory "
-                                          r"holding a saved copy .* 'minilm' .* or 'tiny'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.backbone = './no-such-weights': no such directory; use a directory "
+        r"holding a saved copy .* 'minilm' .* or 'tiny'",
+    ):
         check_loadable("./no-such-weights")
 
 
@@ -43,16 +47,21 @@ def test_an_unreachable_hub_name_stops_in_one_line_naming_param_value_and_ways_o
         load_tokenizer("fedrepro-tests/never-cached-model", param="fedcmc.settings.backbone")
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("params: fedcmc.settings.backbone = 'fedrepro-tests/never-cached-model' is no local "
-                              "directory, the hub at http://127.0.0.1:9 did not answer")
+    assert message.startswith(
+        "params: fedcmc.settings.backbone = 'fedrepro-tests/never-cached-model' is no local "
+        "directory, the hub at http://127.0.0.1:9 did not answer"
+    )
     assert "'minilm'" in message and "'tiny'" in message
 
 
 def test_hub_offline_mode_refuses_an_uncached_name_without_asking_the_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_ENDPOINT", "http://fedrepro-tests.invalid")
-    with pytest.raises(ConfigError, match=r"model.backbone = 'fedrepro-tests/offline-model' is no local directory, "
-                                          r"HF_HUB_OFFLINE is set"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.backbone = 'fedrepro-tests/offline-model' is no local directory, "
+        r"HF_HUB_OFFLINE is set",
+    ):
         build_encoder("fedrepro-tests/offline-model", 100)
 
 

@@ -109,6 +109,7 @@ def test_errors_name_the_parameter():
 
 # --- Elasticsearch through a fake server ---------------------------------------------------------------
 
+
 def _lucene_bm25(docs: dict[str, str], query: str, k1: float, b: float) -> dict[str, float]:
     """Reference scorer, written from the Lucene formula independently of the library code."""
     toks = {d: t.lower().split() for d, t in docs.items()}
@@ -190,12 +191,21 @@ def test_elasticsearch_requests_and_agreement(fake_es, monkeypatch):
     es = _index("elasticsearch", k1=1.2, b=0.6, es_url=fake_es)
     es_hits = es.search(QUERIES, 5)
     calls = [(m, p) for m, p, _ in FakeES.requests]
-    assert calls == [("DELETE", "/fedrepro"), ("PUT", "/fedrepro"), ("PUT", "/_bulk"),
-                     ("POST", "/fedrepro/_refresh"), ("POST", "/_msearch"), ("POST", "/_msearch")]
+    assert calls == [
+        ("DELETE", "/fedrepro"),
+        ("PUT", "/fedrepro"),
+        ("PUT", "/_bulk"),
+        ("POST", "/fedrepro/_refresh"),
+        ("POST", "/_msearch"),
+        ("POST", "/_msearch"),
+    ]
     settings = FakeES.index_body["settings"]
     assert settings["similarity"]["fedrepro_bm25"] == {"type": "BM25", "k1": 1.2, "b": 0.6}
     assert settings["analysis"]["analyzer"]["fedrepro_ws_lower"] == {
-        "type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]}
+        "type": "custom",
+        "tokenizer": "whitespace",
+        "filter": ["lowercase"],
+    }
     assert settings["number_of_shards"] == 1
     text_field = FakeES.index_body["mappings"]["properties"]["text"]
     assert text_field == {"type": "text", "analyzer": "fedrepro_ws_lower", "similarity": "fedrepro_bm25"}
@@ -232,11 +242,20 @@ def test_elasticsearch_unreachable_names_es_url():
 def test_score_candidates_gives_each_candidate_its_bm25_score_for_its_question():
     answers = pd.DataFrame({"answer_id": list(DOCS), "answer": list(DOCS.values())})
     # q3 ("Can I get income if I cannot work") shares no term with a02: score 0
-    candidates = pd.DataFrame({"question_id": ["q0", "q0", "q3", "q1"], "question": [QUERIES[0]] * 2 + [QUERIES[3], QUERIES[1]],
-                               "answer_id": ["a02", "a07", "a02", "a03"]})
+    candidates = pd.DataFrame(
+        {
+            "question_id": ["q0", "q0", "q3", "q1"],
+            "question": [QUERIES[0]] * 2 + [QUERIES[3], QUERIES[1]],
+            "answer_id": ["a02", "a07", "a02", "a03"],
+        }
+    )
     scored = score_candidates(candidates, answers, k1=1.2, b=0.75)
     index = make_index("bm25s", k1=1.2, b=0.75)
     index.build(list(DOCS), list(DOCS.values()))
-    expected = {(q, d): s for q, text in (("q0", QUERIES[0]), ("q1", QUERIES[1])) for d, s in index.search([text], 100)[0]}
-    assert scored["score"].tolist() == pytest.approx([expected[("q0", "a02")], expected[("q0", "a07")], 0.0, expected[("q1", "a03")]])
+    expected = {
+        (q, d): s for q, text in (("q0", QUERIES[0]), ("q1", QUERIES[1])) for d, s in index.search([text], 100)[0]
+    }
+    assert scored["score"].tolist() == pytest.approx(
+        [expected[("q0", "a02")], expected[("q0", "a07")], 0.0, expected[("q1", "a03")]]
+    )
     assert scored["score"].iloc[0] > scored["score"].iloc[1] > 0  # a02 matches more of the question than a07

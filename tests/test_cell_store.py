@@ -49,7 +49,9 @@ def test_a_cells_cost_is_kept_in_the_store_and_never_in_the_workspace_marker(tmp
     assert store.costs("toy", "avx2") == [cost]
     restored = tmp_path / "copy-b" / "cell"
     assert store.restore("run-1", restored)
-    assert (restored / MARKER).read_bytes() == (kept / MARKER).read_bytes(), "a restored cell's marker as a trained one's"
+    assert (restored / MARKER).read_bytes() == (kept / MARKER).read_bytes(), (
+        "a restored cell's marker as a trained one's"
+    )
 
 
 def test_restoring_replaces_an_unfinished_or_other_run(tmp_path):
@@ -81,10 +83,24 @@ class ToyCell:
 
 
 def toy_engine(checkpoint_dir: Path, fingerprint: str) -> Engine:
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    return Engine(ToyTask({"a": 16, "b": 8}), make_algorithm("fedavg"), settings, checkpoint_dir,
-                  fingerprint=fingerprint, progress=False)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    return Engine(
+        ToyTask({"a": 16, "b": 8}),
+        make_algorithm("fedavg"),
+        settings,
+        checkpoint_dir,
+        fingerprint=fingerprint,
+        progress=False,
+    )
 
 
 def test_a_second_copy_of_a_grid_trains_only_the_cells_whose_fingerprint_changed(tmp_path):
@@ -108,8 +124,17 @@ def test_a_second_copy_of_a_grid_trains_only_the_cells_whose_fingerprint_changed
             return f"{cell.name}-{cell.knob}-{digest}"
 
         (copy / "inputs").mkdir(parents=True, exist_ok=True)
-        run_grid({Path("tables"): cells}, Path("tables"), copy / "out", copy / "checkpoints",
-                 lambda cell: (copy / "inputs",), run_cell, lambda metrics: "done", fingerprint_of, store)
+        run_grid(
+            {Path("tables"): cells},
+            Path("tables"),
+            copy / "out",
+            copy / "checkpoints",
+            lambda cell: (copy / "inputs",),
+            run_cell,
+            lambda metrics: "done",
+            fingerprint_of,
+            store,
+        )
         return results
 
     grid(tmp_path / "workspace", {"fedavg": 0.0, "moon": 1.0})
@@ -117,5 +142,6 @@ def test_a_second_copy_of_a_grid_trains_only_the_cells_whose_fingerprint_changed
     trained.clear()
     second = grid(tmp_path / "queued", {"fedavg": 0.0, "moon": 2.0})
     assert trained == [("queued", "moon")], "only the cell whose knob changed trains"
-    assert "fedavg" not in second and (tmp_path / "queued" / "out" / "tables" / "fedavg").is_dir(), \
+    assert "fedavg" not in second and (tmp_path / "queued" / "out" / "tables" / "fedavg").is_dir(), (
         "the restored cell comes with the outputs it was scored to: not scored again"
+    )

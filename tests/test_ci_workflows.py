@@ -35,12 +35,15 @@ def job_commands(path: Path) -> dict[str, list[str]]:
     """Each job's shell commands, one per line of its `run:` steps (GitHub) or `script:` (GitLab)."""
     workflow = yaml.safe_load(path.read_text())
     if path == GITHUB:
-        blocks = {name: [step["run"] for step in job["steps"] if "run" in step]
-                  for name, job in workflow["jobs"].items()}
+        blocks = {
+            name: [step["run"] for step in job["steps"] if "run" in step] for name, job in workflow["jobs"].items()
+        }
     else:
         blocks = {name: job["script"] for name, job in workflow.items() if isinstance(job, dict) and "script" in job}
-    return {name: [line.strip() for block in lines for line in block.splitlines() if line.strip()]
-            for name, lines in blocks.items()}
+    return {
+        name: [line.strip() for block in lines for line in block.splitlines() if line.strip()]
+        for name, lines in blocks.items()
+    }
 
 
 def ci_run_commands() -> list[str]:
@@ -49,8 +52,11 @@ def ci_run_commands() -> list[str]:
     return [line for line in lines if line and not line.startswith(("#", "set ", "cd ", "echo "))]
 
 
-@pytest.mark.parametrize(("workflow", "schema"), [(GITHUB, "vendor.github-workflows"), (GITLAB, "vendor.gitlab-ci")],
-                         ids=["github", "gitlab"])
+@pytest.mark.parametrize(
+    ("workflow", "schema"),
+    [(GITHUB, "vendor.github-workflows"), (GITLAB, "vendor.gitlab-ci")],
+    ids=["github", "gitlab"],
+)
 def test_workflows_match_their_services_schemas(workflow, schema):
     result = lint("check-jsonschema", "--builtin-schema", schema, str(workflow))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -73,8 +79,13 @@ def test_github_workflow_passes_actionlint():
 
 def test_scripts_the_workflows_call_pass_shellcheck():
     """The workflows keep their logic in scripts/, where shellcheck reads it."""
-    called = {match for path in (GITHUB, GITLAB) for commands in job_commands(path).values()
-              for command in commands for match in re.findall(r"\bbash (\S+)", command)}
+    called = {
+        match
+        for path in (GITHUB, GITLAB)
+        for commands in job_commands(path).values()
+        for command in commands
+        for match in re.findall(r"\bbash (\S+)", command)
+    }
     assert called, "no script found in the workflows"
     result = lint("shellcheck", "--severity=warning", str(CI_RUN), *sorted(called))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -85,8 +96,9 @@ def test_workflows_test_job_runs_what_ci_run_runs(workflow):
     expected = ci_run_commands()
     assert expected, ".ci/run runs no command"
     test_job = job_commands(workflow)["test"]
-    assert [command for command in test_job if command in expected] == expected, \
+    assert [command for command in test_job if command in expected] == expected, (
         f"{workflow.name}'s test job must run .ci/run's commands {expected}, in order; it runs {test_job}"
+    )
 
 
 @pytest.mark.parametrize("workflow", [GITHUB, GITLAB], ids=["github", "gitlab"])
@@ -96,8 +108,11 @@ def test_workflows_publish_the_regenerated_reports_with_their_diff(workflow):
     parsed = yaml.safe_load(workflow.read_text())
     if workflow == GITHUB:
         assert 'cat report-diff.md >> "$GITHUB_STEP_SUMMARY"' in commands
-        uploads = [step["with"]["path"] for step in parsed["jobs"]["reports"]["steps"]
-                   if step.get("uses", "").startswith("actions/upload-artifact@")]
+        uploads = [
+            step["with"]["path"]
+            for step in parsed["jobs"]["reports"]["steps"]
+            if step.get("uses", "").startswith("actions/upload-artifact@")
+        ]
         published = uploads[0].split()
     else:
         published = parsed["reports"]["artifacts"]["paths"]
@@ -107,8 +122,10 @@ def test_workflows_publish_the_regenerated_reports_with_their_diff(workflow):
 @pytest.fixture
 def refusing_unshare(tmp_path, monkeypatch):
     """`unshare` and `ip` on the PATH as on a runner whose containers are not privileged: `unshare` refuses."""
-    for name, body in {"unshare": 'echo "unshare: unshare failed: Operation not permitted" >&2; exit 1',
-                       "ip": "exit 0"}.items():
+    for name, body in {
+        "unshare": 'echo "unshare: unshare failed: Operation not permitted" >&2; exit 1',
+        "ip": "exit 0",
+    }.items():
         (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

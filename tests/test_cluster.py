@@ -75,12 +75,25 @@ def grid(root: Path, run_cell, workers: int = 1, resources=None) -> dict[str, by
         (root / "inputs" / name).mkdir(parents=True, exist_ok=True)
         (root / "inputs" / name / "shift").write_text(shift)
     with contextlib.chdir(root):
-        run_grid({Path("tables"): CELLS}, Path("tables"), Path("out"), Path("checkpoints"),
-                 lambda cell: (input_folder(cell),), run_cell, lambda metrics: f"loss {metrics['loss']:.3f}",
-                 lambda cell, digest: f"{cell.name}-{digest}", CellStore(root / "store"), workers=workers,
-                 resources=resources)
-    return {str(path.relative_to(root)): path.read_bytes() for folder in ("out", "checkpoints")
-            for path in sorted((root / folder).rglob("*")) if path.is_file()}
+        run_grid(
+            {Path("tables"): CELLS},
+            Path("tables"),
+            Path("out"),
+            Path("checkpoints"),
+            lambda cell: (input_folder(cell),),
+            run_cell,
+            lambda metrics: f"loss {metrics['loss']:.3f}",
+            lambda cell, digest: f"{cell.name}-{digest}",
+            CellStore(root / "store"),
+            workers=workers,
+            resources=resources,
+        )
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for folder in ("out", "checkpoints")
+        for path in sorted((root / folder).rglob("*"))
+        if path.is_file()
+    }
 
 
 def free_port() -> int:
@@ -94,13 +107,30 @@ def start_node(folder: Path, *arguments: str) -> subprocess.Popen:
     own temporary folder (where the cells it runs unpack their inputs), importing this test's modules."""
     (folder / "tmp").mkdir(parents=True)
     tests = str(Path(__file__).parent)
-    environment = {**os.environ, "TMPDIR": str(folder / "tmp"), "RAY_USAGE_STATS_ENABLED": "0",
-                   "RAY_worker_niceness": "0",  # Ray's default, 15, starves the workers beside a busy process
-                   "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    environment = {
+        **os.environ,
+        "TMPDIR": str(folder / "tmp"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_worker_niceness": "0",  # Ray's default, 15, starves the workers beside a busy process
+        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+    }
     with (folder / "node.log").open("w") as log:
-        return subprocess.Popen([str(RAY), "start", "--block", "--num-cpus=1", "--node-ip-address=127.0.0.1",
-                                 "--disable-usage-stats", f"--temp-dir={folder / 'ray'}", *arguments],
-                                stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+        return subprocess.Popen(
+            [
+                str(RAY),
+                "start",
+                "--block",
+                "--num-cpus=1",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                f"--temp-dir={folder / 'ray'}",
+                *arguments,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
 
 
 def wait_until_up(node: subprocess.Popen, folder: Path) -> None:
@@ -133,8 +163,11 @@ def cluster():
     asks for the resource of a node that never joined would wait for it for ever."""
     folder, port, nodes = Path(tempfile.mkdtemp(prefix="fr-ray-")), free_port(), []
     try:
-        nodes.append(start_node(folder / "head", "--head", f"--port={port}", "--include-dashboard=false",
-                                '--resources={"head": 1}'))
+        nodes.append(
+            start_node(
+                folder / "head", "--head", f"--port={port}", "--include-dashboard=false", '--resources={"head": 1}'
+            )
+        )
         wait_until_up(nodes[0], folder / "head")
         nodes.append(start_node(folder / "worker1", f"--address=127.0.0.1:{port}", '--resources={"worker1": 1}'))
         wait_until_up(nodes[1], folder / "worker1")
@@ -150,8 +183,11 @@ def test_cells_on_a_ray_cluster_give_the_bytes_they_give_here(cluster, tmp_path,
     address, nodes = cluster
     assert grid(tmp_path / "forked", train_on_inputs, workers=2) == grid(tmp_path / "fresh", train_on_inputs)
     for root in ("here", "cluster"):  # with cell-1's finished run, not yet scored, in its checkpoint folder to resume
-        shutil.copytree(tmp_path / "fresh" / "checkpoints" / "tables" / "cell-1",
-                        tmp_path / root / "checkpoints" / "tables" / "cell-1", ignore=shutil.ignore_patterns(SCORED))
+        shutil.copytree(
+            tmp_path / "fresh" / "checkpoints" / "tables" / "cell-1",
+            tmp_path / root / "checkpoints" / "tables" / "cell-1",
+            ignore=shutil.ignore_patterns(SCORED),
+        )
     in_process = grid(tmp_path / "here", train_on_inputs)
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -166,10 +202,12 @@ def test_cells_on_a_ray_cluster_give_the_bytes_they_give_here(cluster, tmp_path,
     assert ran["cell-0"]["node"] == ran["cell-2"]["node"] != ran["cell-1"]["node"] == ran["cell-3"]["node"]
     assert [name for name, note in sorted(ran.items()) if note["resumed"]] == ["cell-1"]
     unpacked = {node: [path.name for path in (nodes / node / "tmp" / NODE_INPUTS).iterdir()] for node in NODES}
-    assert all(len(sets) == 1 for sets in unpacked.values()) and unpacked["head"] != unpacked["worker1"], \
+    assert all(len(sets) == 1 for sets in unpacked.values()) and unpacked["head"] != unpacked["worker1"], (
         "each node unpacked the one set of inputs its cells read, once, in a folder of its own"
-    assert not [path for node in NODES for path in (nodes / node / "tmp").glob("fedrepro-cell-*")], \
+    )
+    assert not [path for node in NODES for path in (nodes / node / "tmp").glob("fedrepro-cell-*")], (
         "the cells' scratch folders are gone"
+    )
     # scored before: the driver copies the outputs from the checkpoints, and sends nothing (nor joins the cluster)
     monkeypatch.setenv(CLUSTER_ENV, f"127.0.0.1:{free_port()}")
     shutil.rmtree(tmp_path / "cluster" / "out")
@@ -201,7 +239,14 @@ def test_a_path_that_cannot_travel_to_a_node_is_refused_before_anything_is_sent(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "inputs").mkdir()
     with pytest.raises(ConfigError, match=rf"^cell cell-0: {tmp_path / 'inputs'} is not inside the working directory"):
-        run_grid({Path("tables"): CELLS[:1]}, Path("tables"), Path("out"), Path("checkpoints"),
-                 lambda cell: (tmp_path / "inputs",), train_on_inputs, str, lambda cell, digest: cell.name,
-                 CellStore(None))
-
+        run_grid(
+            {Path("tables"): CELLS[:1]},
+            Path("tables"),
+            Path("out"),
+            Path("checkpoints"),
+            lambda cell: (tmp_path / "inputs",),
+            train_on_inputs,
+            str,
+            lambda cell, digest: cell.name,
+            CellStore(None),
+        )

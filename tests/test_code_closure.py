@@ -68,28 +68,36 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
     return {name for name in before if before[name] != after[name]}
 
 
-@pytest.mark.parametrize("module, text, retrained", [
-    # a report module, and another paper's report: no cell runs them
-    ("fedrepro/fedmatch/report.py", "\ndef a_new_table():\n    return 1\n", set()),
-    ("fedrepro/fedcmc/render.py", "\nEXTRA_ROW = 'x'\n", set()),
-    # prose: a comment in the engine every horizontal cell runs
-    ("fedrepro/fl/engine.py", "\n# a note for readers\n", set()),
-    # a helper added to the health rule: the cells whose code imports it
-    ("fedrepro/fl/health.py", "\n\ndef explained():\n    \"\"\"A docstring.\"\"\"\n", {"fedmatch fedavg",
-                                                                                       "fedmatch fedmatch_h_lr",
-                                                                                       "ssvfnas vfnas2"}),
-    # one algorithm's code: its own cells only
-    ("fedrepro/fl/algorithms/fedprox.py", "\nPROXIMAL_SCALE = 2.0\n", {"fedcmc fedprox"}),
-    ("fedrepro/fl/algorithms/fedcmc.py", "\nTEMPERATURE_FLOOR = 0.1\n", {"fedcmc fedcmc"}),
-    # the shared engine: every horizontal cell, no vertical one
-    ("fedrepro/fl/engine.py", "\nROUND_LIMIT = 10\n", {"fedmatch fedavg", "fedmatch fedmatch_h_lr", "fedcmc fedavg",
-                                                      "fedcmc fedprox", "fedcmc fedcmc"}),
-    # another paper's training code
-    ("fedrepro/ssvfnas/runs.py", "\nEXTRA = 1\n", {"ssvfnas vfnas2"}),
-    ("fedrepro/tasks/relation.py", "\nEXTRA = 1\n", {"fedcmc fedavg", "fedcmc fedprox", "fedcmc fedcmc"}),
-    # Flower's modules: not run on the engine
-    ("fedrepro/fl/flower/server.py", "\nEXTRA = 1\n", set()),
-])
+@pytest.mark.parametrize(
+    "module, text, retrained",
+    [
+        # a report module, and another paper's report: no cell runs them
+        ("fedrepro/fedmatch/report.py", "\ndef a_new_table():\n    return 1\n", set()),
+        ("fedrepro/fedcmc/render.py", "\nEXTRA_ROW = 'x'\n", set()),
+        # prose: a comment in the engine every horizontal cell runs
+        ("fedrepro/fl/engine.py", "\n# a note for readers\n", set()),
+        # a helper added to the health rule: the cells whose code imports it
+        (
+            "fedrepro/fl/health.py",
+            '\n\ndef explained():\n    """A docstring."""\n',
+            {"fedmatch fedavg", "fedmatch fedmatch_h_lr", "ssvfnas vfnas2"},
+        ),
+        # one algorithm's code: its own cells only
+        ("fedrepro/fl/algorithms/fedprox.py", "\nPROXIMAL_SCALE = 2.0\n", {"fedcmc fedprox"}),
+        ("fedrepro/fl/algorithms/fedcmc.py", "\nTEMPERATURE_FLOOR = 0.1\n", {"fedcmc fedcmc"}),
+        # the shared engine: every horizontal cell, no vertical one
+        (
+            "fedrepro/fl/engine.py",
+            "\nROUND_LIMIT = 10\n",
+            {"fedmatch fedavg", "fedmatch fedmatch_h_lr", "fedcmc fedavg", "fedcmc fedprox", "fedcmc fedcmc"},
+        ),
+        # another paper's training code
+        ("fedrepro/ssvfnas/runs.py", "\nEXTRA = 1\n", {"ssvfnas vfnas2"}),
+        ("fedrepro/tasks/relation.py", "\nEXTRA = 1\n", {"fedcmc fedavg", "fedcmc fedprox", "fedcmc fedcmc"}),
+        # Flower's modules: not run on the engine
+        ("fedrepro/fl/flower/server.py", "\nEXTRA = 1\n", set()),
+    ],
+)
 def test_an_edit_retrains_exactly_the_cells_that_run_the_edited_code(copy_root, module, text, retrained):
     params = _params()
     before = fingerprints(params)
@@ -110,7 +118,6 @@ def test_a_docstring_edit_retrains_nothing_but_a_changed_loss_term_is_caught(cop
     assert _changed(before, fingerprints(params)) == {"fedcmc fedprox"}
 
 
-
 def test_an_attributes_docstring_edit_retrains_nothing_but_its_default_is_caught(copy_root):
     params = _params()
     before = fingerprints(params)
@@ -122,6 +129,7 @@ def test_an_attributes_docstring_edit_retrains_nothing_but_its_default_is_caught
     assert fingerprints(params) == before
     path.write_text(source.replace("    eval_every: int = 1\n", "    eval_every: int = 2\n", 1))
     assert _changed(before, fingerprints(params)) == {name for name in CELLS if not name.startswith("ssvfnas")}
+
 
 def test_flower_modules_are_in_the_code_of_a_cell_run_on_flower(copy_root):
     params = _params("flower-simulation")

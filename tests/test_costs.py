@@ -29,8 +29,14 @@ V, P, D, L, HEADS, F = 500, 64, 32, 2, 2, 64  # a tiny BERT: vocabulary, positio
 
 
 def tiny_cross_encoder() -> CrossEncoder:
-    config = BertConfig(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS, intermediate_size=F,
-                        max_position_embeddings=P)
+    config = BertConfig(
+        vocab_size=V,
+        hidden_size=D,
+        num_hidden_layers=L,
+        num_attention_heads=HEADS,
+        intermediate_size=F,
+        max_position_embeddings=P,
+    )
     torch.manual_seed(0)
     return CrossEncoder(BertModel(config, add_pooling_layer=False))
 
@@ -46,7 +52,9 @@ def test_parameters_of_a_tiny_bert_match_the_hand_count():
     model = tiny_cross_encoder()
     shape = costs.model_shape(model, lambda name: name.startswith("head."))
     tables = V * D + P * D + 2 * D  # word, position and token-type embeddings: looked up, no FLOPs
-    layer = 4 * (D * D + D) + 2 * D + (D * F + F) + (F * D + D) + 2 * D  # Q, K, V, O; LayerNorm; feed-forward; LayerNorm
+    layer = (
+        4 * (D * D + D) + 2 * D + (D * F + F) + (F * D + D) + 2 * D
+    )  # Q, K, V, O; LayerNorm; feed-forward; LayerNorm
     per_token = L * layer + 2 * D  # + the embeddings' LayerNorm
     head = D + 1
     assert shape.total == sum(p.numel() for p in model.parameters()) == tables + per_token + head
@@ -89,12 +97,24 @@ def test_ssvfnas_weight_flops_equal_torchs_count(kind, shape):
 
 
 def test_fedmatch_tokens_of_a_toy_client_layout_by_hand():
-    params = params_with("embedded", **{"train.rounds": 3, "train.local_epochs": 1, "train.batch_size": 4,
-                                        "train.fit_samples": 8, "train.eval_every": 1, "model.max_length": 32,
-                                        "mine.negatives_per_question": 2, "fedmatch.settings.clients_sampled": 2})
-    clients = {"a": fedmatch_costs.QAClientSize(5, 6, {"valid": 2, "test": 3}, {"valid": 40, "test": 60}),
-               "b": fedmatch_costs.QAClientSize(2, 2, {"valid": 1, "test": 1}, {"valid": 20, "test": 21}),
-               "c": fedmatch_costs.QAClientSize(1, 1, {"valid": 1, "test": 1}, {"valid": 20, "test": 20})}
+    params = params_with(
+        "embedded",
+        **{
+            "train.rounds": 3,
+            "train.local_epochs": 1,
+            "train.batch_size": 4,
+            "train.fit_samples": 8,
+            "train.eval_every": 1,
+            "model.max_length": 32,
+            "mine.negatives_per_question": 2,
+            "fedmatch.settings.clients_sampled": 2,
+        },
+    )
+    clients = {
+        "a": fedmatch_costs.QAClientSize(5, 6, {"valid": 2, "test": 3}, {"valid": 40, "test": 60}),
+        "b": fedmatch_costs.QAClientSize(2, 2, {"valid": 1, "test": 1}, {"valid": 20, "test": 21}),
+        "c": fedmatch_costs.QAClientSize(1, 1, {"valid": 1, "test": 1}, {"valid": 20, "test": 20}),
+    }
     model = fedmatch_costs.FedMatchCosts(params, clients, "fp32", "given")
     cost = model(QACell("fedavg", 0))
     # 2 sequences a triple x (pairs x 2 negatives) triples x 32 tokens x 3 rounds x 1 local epoch
@@ -118,22 +138,39 @@ def test_memory_grows_with_batch_and_length():
         assert by_batch == sorted(set(by_batch)) and by_length == sorted(set(by_length))
         reserved = [costs.cell_gpu_memory(costs.Memory(1, 1, 2, a, 5)) for a in by_batch + by_length]
         assert reserved[:5] == sorted(set(reserved[:5])) and reserved[5:] == sorted(set(reserved[5:]))
-    activations = {precision: costs.transformer_activation_bytes(bert, 256, 32, precision) for precision in ("bf16", "fp32")}
+    activations = {
+        precision: costs.transformer_activation_bytes(bert, 256, 32, precision) for precision in ("bf16", "fp32")
+    }
     assert activations["bf16"] < activations["fp32"]
     # one batch at the paper's FedMatch shape (64 sequences of 256, fp32) holds about 15 GB in BERT-base's 12 layers
     assert costs.transformer_activation_bytes(bert, 256, 64, "fp32") == pytest.approx(15.4e9, rel=0.01)
 
 
 def test_the_paper_scale_plan_names_every_table_and_figure(tmp_path):
-    """FedCMC on i2b2 alone (the paper's own statistics: no mirror needed), one seed and alpha, so the table is quick."""
-    params = params_with("paper", **{"data.source": "mirror", "fedcmc.datasets": ["i2b2"], "fedcmc.alphas": [0.05],
-                                     "fedcmc.seeds": [0], "fedcmc.sweeps.dataset": "i2b2",
-                                     "fedcmc.sweeps.subset_dataset": "i2b2", "fedcmc.sweeps.clients": [10, 20],
-                                     "fedcmc.sweeps.local_epochs": [1, 2]})
+    """FedCMC on i2b2 alone (the paper's own statistics: no mirror needed), one seed and alpha, so the table is
+    quick."""
+    params = params_with(
+        "paper",
+        **{
+            "data.source": "mirror",
+            "fedcmc.datasets": ["i2b2"],
+            "fedcmc.alphas": [0.05],
+            "fedcmc.seeds": [0],
+            "fedcmc.sweeps.dataset": "i2b2",
+            "fedcmc.sweeps.subset_dataset": "i2b2",
+            "fedcmc.sweeps.clients": [10, 20],
+            "fedcmc.sweeps.local_epochs": [1, 2],
+        },
+    )
     lines = cpu_snapshot.paper_plan("fedcmc", params, tmp_path, "h100")
     groups = [name for name, _, _ in cpu_snapshot.snapshot_cells("fedcmc", params)]
-    assert {"Table 2", "clients (the clients table)", "local_epochs (Fig 3b)", "vectors (Fig 4)",
-            "subsets (Table 3)"} == set(groups)
+    assert {
+        "Table 2",
+        "clients (the clients table)",
+        "local_epochs (Fig 3b)",
+        "vectors (Fig 4)",
+        "subsets (Table 3)",
+    } == set(groups)
     for name in groups + ["total, each run once"]:
         assert any(line.startswith(f"  {name}  ") for line in lines), name
     assert "GPU-hours on one H100 SXM5 80 GB in fp32" in lines[0]
@@ -144,8 +181,12 @@ def test_the_paper_scale_plan_names_every_table_and_figure(tmp_path):
 def test_a_papers_costs_import_no_other_papers_code(module):
     """The shared rules import no paper's code, and a paper's counts none of another's: each paper's train stage
     depends on its own paper's code alone (its DVC deps are its import closure)."""
-    own = {"costs": set(), "fedmatch/costs": {"fedmatch"}, "fedcmc/costs": {"fedcmc"},
-           "ssvfnas/costs": {"ssvfnas", "vfl"}}[module]
+    own = {
+        "costs": set(),
+        "fedmatch/costs": {"fedmatch"},
+        "fedcmc/costs": {"fedcmc"},
+        "ssvfnas/costs": {"ssvfnas", "vfl"},
+    }[module]
     closure = import_closure(ROOT / "fedrepro" / f"{module}.py")
     papers = {f.relative_to(ROOT).parts[1] for f in closure if len(f.relative_to(ROOT).parts) > 2}
     assert papers & {"fedmatch", "fedcmc", "ssvfnas", "vfl"} == own
@@ -154,8 +195,9 @@ def test_a_papers_costs_import_no_other_papers_code(module):
 @pytest.mark.parametrize("paper", ["fedmatch", "fedcmc"])
 def test_a_text_papers_largest_cell_is_sized_without_its_data(paper):
     params = params_with("cpu")
-    module, cells = {"fedmatch": (fedmatch_costs, fedmatch_table_cells),
-                     "fedcmc": (fedcmc_costs, fedcmc_table_cells)}[paper]
+    module, cells = {"fedmatch": (fedmatch_costs, fedmatch_table_cells), "fedcmc": (fedcmc_costs, fedcmc_table_cells)}[
+        paper
+    ]
     cells = cells(params)
     largest = module.largest_cell_gpu_memory(params, cells)
     assert largest > costs.CUDA_CONTEXT

@@ -25,40 +25,72 @@ def test_a_stale_snapshot_says_so_at_the_top_of_its_report_and_a_fresh_one_does_
     first_line = report.read_text().split("\n", 1)[0]
     assert first_line.startswith(cpu_snapshot.STALE_BANNER) == stale, (
         f"reports/cpu/{paper} is {'stale' if stale else 'fresh'} against HEAD, but its report "
-        f"{'lacks' if stale else 'has'} the banner: run `python scripts/cpu_snapshot.py status --mark` and commit")
+        f"{'lacks' if stale else 'has'} the banner: run `python scripts/cpu_snapshot.py status --mark` and commit"
+    )
 
 
 def test_a_lock_is_fresh_until_a_file_or_a_param_its_cells_depend_on_changes():
     """HEAD's own dvc.lock (the embedded run) against HEAD's code and params.yaml: fresh. Then one param the
     SS-VFNAS table depends on, and one code file's hash in the lock, each make it stale, named."""
-    head = lambda path: subprocess.run(["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True,
-                                       check=True).stdout
+
+    def head(path):
+        return subprocess.run(
+            ["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+
     lock, params = head("dvc.lock"), yaml.safe_load(head("params.yaml"))
     targets = ["ssvfnas_table"]
     assert cpu_snapshot.dependency_changes(lock, params, targets) == []
     params["ssvfnas"]["search"]["arch_lr"] = 0.001
     assert cpu_snapshot.dependency_changes(lock, params, targets) == ["ssvfnas_table: param ssvfnas.search (modified)"]
     entries = yaml.safe_load(lock)
-    train_script = next(dep for dep in entries["stages"]["ssvfnas_table"]["deps"] if dep["path"] == "stages/ssvfnas_train.py")
+    train_script = next(
+        dep for dep in entries["stages"]["ssvfnas_table"]["deps"] if dep["path"] == "stages/ssvfnas_train.py"
+    )
     train_script["md5"] = "0" * 32
     changes = cpu_snapshot.dependency_changes(yaml.safe_dump(entries), yaml.safe_load(head("params.yaml")), targets)
     assert changes == ["ssvfnas_table: stages/ssvfnas_train.py (modified)"]
 
 
 def test_a_canarys_restamp_takes_heads_code_and_keeps_what_the_cells_read_and_wrote():
-    old = {"stages": {"table": {"cmd": "python stages/t.py", "deps": [
-        {"path": "data/partitions", "md5": "data-as-trained"}, {"path": "fedrepro/old.py", "md5": "old"},
-        {"path": "stages/t.py", "md5": "script-then"}], "params": {"params.yaml": {"k": 1}},
-        "outs": [{"path": "data/out", "md5": "as-trained"}]}}}
-    canary = {"stages": {"table": {"cmd": "python stages/t.py --tables", "deps": [
-        {"path": "data/partitions", "md5": "data-of-the-sample"}, {"path": "fedrepro/new.py", "md5": "new"},
-        {"path": "stages/t.py", "md5": "script-now"}], "params": {"params.yaml": {"k": "the sample's"}},
-        "outs": [{"path": "data/out", "md5": "the sample's"}]}}}
+    old = {
+        "stages": {
+            "table": {
+                "cmd": "python stages/t.py",
+                "deps": [
+                    {"path": "data/partitions", "md5": "data-as-trained"},
+                    {"path": "fedrepro/old.py", "md5": "old"},
+                    {"path": "stages/t.py", "md5": "script-then"},
+                ],
+                "params": {"params.yaml": {"k": 1}},
+                "outs": [{"path": "data/out", "md5": "as-trained"}],
+            }
+        }
+    }
+    canary = {
+        "stages": {
+            "table": {
+                "cmd": "python stages/t.py --tables",
+                "deps": [
+                    {"path": "data/partitions", "md5": "data-of-the-sample"},
+                    {"path": "fedrepro/new.py", "md5": "new"},
+                    {"path": "stages/t.py", "md5": "script-now"},
+                ],
+                "params": {"params.yaml": {"k": "the sample's"}},
+                "outs": [{"path": "data/out", "md5": "the sample's"}],
+            }
+        }
+    }
     stamped = cpu_snapshot.restamped_lock(old, canary, ["table"])["stages"]["table"]
     assert stamped["cmd"] == "python stages/t.py --tables"
-    assert stamped["deps"] == [{"path": "data/partitions", "md5": "data-as-trained"},
-                               {"path": "fedrepro/new.py", "md5": "new"}, {"path": "stages/t.py", "md5": "script-now"}]
-    assert stamped["params"] == {"params.yaml": {"k": 1}} and stamped["outs"] == [{"path": "data/out", "md5": "as-trained"}]
+    assert stamped["deps"] == [
+        {"path": "data/partitions", "md5": "data-as-trained"},
+        {"path": "fedrepro/new.py", "md5": "new"},
+        {"path": "stages/t.py", "md5": "script-now"},
+    ]
+    assert stamped["params"] == {"params.yaml": {"k": 1}} and stamped["outs"] == [
+        {"path": "data/out", "md5": "as-trained"}
+    ]
     assert old["stages"]["table"]["deps"][1]["path"] == "fedrepro/old.py", "the snapshot's own lock is not edited"
 
 
@@ -80,7 +112,9 @@ def test_a_canary_compares_each_cell_by_its_recorded_sha256_else_its_results_row
     for cell in ("a", "b", "alone"):
         (work / "data" / "ssvfnas" / "tables" / "m" / cell).mkdir(parents=True)
         (work / "data" / "ssvfnas" / "tables" / "m" / cell / "curve.csv").write_text(f"{cell}\n")
-        (work / "data" / "ssvfnas" / "tables" / "m" / cell / "metrics.json").write_text("{}")  # what marks a cell folder
+        (work / "data" / "ssvfnas" / "tables" / "m" / cell / "metrics.json").write_text(
+            "{}"
+        )  # what marks a cell folder
     (work / "reports" / "ssvfnas").mkdir(parents=True)
     (work / "reports" / "ssvfnas" / "results.csv").write_text("cell,accuracy\na,0.5\nb,0.7\n")
     snapshot.mkdir()
@@ -88,9 +122,12 @@ def test_a_canary_compares_each_cell_by_its_recorded_sha256_else_its_results_row
     b = cpu_snapshot.cell_digest(work / "data" / "ssvfnas" / "tables" / "m" / "b")
     (snapshot / cpu_snapshot.CELL_DIGESTS).write_text(f'{{"tables/m/b": "{b}"}}')
     assert cpu_snapshot._compare_cells("ssvfnas", work, snapshot) == (
-        [], ["a", "b"], "1 by every output file's sha256, 1 by their results.csv rows, every column as written; not "
-                        "compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the next "
-                        "canary: alone")
+        [],
+        ["a", "b"],
+        "1 by every output file's sha256, 1 by their results.csv rows, every column as written; not "
+        "compared, for want of a recorded sha256 or a results.csv row, its digest recorded for the next "
+        "canary: alone",
+    )
     (work / "reports" / "ssvfnas" / "results.csv").write_text("cell,accuracy\na,0.4\nb,0.7\n")
     (work / "data" / "ssvfnas" / "tables" / "m" / "b" / "curve.csv").write_text("other\n")
     differences, _, _ = cpu_snapshot._compare_cells("ssvfnas", work, snapshot)
@@ -107,18 +144,31 @@ def test_ledger_status_counts_each_tables_cells_by_machine_class_and_the_stale_e
     monkeypatch.setattr(cpu_snapshot, "dependency_changes", lambda lock, params, targets: [])
     params = parse_params(cpu_snapshot.snapshot_params("fedcmc", read_raw_params(ROOT / "params.yaml"), "mirror"))
     groups = cpu_snapshot.snapshot_cells("fedcmc", params)
-    cells = {cell.name: {"group": group, "seed": cell.seed, "weight": weight(cell), "inputs": "digest",
-                         "run": run_fingerprint(params, cell, "digest")} for group, members, weight in groups for cell in members}
-    (tmp_path / cpu_snapshot.PLAN).write_text(json.dumps({"commit": "abc1234", "date": "2026-12-07", "upstream_lock": {},
-                                                          "cells": cells}))
+    cells = {
+        cell.name: {
+            "group": group,
+            "seed": cell.seed,
+            "weight": weight(cell),
+            "inputs": "digest",
+            "run": run_fingerprint(params, cell, "digest"),
+        }
+        for group, members, weight in groups
+        for cell in members
+    }
+    (tmp_path / cpu_snapshot.PLAN).write_text(
+        json.dumps({"commit": "abc1234", "date": "2026-12-07", "upstream_lock": {}, "cells": cells})
+    )
     first, second, third = groups[0][1][:3]
-    for cell, run, machine, seconds in ((first, cells[first.name]["run"], "avx512-bf16", 200.0),
-                                        (second, cells[second.name]["run"], "avx2-fp32", 300.0),
-                                        (third, "an-older-run", "avx2-fp32", 100.0)):
+    for cell, run, machine, seconds in (
+        (first, cells[first.name]["run"], "avx512-bf16", 200.0),
+        (second, cells[second.name]["run"], "avx2-fp32", 300.0),
+        (third, "an-older-run", "avx2-fp32", 100.0),
+    ):
         entry = tmp_path / cell.name / f"{run[:16]}-{machine}"
         entry.mkdir(parents=True)
-        (entry / "stamp.json").write_text(json.dumps({"run": run, "cell": cell.name, "machine": machine,
-                                                      "seconds": seconds, "weight": 1.0}))
+        (entry / "stamp.json").write_text(
+            json.dumps({"run": run, "cell": cell.name, "machine": machine, "seconds": seconds, "weight": 1.0})
+        )
     lines = cpu_snapshot.ledger_status("fedcmc")
     table = len(groups[0][1])
     assert f"  Table 2: 2 of {table} cells (avx2-fp32: 1, avx512-bf16: 1)" in lines
@@ -126,7 +176,9 @@ def test_ledger_status_counts_each_tables_cells_by_machine_class_and_the_stale_e
     assert lines[-1].endswith(": 1")
 
 
-def test_carry_finds_the_entries_behind_heads_runs_compares_them_but_the_hardware_and_re_keys_them(tmp_path, monkeypatch):
+def test_carry_finds_the_entries_behind_heads_runs_compares_them_but_the_hardware_and_re_keys_them(
+    tmp_path, monkeypatch
+):
     """The ledger's carry-forward: an entry of this machine class at an older run of its cell is behind (one at HEAD's
     run, or of another class, is not); two entries that differ only in the hardware that trained them are the same,
     one changed prediction is a difference; carried, the entry sits under HEAD's run and says where it came from."""
@@ -152,9 +204,14 @@ def test_carry_finds_the_entries_behind_heads_runs_compares_them_but_the_hardwar
     assert cpu_snapshot.entry_differences(old_a, same) == []
     assert cpu_snapshot.entry_differences(old_a, other) == ["outputs/predictions.csv differs"]
 
-    (tmp_path / cpu_snapshot.PLAN).write_text(json.dumps({"commit": "old", "date": "2026-12-01", "cells": {
-        name: {"run": "stale"} for name in planned}}))
-    head_plan = {"commit": "abc1234", "date": "2026-12-07", "cells": {n: {"run": run} for n, (_, run, _) in planned.items()}}
+    (tmp_path / cpu_snapshot.PLAN).write_text(
+        json.dumps({"commit": "old", "date": "2026-12-01", "cells": {name: {"run": "stale"} for name in planned}})
+    )
+    head_plan = {
+        "commit": "abc1234",
+        "date": "2026-12-07",
+        "cells": {n: {"run": run} for n, (_, run, _) in planned.items()},
+    }
     cpu_snapshot.carry_entries("fedcmc", behind, head_plan, "avx2-fp32", ["a"])
     assert not old_a.exists()
     stamp = json.loads((tmp_path / "a" / "run-a-head-avx2-fp32" / "stamp.json").read_text())

@@ -37,10 +37,18 @@ def test_the_cpu_scale_model_tells_a_questions_candidates_apart_before_training(
     torch.manual_seed(0)
     model = build_model_factory(params, tokenizer, "bert")().eval()
     question = "what are the symptoms of a broken ankle"
-    answers = ["swelling, bruising and pain when you put weight on the foot",
-               "the premium of a term life policy is lower than that of whole life"]
-    batch = tokenizer([question] * 2, answers, truncation="longest_first", max_length=params.model.max_length,
-                      padding=True, return_tensors="pt")
+    answers = [
+        "swelling, bruising and pain when you put weight on the foot",
+        "the premium of a term life policy is lower than that of whole life",
+    ]
+    batch = tokenizer(
+        [question] * 2,
+        answers,
+        truncation="longest_first",
+        max_length=params.model.max_length,
+        padding=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         _, features = model(**batch)
     assert float(torch.cosine_similarity(features[0], features[1], dim=0)) < 0.99

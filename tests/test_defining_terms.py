@@ -67,8 +67,9 @@ def squared_error(model: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> TaskOut
     return TaskOutput(loss=0.5 * (model(x) - y).pow(2).sum(dim=1).mean())
 
 
-def squared_error_gradients(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor,
-                            y: torch.Tensor) -> dict[str, torch.Tensor]:
+def squared_error_gradients(
+    weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """dF/dW = R^T X / n and dF/db = mean_i r_i, with the residuals R = X W^T + b - Y (by hand, no autograd)."""
     residual = x @ weight.T + bias - y
     return {"weight": residual.T @ x / len(x), "bias": residual.mean(dim=0)}
@@ -144,8 +145,10 @@ def test_scaffold_server_averages_the_weights_and_moves_c_by_the_sampled_share_o
     algorithm = make_algorithm("scaffold")
     algorithm.prepare_task(ClientsOnly(dict.fromkeys("abcde", 10)), None, 0)
     server = {"w": torch.tensor([1.0, -2.0]), CONTROL + "w": torch.tensor([0.5, 0.25])}
-    updates = [ClientUpdate("a", {"w": torch.tensor([3.0, 0.0]), CONTROL + "w": torch.tensor([0.2, -0.4])}, 10),
-               ClientUpdate("b", {"w": torch.tensor([1.0, 4.0]), CONTROL + "w": torch.tensor([1.0, 0.6])}, 30)]
+    updates = [
+        ClientUpdate("a", {"w": torch.tensor([3.0, 0.0]), CONTROL + "w": torch.tensor([0.2, -0.4])}, 10),
+        ClientUpdate("b", {"w": torch.tensor([1.0, 4.0]), CONTROL + "w": torch.tensor([1.0, 0.6])}, 30),
+    ]
     result = algorithm.aggregate(server, updates)
     # weights: ([3, 0] + [1, 4]) / 2
     # variate: [0.5, 0.25] + 2/5 * ([0.2, -0.4] + [1.0, 0.6]) / 2 = [0.5 + 0.24, 0.25 + 0.04]
@@ -190,8 +193,9 @@ def test_feddyn_server_moves_h_by_the_participants_drift_and_subtracts_h_over_al
     algorithm.prepare_task(ClientsOnly(sizes), None, 0)
     theta, h = torch.tensor([1.0, -1.0]), torch.tensor([0.2, 0.4])
     uploads = {"a": torch.tensor([2.0, 0.0]), "b": torch.tensor([0.0, 1.0])}
-    result = algorithm.aggregate({"w": theta, SERVER_STATE + "w": h},
-                                 [ClientUpdate(c, {"w": v}, sizes[c]) for c, v in uploads.items()])
+    result = algorithm.aggregate(
+        {"w": theta, SERVER_STATE + "w": h}, [ClientUpdate(c, {"w": v}, sizes[c]) for c, v in uploads.items()]
+    )
     q = {"a": 1 / 4, "b": 1 / 4} if weighting == "uniform" else {"a": 10 / 100, "b": 30 / 100}
     p = {"a": 1 / 2, "b": 1 / 2} if weighting == "uniform" else {"a": 10 / 40, "b": 30 / 40}
     new_h = h - alpha * sum(q[c] * (v - theta) for c, v in uploads.items())
@@ -217,8 +221,10 @@ def encoder_output(model: Encoder, x: torch.Tensor) -> TaskOutput:
 
 def projected_by_hand(weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """z = W2 relu(W1 (B x + b) + b1) + b2 from the named tensors of one model."""
+
     def layer(name: str, inputs: torch.Tensor) -> torch.Tensor:
         return inputs @ weights[f"{name}.weight"].T + weights[f"{name}.bias"]
+
     return layer("moon_projection.2", torch.clamp(layer("moon_projection.0", layer("body", x)), min=0))
 
 
@@ -307,8 +313,9 @@ def test_fedcmc_server_takes_each_class_vector_from_the_client_least_similar_on_
     algorithm = make_algorithm("fedcmc", "size", mu=1.0, temperature=0.5)
     algorithm.server_extras(1)
     updates = [ClientUpdate(c, {CLASSIFIER: classifiers[c], "classifier.bias": biases[c]}, n) for c, n in sizes.items()]
-    result = algorithm.aggregate({CLASSIFIER: torch.zeros(3, 2), "classifier.bias": torch.zeros(3),
-                                  MAJOR_VECTORS: torch.zeros(3, 2)}, updates)
+    result = algorithm.aggregate(
+        {CLASSIFIER: torch.zeros(3, 2), "classifier.bias": torch.zeros(3), MAJOR_VECTORS: torch.zeros(3, 2)}, updates
+    )
     similarity = {}
     for client, rows in classifiers.items():
         cosine = cosine_by_hand(rows, rows)
@@ -327,8 +334,10 @@ def test_cover_questions_are_made_of_the_clients_own_answer_words():
     """CoverQuery (cover queries after TrackMeNot, Howe and Nissenbaum 2009, as the module defines them): each real
     question travels with k covers of its own length whose words are drawn from the client's answer texts, so a cover
     looks like the client's domain; the questions' own words, absent from every answer here, never appear in one."""
-    rows = [(f"q{i}", f"alpha beta gamma q{i}", f"p{i}", f"Claim Form {i} online", f"n{i}", "policy deductible rider")
-            for i in range(3)]
+    rows = [
+        (f"q{i}", f"alpha beta gamma q{i}", f"p{i}", f"Claim Form {i} online", f"n{i}", "policy deductible rider")
+        for i in range(3)
+    ]
     columns = ["question_id", "question", "positive_id", "positive", "negative_id", "negative"]
     frame = pd.DataFrame(rows, columns=columns)
     answer_words = {w for text in pd.concat([frame["positive"], frame["negative"]]) for w in text.lower().split()}

@@ -68,8 +68,17 @@ def test_a_cpu_cell_asks_ray_for_no_gpu_and_a_gpu_cell_for_its_share(monkeypatch
 
 
 def _engine(tmp_path, device: str) -> Engine:
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=4,
-                              warmup_fraction=0.0, max_grad_norm=1.0, seed=3, device=device)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.05,
+        batch_size=4,
+        warmup_fraction=0.0,
+        max_grad_norm=1.0,
+        seed=3,
+        device=device,
+    )
     return Engine(ToyTask({"a": 12, "b": 8}), make_algorithm("scaffold"), settings, tmp_path, "run", progress=False)
 
 
@@ -80,7 +89,10 @@ def test_the_engine_keeps_model_weights_and_client_state_on_its_device_and_resum
     engine.run()
     device = torch.device("cpu")
     assert all(p.device == device for p in engine.model.parameters())
-    tensors = [*engine.state.global_weights.values(), *(t for s in engine.state.client_states.values() for t in s.values())]
+    tensors = [
+        *engine.state.global_weights.values(),
+        *(t for s in engine.state.client_states.values() for t in s.values()),
+    ]
     assert tensors and all(t.device == device for t in tensors)
     resumed = _engine(tmp_path, "cpu")
     assert resumed.state.next_round == 2
@@ -96,10 +108,25 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (scr
 def test_on_a_gpu_every_tensor_lives_there_and_a_run_repeats_bit_for_bit(tmp_path, algorithm):
     finals = []
     for attempt in (1, 2):
-        settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=4,
-                                  warmup_fraction=0.0, max_grad_norm=1.0, seed=3, device="cuda")
-        engine = Engine(ToyTask({"a": 12, "b": 8}), make_algorithm(algorithm), settings, tmp_path / str(attempt),
-                        "run", progress=False)
+        settings = EngineSettings(
+            rounds=2,
+            local_epochs=1,
+            clients_per_round=0,
+            lr=0.05,
+            batch_size=4,
+            warmup_fraction=0.0,
+            max_grad_norm=1.0,
+            seed=3,
+            device="cuda",
+        )
+        engine = Engine(
+            ToyTask({"a": 12, "b": 8}),
+            make_algorithm(algorithm),
+            settings,
+            tmp_path / str(attempt),
+            "run",
+            progress=False,
+        )
         engine.run()
         assert all(p.is_cuda for p in engine.model.parameters())
         assert all(t.is_cuda for t in engine.state.global_weights.values())

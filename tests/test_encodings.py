@@ -17,6 +17,7 @@ def test_the_same_texts_tokenizer_and_settings_are_encoded_once_anything_else_an
         def run():
             calls.append(max_length)
             return [tokenizer(text, truncation=True, max_length=max_length)["input_ids"] for text in TEXTS]
+
         return run
 
     tokenizer = train_wordpiece(TEXTS, 60)

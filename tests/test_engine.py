@@ -20,19 +20,48 @@ from toy import ToyTask, make_algorithm
 SIZES = {"a": 40, "b": 20, "c": 8}
 
 
-def make_engine(tmp_path, algorithm="fedavg", rounds=3, clients_per_round=0, seed=0, weighting="uniform", mu=0.0,
-                local_epochs=1, fit_samples=0, **kwargs):
+def make_engine(
+    tmp_path,
+    algorithm="fedavg",
+    rounds=3,
+    clients_per_round=0,
+    seed=0,
+    weighting="uniform",
+    mu=0.0,
+    local_epochs=1,
+    fit_samples=0,
+    **kwargs,
+):
     torch.use_deterministic_algorithms(True)
-    settings = EngineSettings(rounds=rounds, local_epochs=local_epochs, clients_per_round=clients_per_round, lr=0.01,
-                              batch_size=8, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed, fit_samples=fit_samples)
+    settings = EngineSettings(
+        rounds=rounds,
+        local_epochs=local_epochs,
+        clients_per_round=clients_per_round,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=seed,
+        fit_samples=fit_samples,
+    )
     knobs = {"fedprox": {"mu": mu}, "feddyn": {"alpha": 0.1}}.get(algorithm, {})
     chosen = make_algorithm(algorithm, weighting, **knobs)
-    return Engine(ToyTask(SIZES), chosen, settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{seed}-{rounds}",
-                  progress=False, **kwargs)
+    return Engine(
+        ToyTask(SIZES),
+        chosen,
+        settings,
+        tmp_path / "ckpt",
+        fingerprint=f"{algorithm}-{seed}-{rounds}",
+        progress=False,
+        **kwargs,
+    )
 
 
 def test_uniform_and_size_weighted_average():
-    updates = [ClientUpdate("a", {"w": torch.tensor([1.0, 2.0])}, 30), ClientUpdate("b", {"w": torch.tensor([3.0, 6.0])}, 10)]
+    updates = [
+        ClientUpdate("a", {"w": torch.tensor([1.0, 2.0])}, 30),
+        ClientUpdate("b", {"w": torch.tensor([3.0, 6.0])}, 10),
+    ]
     base = {"w": torch.zeros(2)}
     uniform = make_algorithm("fedavg", "uniform").aggregate(base, updates)
     sized = make_algorithm("fedavg", "size").aggregate(base, updates)
@@ -95,7 +124,8 @@ def test_client_sampling_leaves_unsampled_private_state_untouched(tmp_path):
     engine = make_engine(tmp_path, algorithm="fedper", rounds=4, clients_per_round=2)
     snapshots = []
     engine.on_round_end = lambda record: snapshots.append(
-        (record["clients"], {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()}))
+        (record["clients"], {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()})
+    )
     engine.run()
     assert all(len(clients) == 2 for clients, _ in snapshots)
     for (_, before), (clients, after) in zip(snapshots, snapshots[1:]):
@@ -121,16 +151,20 @@ def test_lr_schedule_warms_up_then_decays():
 
 
 @pytest.mark.parametrize("clients_per_round", [1, 0])
-def test_a_clients_lr_schedule_follows_the_federations_clock_whatever_rounds_it_missed(tmp_path, monkeypatch,
-                                                                                        clients_per_round):
+def test_a_clients_lr_schedule_follows_the_federations_clock_whatever_rounds_it_missed(
+    tmp_path, monkeypatch, clients_per_round
+):
     """A client that starts round r is at step r x local_epochs x its batches per epoch of a schedule over every
     round: one sampled late decays its rate as much as one sampled in every round (with every client in every
     round, these are the steps 0..total-1 each client always took)."""
     from fedrepro.fl import engine as engine_module
 
     steps_taken = []
-    monkeypatch.setattr(engine_module, "lr_factor",
-                        lambda step, total, warmup: steps_taken.append((step, total)) or lr_factor(step, total, warmup))
+    monkeypatch.setattr(
+        engine_module,
+        "lr_factor",
+        lambda step, total, warmup: steps_taken.append((step, total)) or lr_factor(step, total, warmup),
+    )
     rounds, epochs = 4, 2
     engine = make_engine(tmp_path, rounds=rounds, clients_per_round=clients_per_round, local_epochs=epochs)
     engine.run()
@@ -155,10 +189,21 @@ def test_steps_per_epoch_gives_every_client_the_same_local_steps(tmp_path, monke
     task = ToyTask(SIZES)
     original = task.train_batches
     monkeypatch.setattr(task, "train_batches", lambda ids, generator: passes.append(ids[0]) or original(ids, generator))
-    settings = EngineSettings(rounds=2, local_epochs=2, steps_per_epoch=3, clients_per_round=0, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0, eval_every=0)
-    engine = Engine(task, make_algorithm("fedavg", "size"), settings, tmp_path / "ckpt",
-                    fingerprint="steps", progress=False)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=2,
+        steps_per_epoch=3,
+        clients_per_round=0,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+        eval_every=0,
+    )
+    engine = Engine(
+        task, make_algorithm("fedavg", "size"), settings, tmp_path / "ckpt", fingerprint="steps", progress=False
+    )
     assert {c: engine.trainer.steps_per_round(c) for c in SIZES} == {"a": 6, "b": 6, "c": 6}
     steps = []
     monkeypatch.setattr(engine_module, "lr_factor", lambda step, total, warmup: steps.append((step, total)) or 1.0)
@@ -192,27 +237,54 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, algorithm):
     assert json.dumps(resumed.history, sort_keys=True) == json.dumps(reference.history, sort_keys=True)
     for name, value in reference.global_weights.items():
         assert torch.equal(value, resumed.global_weights[name])
-    assert resumed_engine.channel.summary() == make_engine(tmp_path / "ref", algorithm=algorithm, rounds=4,
-                                                          clients_per_round=2).channel.summary()
+    assert (
+        resumed_engine.channel.summary()
+        == make_engine(tmp_path / "ref", algorithm=algorithm, rounds=4, clients_per_round=2).channel.summary()
+    )
 
 
 def test_a_checkpoint_from_other_settings_is_not_resumed(tmp_path):
     make_engine(tmp_path, rounds=2).run()
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask(SIZES), make_algorithm("fedavg"), settings, tmp_path / "ckpt",
-                    fingerprint="something else", progress=False)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.05,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    engine = Engine(
+        ToyTask(SIZES),
+        make_algorithm("fedavg"),
+        settings,
+        tmp_path / "ckpt",
+        fingerprint="something else",
+        progress=False,
+    )
     assert engine.state.next_round == 0
 
 
-@pytest.mark.parametrize("entries,message", [
-    ({"moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8, "muu": 1.0}}, "params: algorithms.moon.muu is not a known key"),
-    ({"moon": {"mu": 1.0, "projection_dim": 8}}, "params: algorithms.moon.temperature is missing"),
-    ({"fedrs": {"alpha": 2, "mask": False}}, "params: algorithms.fedrs.alpha = 2: Input should be less than or equal to 1"),
-    ({"fedfoo": {}}, "params: algorithms.fedfoo names no registered algorithm"),
-    ({"fedcmc": {"mu": 1.0, "temperature": 0.5, "vectors": "minor"}},
-     "params: algorithms.fedcmc.vectors is set for each cell from fedcmc.sweeps.vectors"),
-])
+@pytest.mark.parametrize(
+    "entries,message",
+    [
+        (
+            {"moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8, "muu": 1.0}},
+            "params: algorithms.moon.muu is not a known key",
+        ),
+        ({"moon": {"mu": 1.0, "projection_dim": 8}}, "params: algorithms.moon.temperature is missing"),
+        (
+            {"fedrs": {"alpha": 2, "mask": False}},
+            "params: algorithms.fedrs.alpha = 2: Input should be less than or equal to 1",
+        ),
+        ({"fedfoo": {}}, "params: algorithms.fedfoo names no registered algorithm"),
+        (
+            {"fedcmc": {"mu": 1.0, "temperature": 0.5, "vectors": "minor"}},
+            "params: algorithms.fedcmc.vectors is set for each cell from fedcmc.sweeps.vectors",
+        ),
+    ],
+)
 def test_a_wrong_algorithm_knob_names_its_key_whichever_algorithm_the_cell_runs(entries, message):
     """Every entry of the algorithms group is checked when any cell is built, so the first cell of a stage stops it."""
     from fedrepro.errors import ConfigError
@@ -248,24 +320,32 @@ def test_run_fingerprint_changes_with_params_and_inputs_not_with_the_grid_that_l
     assert base != runs.run_fingerprint(params, Cell("fedavg", 0), "other inputs")
     changed = params.model_copy(update={"train": params.train.model_copy(update={"lr": 0.123})})
     assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
-    waits = params.model_copy(update={"train": params.train.model_copy(update={"reply_timeout": 5.0, "run_timeout": 9.0})})
+    waits = params.model_copy(
+        update={"train": params.train.model_copy(update={"reply_timeout": 5.0, "run_timeout": 9.0})}
+    )
     assert runs.run_fingerprint(waits, Cell("fedavg", 0), "inputs") == base, "how long a server waits shapes no run"
     settings = params.fedmatch.settings.model_copy(update={"matcher_dim": 7})
     changed = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
     assert base != runs.run_fingerprint(changed, Cell("fedavg", 0), "inputs")
     knob = params.model_copy(update={"algorithms": {**params.algorithms, "fedprox": {"mu": 0.5}}})
-    assert runs.run_fingerprint(knob, Cell("fedprox", 0), "inputs") != runs.run_fingerprint(params, Cell("fedprox", 0), "inputs")
-    assert runs.run_fingerprint(knob, Cell("fedavg", 0), "inputs") == base, "another algorithm's knob leaves this run as it was"
+    assert runs.run_fingerprint(knob, Cell("fedprox", 0), "inputs") != runs.run_fingerprint(
+        params, Cell("fedprox", 0), "inputs"
+    )
+    assert runs.run_fingerprint(knob, Cell("fedavg", 0), "inputs") == base, (
+        "another algorithm's knob leaves this run as it was"
+    )
     table = params.fedmatch.settings.patch_size
     h_lr = runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0), "inputs")
-    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "patch_size", str(table)), "inputs") == h_lr, \
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "patch_size", str(table)), "inputs") == h_lr, (
         "Fig 6's point at the table's patch size is the table cell: one run, trained once"
+    )
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "patch_size", str(2 * table)), "inputs") != h_lr
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "data_ratio", "1.0"), "inputs") == h_lr
     layers = params.model.tiny.layers if params.model.keep_layers == 0 else params.model.keep_layers
     assert params.model.backbone == "tiny" and params.fedmatch.settings.shared_layers is None
-    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "shared_layers", str(layers)), "inputs") == h_lr, \
+    assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "shared_layers", str(layers)), "inputs") == h_lr, (
         "Fig 5's point sharing every layer is the table cell (shared_layers null: all)"
+    )
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "shared_layers", str(layers - 1)), "inputs") != h_lr
     assert runs.run_fingerprint(params, Cell("fedmatch_h_lr", 0, "data_ratio", "0.4"), "inputs") != h_lr
 
@@ -277,8 +357,12 @@ def test_memory_accounting_follows_what_each_algorithm_keeps(tmp_path):
     individual.run()
     head = sum(p.numel() * 4 for n, p in fedper.model.named_parameters() if n.startswith("head."))
     model = fedper.memory_bytes()["model"]
-    assert fedper.memory_bytes() == {"model": model, "server_shared": model - head, "private_per_client_max": head,
-                                     "private_all_clients": len(SIZES) * head}
+    assert fedper.memory_bytes() == {
+        "model": model,
+        "server_shared": model - head,
+        "private_per_client_max": head,
+        "private_all_clients": len(SIZES) * head,
+    }
     assert individual.memory_bytes()["server_shared"] == 0
     assert individual.memory_bytes()["private_all_clients"] == len(SIZES) * model
 
@@ -290,14 +374,20 @@ def test_an_upload_is_refused_naming_the_client_and_the_field_when_malformed_or_
     good = {"encoder.w": torch.ones(2, 3), "head.b": torch.ones(1)}
     assert upload_problem("a", good, server, shared) is None
     assert "client b: upload field 'patch.x'" in upload_problem("b", {**good, "patch.x": torch.ones(1)}, server, shared)
-    assert "client c: upload lacks field 'head.b'" in upload_problem("c", {"encoder.w": torch.ones(2, 3)}, server, shared)
+    assert "client c: upload lacks field 'head.b'" in upload_problem(
+        "c", {"encoder.w": torch.ones(2, 3)}, server, shared
+    )
     wrong = upload_problem("d", {**good, "encoder.w": torch.ones(3, 2)}, server, shared)
     assert "client d: upload field 'encoder.w' is (3, 2)" in wrong and "expected (2, 3)" in wrong
     poisoned = torch.tensor([[1.0, float("nan"), 1.0], [float("inf"), 1.0, -float("inf")]])
-    assert upload_problem("e", {**good, "encoder.w": poisoned}, server, shared) == \
-        "client e: upload field 'encoder.w' holds 3 non-finite values (NaN or Inf) of 6"
+    assert (
+        upload_problem("e", {**good, "encoder.w": poisoned}, server, shared)
+        == "client e: upload field 'encoder.w' holds 3 non-finite values (NaN or Inf) of 6"
+    )
     control = {**good, "control/encoder.w": torch.full((2, 3), float("nan"))}
-    assert "client f: upload field 'control/encoder.w' holds 6 non-finite" in upload_problem("f", control, server, shared)
+    assert "client f: upload field 'control/encoder.w' holds 6 non-finite" in upload_problem(
+        "f", control, server, shared
+    )
 
 
 class NanUploadFedAvg(FedAvg):
@@ -310,15 +400,30 @@ class NanUploadFedAvg(FedAvg):
 
 
 def test_the_engine_refuses_a_non_finite_upload_and_records_it_as_that_clients_miss(tmp_path):
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask(SIZES), NanUploadFedAvg(FedAvg.Settings(), CommonSettings()), settings, tmp_path, "nan-upload",
-                    progress=False)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    engine = Engine(
+        ToyTask(SIZES),
+        NanUploadFedAvg(FedAvg.Settings(), CommonSettings()),
+        settings,
+        tmp_path,
+        "nan-upload",
+        progress=False,
+    )
     engine.run()
     for record in engine.state.history:
         assert record["clients"] == ["a", "c"]
-        assert record["missed"] == {"b": "rejected: client b: upload field 'head.bias' holds 1 non-finite values "
-                                          "(NaN or Inf) of 1"}
+        assert record["missed"] == {
+            "b": "rejected: client b: upload field 'head.bias' holds 1 non-finite values (NaN or Inf) of 1"
+        }
     assert all(bool(torch.isfinite(t).all()) for t in engine.state.global_weights.values())
     assert "b" not in {m.sender for m in engine.channel.messages}, "a refused upload never crosses the channel"
 
@@ -333,21 +438,45 @@ class NanClientTask(ToyTask):
 
 
 def test_a_client_whose_own_training_goes_non_finite_stops_the_run_naming_client_round_and_step(tmp_path):
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(NanClientTask(SIZES), make_algorithm("fedavg"), settings, tmp_path,
-                    "nan-training", progress=False)
-    with pytest.raises(TrainingDiverged, match=r"client c diverged in round 1 at local step 1 of 1 \(schedule step 1 "
-                                               r"of 2\): training loss nan"):
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    engine = Engine(NanClientTask(SIZES), make_algorithm("fedavg"), settings, tmp_path, "nan-training", progress=False)
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"client c diverged in round 1 at local step 1 of 1 \(schedule step 1 "
+        r"of 2\): training loss nan",
+    ):
         engine.run()
     assert engine.state.next_round == 0, "nothing of the diverged round was kept"
 
 
 def test_a_client_without_training_batches_trains_nothing_and_the_round_loss_is_over_the_others(tmp_path):
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask({"a": 16, "empty": 0}), make_algorithm("fedavg", "size"),
-                    settings, tmp_path, "empty-client", progress=False)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    engine = Engine(
+        ToyTask({"a": 16, "empty": 0}),
+        make_algorithm("fedavg", "size"),
+        settings,
+        tmp_path,
+        "empty-client",
+        progress=False,
+    )
     result = engine.trainer.client_round(0, "empty", engine.state.global_weights, {})
     assert result.train_loss is None and result.num_samples == 0
     alone = engine.trainer.client_round(0, "a", engine.state.global_weights, {}).train_loss
@@ -375,10 +504,24 @@ class NanScoreTask(ToyTask):
 
 
 def test_the_checkpoint_state_is_strict_json_with_null_for_what_is_no_number(tmp_path):
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=1, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(NanScoreTask({"a": 16, "b": 8, "empty": 0}), make_algorithm("fedavg"), settings,
-                    tmp_path, "nan-scores", progress=False)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=1,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    engine = Engine(
+        NanScoreTask({"a": 16, "b": 8, "empty": 0}),
+        make_algorithm("fedavg"),
+        settings,
+        tmp_path,
+        "nan-scores",
+        progress=False,
+    )
     engine.run()
 
     def refuse(token):
@@ -405,15 +548,32 @@ class RefusedOnceScaffold(Scaffold):
 def test_a_client_whose_upload_was_refused_keeps_the_state_it_started_the_round_with(tmp_path):
     """The server did not count b's round 1, so b goes on as if it had not trained it: SCAFFOLD's c stays the mean
     of every c_k (b keeping the c_b of a refused round broke it), as on a Flower node (test_flower)."""
-    settings = EngineSettings(rounds=3, local_epochs=1, clients_per_round=0, lr=0.01, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=0)
-    engine = Engine(ToyTask(SIZES), RefusedOnceScaffold(Scaffold.Settings(), CommonSettings()), settings, tmp_path, "refused-once",
-                    progress=False)
+    settings = EngineSettings(
+        rounds=3,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.01,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=0,
+    )
+    engine = Engine(
+        ToyTask(SIZES),
+        RefusedOnceScaffold(Scaffold.Settings(), CommonSettings()),
+        settings,
+        tmp_path,
+        "refused-once",
+        progress=False,
+    )
     gaps = []
     engine.on_round_end = lambda record: gaps.append(
-        control_variate_gap(engine.state.global_weights, engine.state.client_states, engine.train_ids))
+        control_variate_gap(engine.state.global_weights, engine.state.client_states, engine.train_ids)
+    )
     history = engine.run().history
-    assert list(history[0]["missed"]) == ["b"] and [record["clients"] for record in history[1:]] == [["a", "b", "c"]] * 2
+    assert (
+        list(history[0]["missed"]) == ["b"] and [record["clients"] for record in history[1:]] == [["a", "b", "c"]] * 2
+    )
     scale = max(largest_control(state) for state in engine.state.client_states.values())
     assert scale > 1e-3 and max(gaps) <= 1e-5 * scale, (gaps, scale)
 
@@ -437,7 +597,8 @@ def test_scaffold_server_variate_stays_the_mean_of_every_clients_variate(tmp_pat
     engine = make_engine(tmp_path, algorithm="scaffold", rounds=3, clients_per_round=clients_per_round)
     gaps = []
     engine.on_round_end = lambda record: gaps.append(
-        control_variate_gap(engine.state.global_weights, engine.state.client_states, engine.train_ids))
+        control_variate_gap(engine.state.global_weights, engine.state.client_states, engine.train_ids)
+    )
     engine.run()
     sampled = [record["clients"] for record in engine.state.history]
     assert clients_per_round == 0 or any(set(a) != set(b) for a, b in zip(sampled, sampled[1:]))
@@ -454,8 +615,10 @@ def test_every_evaluation_scores_each_evaluated_model_on_its_own_training_data(t
     assert all("fit" in record and record["fit_loss"] is not None for record in history)
     expected = {}
     for client_id, model in engine.client_models():
-        losses = [engine.task.forward(model, b).loss.item()
-                  for b in engine.task.train_batches([client_id], torch.Generator().manual_seed(0))]
+        losses = [
+            engine.task.forward(model, b).loss.item()
+            for b in engine.task.train_batches([client_id], torch.Generator().manual_seed(0))
+        ]
         expected[client_id] = sum(losses) / len(losses)
     fit = history[-1]["fit"]
     assert {c: fit[c]["loss"] for c in fit} == pytest.approx(expected, rel=1e-6)
@@ -488,7 +651,9 @@ def test_one_bf16_scoring_context_around_every_clients_model_scores_each_with_it
     engine = make_engine(tmp_path, algorithm="individual", rounds=1)
     engine.run()
     with scoring("bf16"):
-        together = {client_id: engine.task.evaluate(model, client_id, "test") for client_id, model in engine.client_models()}
+        together = {
+            client_id: engine.task.evaluate(model, client_id, "test") for client_id, model in engine.client_models()
+        }
     alone = {}
     for client_id, model in engine.client_models():
         with scoring("bf16"):
@@ -508,8 +673,10 @@ def _scoring_models():
     torch.manual_seed(0)
 
     def encoder():
-        return BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    intermediate_size=64), add_pooling_layer=False)
+        return BertModel(
+            BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+            add_pooling_layer=False,
+        )
 
     ids = torch.randint(5, 50, (6, 10))
     ids[:, 0], ids[:, 4], ids[:, -1] = 1, 2, 2  # [CLS] question [SEP] answer [SEP] for the matchers
@@ -517,10 +684,15 @@ def _scoring_models():
     relation = RelationClassifier(encoder(), 3)
     pair = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
     re2 = build_matcher("re2", MatcherSpec(vocab_size=50, pad_id=0, cls_id=1, sep_id=2, embedding_dim=16, hidden=16))
-    return {"relation": (relation.eval(), {"input_ids": ids, "attention_mask": mask, "e1_mask": mask, "e2_mask": mask},
-                         relation.classifier),
-            "cross-encoder": (CrossEncoder(encoder(), "mean").eval(), pair, None),
-            "re2": (re2.eval(), pair, re2.head)}
+    return {
+        "relation": (
+            relation.eval(),
+            {"input_ids": ids, "attention_mask": mask, "e1_mask": mask, "e2_mask": mask},
+            relation.classifier,
+        ),
+        "cross-encoder": (CrossEncoder(encoder(), "mean").eval(), pair, None),
+        "re2": (re2.eval(), pair, re2.head),
+    }
 
 
 @pytest.mark.parametrize("kind", ["relation", "cross-encoder", "re2"])
@@ -560,8 +732,10 @@ def test_feddyn_server_state_stays_the_weighted_mean_of_every_clients_gradient_e
         for name, h in engine.state.global_weights.items():
             if name.startswith(SERVER_STATE):
                 gradient = CLIENT_GRADIENT + name.removeprefix(SERVER_STATE)
-                mean = sum(q[c] * engine.state.client_states.get(c, {}).get(STATE + gradient, torch.zeros_like(h))
-                           for c in SIZES)
+                mean = sum(
+                    q[c] * engine.state.client_states.get(c, {}).get(STATE + gradient, torch.zeros_like(h))
+                    for c in SIZES
+                )
                 worst = max(worst, float((h - mean).abs().max()))
         gaps.append(worst)
 
@@ -569,7 +743,9 @@ def test_feddyn_server_state_stays_the_weighted_mean_of_every_clients_gradient_e
     engine.run()
     sampled = [record["clients"] for record in engine.state.history]
     assert any(set(a) != set(b) for a, b in zip(sampled, sampled[1:]))
-    scale = max(float(t.abs().max()) for name, t in engine.state.global_weights.items() if name.startswith(SERVER_STATE))
+    scale = max(
+        float(t.abs().max()) for name, t in engine.state.global_weights.items() if name.startswith(SERVER_STATE)
+    )
     assert scale > 1e-4, "h moved (else the invariant is trivially true)"
     assert max(gaps) <= 1e-6, (gaps, scale)
     model_bytes = sum(p.numel() * 4 for p in engine.model.parameters())

@@ -50,14 +50,25 @@ def make_task(corpus, tokenizer, clients=3, alpha=0.5, negative=()):
 
 def run_engine(task, method, tmp_path, rounds=2, **knobs):
     algorithm = make_algorithm(method, "size", **knobs)
-    engine_settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=0, lr=1e-3, batch_size=8,
-                                     warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_splits=("valid", "test"))
+    engine_settings = EngineSettings(
+        rounds=rounds,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=1e-3,
+        batch_size=8,
+        warmup_fraction=0.0,
+        max_grad_norm=1.0,
+        seed=0,
+        eval_every=1,
+        eval_splits=("valid", "test"),
+    )
     engine = Engine(task, algorithm, engine_settings, tmp_path / method, f"fp-{method}", progress=False)
     engine.run()
     return engine
 
 
 # ----- model and task --------------------------------------------------------------------------------
+
 
 def test_entity_spans_cover_the_entities_and_a_long_sentence_keeps_both(tokenizer):
     text = "a b <e1> x y </e1> c <e2> z </e2> d"
@@ -87,11 +98,12 @@ def test_relation_features_are_the_sum_of_entity_word_pieces(corpus, tokenizer):
 
 def test_f1_leaves_out_the_negative_class(corpus, tokenizer):
     task = make_task(corpus, tokenizer, negative=["rel0"])
-    predictions = pd.DataFrame({"label": ["rel0", "rel1", "rel2", "rel0"], "predicted": ["rel0", "rel1", "rel0", "rel1"]})
+    predictions = pd.DataFrame(
+        {"label": ["rel0", "rel1", "rel2", "rel0"], "predicted": ["rel0", "rel1", "rel0", "rel1"]}
+    )
     scores = task.scores(predictions)
     # positives rel1, rel2: one true positive (rel1), one false positive (rel1 for rel0), one false negative (rel2)
     assert scores["micro_f1"] == pytest.approx(0.5) and scores["accuracy"] == pytest.approx(0.5)
-
 
 
 def test_predictions_batched_by_length_keep_the_splits_order_and_equal_one_sentence_at_a_time(corpus, tokenizer):
@@ -109,8 +121,9 @@ def test_predictions_batched_by_length_keep_the_splits_order_and_equal_one_sente
     assert predicted["predicted"].tolist() == one_by_one
 
 
-def test_the_last_rounds_valid_scores_are_the_final_models_so_a_cell_need_not_score_it_again(corpus, tokenizer,
-                                                                                              tmp_path):
+def test_the_last_rounds_valid_scores_are_the_final_models_so_a_cell_need_not_score_it_again(
+    corpus, tokenizer, tmp_path
+):
     """``run_cell`` takes the final valid scores from the last round's record: they must be what scoring the
     global model after the run gives."""
     engine = run_engine(make_task(corpus, tokenizer), "fedavg", tmp_path)
@@ -119,7 +132,9 @@ def test_the_last_rounds_valid_scores_are_the_final_models_so_a_cell_need_not_sc
         assert last["valid"][GLOBAL] == engine.task.evaluate(engine.global_model(), GLOBAL, "valid")
         assert last["test"][GLOBAL] == engine.task.evaluate(engine.global_model(), GLOBAL, "test")
 
+
 # ----- the algorithms' arithmetic on hand-made numbers -----------------------------------------------
+
 
 def test_local_average_similarity_and_major_vector_choice():
     classifier = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
@@ -160,7 +175,10 @@ def test_fedrs_and_fedlc_losses_use_the_clients_own_counts(corpus, tokenizer):
     output = TaskOutput(loss=torch.tensor(0.0), logits=logits, targets=targets)
     context = type("Context", (), {"client_id": client})()
     counts = task.label_counts(client)
-    for name, adjusted in (("fedrs", logits * restricted_scale(counts, 0.5, False)), ("fedlc", logits - calibration(counts, 1.0))):
+    for name, adjusted in (
+        ("fedrs", logits * restricted_scale(counts, 0.5, False)),
+        ("fedlc", logits - calibration(counts, 1.0)),
+    ):
         algorithm = make_algorithm(name, **{"fedrs": {"alpha": 0.5, "mask": False}, "fedlc": {"tau": 1.0}}[name])
         algorithm.prepare_task(task, None, 0)
         expected = torch.nn.functional.cross_entropy(adjusted, targets)
@@ -168,6 +186,7 @@ def test_fedrs_and_fedlc_losses_use_the_clients_own_counts(corpus, tokenizer):
 
 
 # ----- what crosses the channel -----------------------------------------------------------------------
+
 
 def test_fedcmc_sends_only_the_major_vectors_beyond_fedavg(corpus, tokenizer, tmp_path):
     task = make_task(corpus, tokenizer)
@@ -177,7 +196,9 @@ def test_fedcmc_sends_only_the_major_vectors_beyond_fedavg(corpus, tokenizer, tm
     assert fedcmc.channel.names_received(SERVER) == model_names == fedavg.channel.names_received(SERVER)
     assert fedcmc.channel.names_sent(SERVER) == model_names | {MAJOR_VECTORS}
     first, second = (fedcmc.channel.round_bytes(r)["down"] - fedavg.channel.round_bytes(r)["down"] for r in (0, 1))
-    assert first == 0 and second == len(task.client_ids) * 3 * 32 * 4  # round 1 has no vectors yet; then C x 2d floats each
+    assert (
+        first == 0 and second == len(task.client_ids) * 3 * 32 * 4
+    )  # round 1 has no vectors yet; then C x 2d floats each
     record = fedcmc.state.history[-1]
     assert len(record["vector_clients"]) == 3 and len(record["diagnostics"]["local_similarity"]) == len(task.client_ids)
     assert set(record["test"]) == {GLOBAL}
@@ -218,8 +239,10 @@ def test_moon_previous_model_never_leaves_the_client(corpus, tokenizer, tmp_path
 @pytest.mark.parametrize("method", ["fedcmc", "scaffold", "moon"])
 def test_a_killed_run_resumes_to_identical_results(corpus, tokenizer, tmp_path, method):
     task = make_task(corpus, tokenizer)
-    knobs = {"fedcmc": {"mu": 1.0, "temperature": 1.0},
-             "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8}}.get(method, {})
+    knobs = {
+        "fedcmc": {"mu": 1.0, "temperature": 1.0},
+        "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8},
+    }.get(method, {})
     reference = run_engine(task, method, tmp_path / "reference", rounds=3, **knobs)
 
     def crash(record):
@@ -227,10 +250,27 @@ def test_a_killed_run_resumes_to_identical_results(corpus, tokenizer, tmp_path, 
             raise KeyboardInterrupt("killed")
 
     def engine(on_round_end=None):
-        settings = EngineSettings(rounds=3, local_epochs=1, clients_per_round=0, lr=1e-3, batch_size=8,
-                                  warmup_fraction=0.0, max_grad_norm=1.0, seed=0, eval_every=1, eval_splits=("valid", "test"))
-        return Engine(task, make_algorithm(method, "size", **knobs), settings,
-                      tmp_path / "run", "fp", progress=False, on_round_end=on_round_end)
+        settings = EngineSettings(
+            rounds=3,
+            local_epochs=1,
+            clients_per_round=0,
+            lr=1e-3,
+            batch_size=8,
+            warmup_fraction=0.0,
+            max_grad_norm=1.0,
+            seed=0,
+            eval_every=1,
+            eval_splits=("valid", "test"),
+        )
+        return Engine(
+            task,
+            make_algorithm(method, "size", **knobs),
+            settings,
+            tmp_path / "run",
+            "fp",
+            progress=False,
+            on_round_end=on_round_end,
+        )
 
     with pytest.raises(KeyboardInterrupt):
         engine(crash).run()
@@ -248,7 +288,9 @@ def test_run_fingerprint_follows_the_cells_own_algorithm_knobs():
 
     params = parse_params(RAW)
     moon, fedavg = (Cell(m, "synthetic-re", 0.5, 10, 1, 0) for m in ("moon", "fedavg"))
-    changed = params.model_copy(update={"algorithms": {**params.algorithms, "moon": {**params.algorithms["moon"], "mu": 0.5}}})
+    changed = params.model_copy(
+        update={"algorithms": {**params.algorithms, "moon": {**params.algorithms["moon"], "mu": 0.5}}}
+    )
     assert run_fingerprint(changed, moon, "inputs") != run_fingerprint(params, moon, "inputs")
     assert run_fingerprint(changed, fedavg, "inputs") == run_fingerprint(params, fedavg, "inputs")
     major, minor = (Cell("fedcmc", "synthetic-re", 0.5, 10, 1, 0, vectors=v) for v in ("major", "minor"))

@@ -1,5 +1,5 @@
-"""FedCMC's report: the hierarchical bootstrap of micro-F1, rounds to a target, Observation 3's share, and the whole report on a
-small fake grid of cell folders (no training)."""
+"""FedCMC's report: the hierarchical bootstrap of micro-F1, rounds to a target, Observation 3's share, and the whole
+report on a small fake grid of cell folders (no training)."""
 
 import json
 import shutil
@@ -38,8 +38,14 @@ def predictions(accuracy: float, shift: int = 0, n: int = N_TEST) -> pd.DataFram
     order = np.random.default_rng(7).permutation(n)
     right = set(np.roll(order, shift)[: int(round(accuracy * n))].tolist())
     predicted = [g if i in right else CLASSES[(CLASSES.index(g) + 1) % len(CLASSES)] for i, g in enumerate(gold)]
-    return pd.DataFrame({"sentence_id": [f"s{i:04d}" for i in range(n)], "label": gold,
-                         "client": [f"client_{i % 3:02d}" for i in range(n)], "predicted": predicted})
+    return pd.DataFrame(
+        {
+            "sentence_id": [f"s{i:04d}" for i in range(n)],
+            "label": gold,
+            "client": [f"client_{i % 3:02d}" for i in range(n)],
+            "predicted": predicted,
+        }
+    )
 
 
 # ----- the bootstrap --------------------------------------------------------------------------------------
@@ -73,7 +79,9 @@ def test_a_clearly_better_method_holds_and_the_reverse_is_reversed():
     verdict = lambda result: verdict_from_p(result.difference, result.p_value)  # noqa: E731
     assert verdict(bootstrap_difference(good, bad, POSITIVE)) == "holds"
     assert verdict(bootstrap_difference(bad, good, POSITIVE)) == "reversed"
-    close = bootstrap_difference({s: predictions(0.51, shift=5 + s) for s in seeds}, {s: predictions(0.5, shift=s) for s in seeds}, POSITIVE)
+    close = bootstrap_difference(
+        {s: predictions(0.51, shift=5 + s) for s in seeds}, {s: predictions(0.5, shift=s) for s in seeds}, POSITIVE
+    )
     assert verdict(close) == "not significant"
 
 
@@ -89,14 +97,20 @@ def test_a_gain_that_flips_sign_across_seeds_is_not_significant():
 def test_seeds_are_averaged_and_sentences_paired_across_terms():
     a, b = [predictions(0.8), predictions(0.6, shift=3)], [predictions(0.5), predictions(0.5, shift=9)]
     result = bootstrap_difference(dict(enumerate(a)), dict(enumerate(b)), POSITIVE)
-    per_seed = [micro_f1(x.label, x.predicted, POSITIVE) - micro_f1(y.label, y.predicted, POSITIVE) for x, y in zip(a, b)]
+    per_seed = [
+        micro_f1(x.label, x.predicted, POSITIVE) - micro_f1(y.label, y.predicted, POSITIVE) for x, y in zip(a, b)
+    ]
     assert result.difference == pytest.approx(np.mean(per_seed)) and result.seeds == 2 and result.paired_seeds
     assert not bootstrap_difference(dict(enumerate(a)), {5: b[0], 6: b[1]}, POSITIVE).paired_seeds
     # a difference of differences on one test set, and the same contrast over two test sets resampled apart
-    did = bootstrap_contrast([(1.0, "d", {0: a[0]}), (-1.0, "d", {0: b[0]}), (-1.0, "d", {0: a[1]}), (1.0, "d", {0: b[1]})], {"d": POSITIVE})
+    did = bootstrap_contrast(
+        [(1.0, "d", {0: a[0]}), (-1.0, "d", {0: b[0]}), (-1.0, "d", {0: a[1]}), (1.0, "d", {0: b[1]})], {"d": POSITIVE}
+    )
     assert did.difference == pytest.approx(per_seed[0] - per_seed[1])
-    two = bootstrap_contrast([(0.5, "x", {0: a[0]}), (-0.5, "x", {0: b[0]}), (0.5, "y", {0: a[1]}), (-0.5, "y", {0: b[1]})],
-                             {"x": POSITIVE, "y": POSITIVE})
+    two = bootstrap_contrast(
+        [(0.5, "x", {0: a[0]}), (-0.5, "x", {0: b[0]}), (0.5, "y", {0: a[1]}), (-0.5, "y", {0: b[1]})],
+        {"x": POSITIVE, "y": POSITIVE},
+    )
     assert two.difference == pytest.approx(np.mean(per_seed)) and two.items == 2 * N_TEST
 
 
@@ -110,8 +124,10 @@ def test_rounds_to_target_is_the_first_evaluated_round_at_or_above_it():
 
 
 def test_largest_holder_share_against_a_uniform_pick_among_holders():
-    counts = pd.DataFrame({"a": [10, 1, 0], "b": [0, 3, 3], "c": [2, 2, 9], "d": [0, 0, 0]},
-                          index=pd.Index(["k0", "k1", "k2"], name="client"))
+    counts = pd.DataFrame(
+        {"a": [10, 1, 0], "b": [0, 3, 3], "c": [2, 2, 9], "d": [0, 0, 0]},
+        index=pd.Index(["k0", "k1", "k2"], name="client"),
+    )
     # a: k0 holds most -> hit; b: k1 and k2 tie -> k2 is a hit; c: k2 holds most, k1 picked -> miss; d: nobody holds it
     share, chance, counted = largest_holder_share(["k0", "k2", "k1", "k0"], counts)
     assert counted == 3
@@ -123,10 +139,26 @@ def test_largest_holder_share_against_a_uniform_pick_among_holders():
 def small_params():
     raw = read_raw_params(ROOT / "params.yaml")
     raw["scale"] = "embedded"
-    raw["fedcmc"].update(methods=["fedavg", "fedrs", "fedcmc"], datasets=["synthetic-re"], alphas=[0.05, 0.5], seeds=[0, 1, 2], target_f1=0.45)
-    raw["fedcmc"]["sweeps"].update(seeds=[0, 1, 2], dataset="synthetic-re", alpha=0.05, methods=["fedavg", "fedcmc"], clients=[4, 6],
-                                   local_epochs=[1, 2], vectors=["major", "minor", "none"], subset_dataset="synthetic-re",
-                                   subset_size=40, subset_modes=["balanced", "natural"], subset_methods=["fedrs", "fedcmc"])
+    raw["fedcmc"].update(
+        methods=["fedavg", "fedrs", "fedcmc"],
+        datasets=["synthetic-re"],
+        alphas=[0.05, 0.5],
+        seeds=[0, 1, 2],
+        target_f1=0.45,
+    )
+    raw["fedcmc"]["sweeps"].update(
+        seeds=[0, 1, 2],
+        dataset="synthetic-re",
+        alpha=0.05,
+        methods=["fedavg", "fedcmc"],
+        clients=[4, 6],
+        local_epochs=[1, 2],
+        vectors=["major", "minor", "none"],
+        subset_dataset="synthetic-re",
+        subset_size=40,
+        subset_modes=["balanced", "natural"],
+        subset_methods=["fedrs", "fedcmc"],
+    )
     raw["fedcmc"]["settings"].update(clients=4, rounds=3)
     return parse_params(raw)
 
@@ -157,10 +189,22 @@ def write_fake_grid(root: Path, params, diverged: tuple = ()) -> None:
             table = counts.copy()
             table["total"] = table.sum(axis=1)
             table.to_csv(part / "counts.csv")
-            (part / "partition.json").write_text(json.dumps({
-                "dataset": cell.dataset, "alpha": cell.alpha, "clients": cell.clients, "subset": cell.subset,
-                "scheme": "dirichlet", "balance": False, "seed": 0, "classes": CLASSES,
-                "sentences": {"train": int(counts.values.sum()), "valid": 40, "test": N_TEST}, "skew": 0.5}))
+            (part / "partition.json").write_text(
+                json.dumps(
+                    {
+                        "dataset": cell.dataset,
+                        "alpha": cell.alpha,
+                        "clients": cell.clients,
+                        "subset": cell.subset,
+                        "scheme": "dirichlet",
+                        "balance": False,
+                        "seed": 0,
+                        "classes": CLASSES,
+                        "sentences": {"train": int(counts.values.sum()), "valid": 40, "test": N_TEST},
+                        "skew": 0.5,
+                    }
+                )
+            )
             (part / "heatmap.png").write_bytes(b"\x89PNG fake " + cell.partition.encode())
         quality = QUALITY[cell.method] - (0.2 if cell.vectors == "minor" else 0.1 if cell.vectors == "none" else 0)
         quality -= 0.05 * (cell.alpha < 0.1) * (cell.method == "fedavg")
@@ -171,25 +215,53 @@ def write_fake_grid(root: Path, params, diverged: tuple = ()) -> None:
         for r in range(1, settings.rounds + 1):
             similarity = 0.5 - holders / holders.max() * 0.4 + 0.01 * r  # the largest holder has the smallest d
             loss = 1.5 * r if cell.name in diverged else 1.5 / r
-            record = {"round": r, "clients": clients, "train_loss": loss, "bytes_up": 1000 * len(clients),
-                      "bytes_down": 1000 * len(clients) + (64 * len(clients) if cell.method == "fedcmc" and r > 1 else 0),
-                      "diagnostics": {"clients": clients, "local_similarity": similarity.round(6).tolist()},
-                      "test": {"global": {"micro_f1": quality * r / settings.rounds, "macro_f1": 0.5 * quality * r / settings.rounds,
-                                          "accuracy": quality}}}
+            record = {
+                "round": r,
+                "clients": clients,
+                "train_loss": loss,
+                "bytes_up": 1000 * len(clients),
+                "bytes_down": 1000 * len(clients) + (64 * len(clients) if cell.method == "fedcmc" and r > 1 else 0),
+                "diagnostics": {"clients": clients, "local_similarity": similarity.round(6).tolist()},
+                "test": {
+                    "global": {
+                        "micro_f1": quality * r / settings.rounds,
+                        "macro_f1": 0.5 * quality * r / settings.rounds,
+                        "accuracy": quality,
+                    }
+                },
+            }
             if cell.method == "fedcmc" and cell.vectors != "none":
                 record["vector_clients"] = [clients[i] for i in np.argmin(similarity, axis=0)]
             history.append(record)
         folder = root / group / cell.name
         folder.mkdir(parents=True)
         frame.to_csv(folder / "predictions.csv", index=False)
-        scores = {"micro_f1": micro_f1(frame.label, frame.predicted, POSITIVE),
-                  "macro_f1": float(f1_score(frame.label, frame.predicted, labels=POSITIVE, average="macro", zero_division=0)),
-                  "accuracy": float((frame.label == frame.predicted).mean())}
-        (folder / "metrics.json").write_text(json.dumps({
-            "cell": {**cell.__dict__, "name": cell.name, "partition": cell.partition}, "test": scores, "valid": scores,
-            "history": history, "channel": {}, "parameters": {"total": 1000, "uploaded": 1000},
-            "memory_bytes": {"model": 4000, "server_shared": 4000, "private_per_client_max": 0, "private_all_clients": 0},
-            "truncated_train_sentences": 0}))
+        scores = {
+            "micro_f1": micro_f1(frame.label, frame.predicted, POSITIVE),
+            "macro_f1": float(
+                f1_score(frame.label, frame.predicted, labels=POSITIVE, average="macro", zero_division=0)
+            ),
+            "accuracy": float((frame.label == frame.predicted).mean()),
+        }
+        (folder / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "cell": {**cell.__dict__, "name": cell.name, "partition": cell.partition},
+                    "test": scores,
+                    "valid": scores,
+                    "history": history,
+                    "channel": {},
+                    "parameters": {"total": 1000, "uploaded": 1000},
+                    "memory_bytes": {
+                        "model": 4000,
+                        "server_shared": 4000,
+                        "private_per_client_max": 0,
+                        "private_all_clients": 0,
+                    },
+                    "truncated_train_sentences": 0,
+                }
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +276,20 @@ def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid)
     params, data = grid
     text = render_report(params, data)
     assert text == render_report(params, data)
-    for heading in ("## Setup", "## Table 2", "## The clients table", "## Table 3", "## Fig 1", "## Fig 3a", "## Fig 3b",
-                    "## Fig 4", "## Partitions", "## Communication and memory", "## Claims checked at this scale",
-                    "## What this run can and cannot say"):
+    for heading in (
+        "## Setup",
+        "## Table 2",
+        "## The clients table",
+        "## Table 3",
+        "## Fig 1",
+        "## Fig 3a",
+        "## Fig 3b",
+        "## Fig 4",
+        "## Partitions",
+        "## Communication and memory",
+        "## Claims checked at this scale",
+        "## What this run can and cannot say",
+    ):
         assert heading in text
     assert "| FedCMC " in text and "trivial: stratified random" in text
     assert "mu = 1, temperature = 0.5" in text and "round 1 is FedAvg" in text
@@ -220,7 +303,10 @@ def test_report_has_every_table_and_the_claims_and_is_byte_identical_twice(grid)
     minor = claims[claims["finding (paper)"].str.startswith("Fig 4: minor vectors are worse than none")]
     assert minor["verdict"].tolist() == ["holds"]
     obs = claims[claims["finding (paper)"].str.startswith("Observation 3")]
-    assert obs["verdict"].iloc[0].startswith("inconclusive (direction as claimed, direction only") and "100% of 4 classes" in obs["measured"].iloc[0]
+    assert (
+        obs["verdict"].iloc[0].startswith("inconclusive (direction as claimed, direction only")
+        and "100% of 4 classes" in obs["measured"].iloc[0]
+    )
     assert "FedCMC 2, FedAvg not reached in 3 rounds" in text  # rounds to 45%: FedCMC 0.25, 0.5, 0.75
     assert "64 bytes more than FedAvg per client" in text
     assert "| client_" not in text  # the counts are drawn, not printed
@@ -236,9 +322,13 @@ def test_a_diverged_cell_is_marked_and_no_claim_rests_on_it(tmp_path):
     assert table.loc["FedAvg", "synthetic-re α=0.05"].endswith(" †")
     assert not table.loc["FedAvg", "synthetic-re α=0.5"].endswith(" †")
     claims = claims_table(data, params).set_index("finding (paper)")
-    at_005 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.05" in f], "verdict"]
+    at_005 = claims.loc[
+        [f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.05" in f], "verdict"
+    ]
     assert at_005.tolist() == [f"inconclusive (rests on diverged: {bad.name})"]
-    at_05 = claims.loc[[f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.5" in f], "verdict"]
+    at_05 = claims.loc[
+        [f for f in claims.index if f.startswith("Table 2: FedCMC beats FedAvg") and "α=0.5" in f], "verdict"
+    ]
     assert at_05.tolist() == ["holds"]
     assert f"| {bad.name} | diverged" in render_report(params, data)
 
@@ -248,8 +338,12 @@ def test_methods_that_predict_every_sentence_alike_are_named(grid):
     assert identical_predictions(data, params) == []  # the fake grid's methods differ
     first = data.cells[(data.cells.group == "table") & (data.cells.method == "fedavg")]["key"].iloc[0]
     twin = data.cells.set_index("key").loc[first]
-    rs = data.cells[(data.cells.group == "table") & (data.cells.method == "fedrs") & (data.cells.alpha == twin.alpha)
-                    & (data.cells.seed == twin.seed)]["key"].iloc[0]
+    rs = data.cells[
+        (data.cells.group == "table")
+        & (data.cells.method == "fedrs")
+        & (data.cells.alpha == twin.alpha)
+        & (data.cells.seed == twin.seed)
+    ]["key"].iloc[0]
     saved = data.predictions[rs]
     data.predictions[rs] = data.predictions[first]
     try:
@@ -280,7 +374,9 @@ def test_figures_are_written_and_identical_twice(grid, tmp_path):
         (tmp_path / name).mkdir()
         write_figures(data, params, tmp_path / name)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
-    assert {"fig1_similarity.png", "fig3a_convergence.csv", "fig3b_local_epochs.png", "fig4_vectors.csv"} <= {str(f) for f in files}
+    assert {"fig1_similarity.png", "fig3a_convergence.csv", "fig3b_local_epochs.png", "fig4_vectors.csv"} <= {
+        str(f) for f in files
+    }
     assert Path("partitions/synthetic-re-a0.05-k4.png") in files
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
@@ -300,8 +396,13 @@ def test_a_missing_cell_names_its_folder_and_stage(tmp_path):
 def test_the_stage_fails_in_one_line_without_cells(tmp_path):
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     shutil.copytree(ROOT / "scales", tmp_path / "scales")
-    done = subprocess.run([sys.executable, str(ROOT / "stages" / "fedcmc_report.py")], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "fedcmc_report.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "is missing" in lines[0] and "dvc repro fedcmc_table" in lines[0]
@@ -311,9 +412,16 @@ def test_claims_whose_cells_the_grid_lacks_say_not_testable_and_why(grid):
     params, data = grid
     fewer = params.model_copy(update={"fedcmc": params.fedcmc.model_copy(update={"alphas": [0.05]})})
     claims = claims_table(data, fewer).set_index("finding (paper)")
-    assert claims.loc["Table 2: FedCMC beats FedAvg on synthetic-re at α=0.5 (the paper reports no number for this dataset)", "verdict"] == "not testable here (α=0.5 is not in fedcmc.alphas)"
+    assert (
+        claims.loc[
+            "Table 2: FedCMC beats FedAvg on synthetic-re at α=0.5 (the paper reports no number for this dataset)",
+            "verdict",
+        ]
+        == "not testable here (α=0.5 is not in fedcmc.alphas)"
+    )
     assert claims.loc["FedAvg loses more F1 than FedCMC from α=0.5 to α=0.05 on synthetic-re", "verdict"] == (
-        "not testable here (needs α 0.05 and 0.5 and both methods in the main table)")
+        "not testable here (needs α 0.05 and 0.5 and both methods in the main table)"
+    )
 
 
 def test_a_stale_cell_is_refused(tmp_path):
@@ -323,9 +431,13 @@ def test_a_stale_cell_is_refused(tmp_path):
     metrics = tmp_path / "tables" / "fedrs" / cell.name / "metrics.json"
     record = json.loads(metrics.read_text())
     json.dump({**record, "history": record["history"][:-1]}, metrics.open("w"))
-    with pytest.raises(DataError, match=r"has 2 rounds, params fedcmc.settings.rounds = 3: rerun `dvc repro fedcmc_table`"):
+    with pytest.raises(
+        DataError, match=r"has 2 rounds, params fedcmc.settings.rounds = 3: rerun `dvc repro fedcmc_table`"
+    ):
         load_fedcmc(tmp_path, params)
-    json.dump({**record, "history": [{**r, "clients": r["clients"][:-1]} for r in record["history"]]}, metrics.open("w"))
+    json.dump(
+        {**record, "history": [{**r, "clients": r["clients"][:-1]} for r in record["history"]]}, metrics.open("w")
+    )
     with pytest.raises(DataError, match="changed since the cell ran"):
         load_fedcmc(tmp_path, params)
 
@@ -334,11 +446,16 @@ def test_a_stale_cell_is_refused(tmp_path):
 def test_every_new_claim_has_a_verdict_and_i2b2_is_not_testable(grid):
     params, data = grid
     claims = claims_table(data, params).set_index("finding (paper)")
-    new = [f for f in claims.index if f.startswith(("Observation 1", "Observation 2", "Fig 3b: FedAvg's F1 varies", "Table 2: FedAvg is worse"))]
+    new = [
+        f
+        for f in claims.index
+        if f.startswith(("Observation 1", "Observation 2", "Fig 3b: FedAvg's F1 varies", "Table 2: FedAvg is worse"))
+    ]
     assert len(new) == 5, new
     assert all(claims.loc[f, "verdict"].split(" (")[0] in VERDICTS for f in new)
     assert claims.loc["Table 2: FedAvg is worse on 8-class i2b2 than on binary PGR", "verdict"].startswith(
-        "not testable here (i2b2 2010 is not public")
+        "not testable here (i2b2 2010 is not public"
+    )
     # the fake grid's d_{k,c} falls with each client's own counts in every round: Observation 1 holds
     obs1 = next(f for f in new if f.startswith("Observation 1"))
     assert claims.loc[obs1, "verdict"] == "holds" and "mean tau -1.00" in claims.loc[obs1, "measured"]
@@ -365,8 +482,12 @@ def test_fedavgs_fluctuation_over_local_epochs_holds_or_reverses_as_built(tmp_pa
     write_fake_grid(tmp_path, params)
     for epochs in (1, 2):
         jumpy = epochs == zigzag
-        _set_curves(tmp_path, params, epochs, lambda seed, jumpy=jumpy: [0.2, 0.6 + 0.005 * seed, 0.2] if jumpy
-                    else [0.3, 0.35 + 0.0025 * seed, 0.4])
+        _set_curves(
+            tmp_path,
+            params,
+            epochs,
+            lambda seed, jumpy=jumpy: [0.2, 0.6 + 0.005 * seed, 0.2] if jumpy else [0.3, 0.35 + 0.0025 * seed, 0.4],
+        )
     claims = claims_table(load_fedcmc(tmp_path, params), params).set_index("finding (paper)")
     row = claims.loc["Fig 3b: FedAvg's F1 varies more with more local epochs (FedCMC relatively robust)"]
     assert row["verdict"] == verdict, row.to_dict()
@@ -387,11 +508,17 @@ def test_one_class_set_per_corpus_or_the_report_refuses(tmp_path):
 def test_table3s_subset_keeps_the_main_tables_classes():
     """The subset is drawn from the main table's corpus as is: a negative class the main table has stays in it."""
     from fedrepro.fedcmc.partition import build_partition
+
     params = small_params()
     labels = ["NA", "rel0", "rel1", "rel2"]
-    corpus = pd.DataFrame([(f"{split}-{i}", f"<e1>a</e1> b <e2>c</e2> {i}", labels[i % 4], split)
-                           for split, n in (("train", 200), ("valid", 40), ("test", 40)) for i in range(n)],
-                          columns=["sentence_id", "text", "label", "split"])
+    corpus = pd.DataFrame(
+        [
+            (f"{split}-{i}", f"<e1>a</e1> b <e2>c</e2> {i}", labels[i % 4], split)
+            for split, n in (("train", 200), ("valid", 40), ("test", 40))
+            for i in range(n)
+        ],
+        columns=["sentence_id", "text", "label", "split"],
+    )
     main = next(c for c in table_cells(params))
     subset = next(c for c in sweep_cells(params, "subsets") if c.subset == "balanced")
     classes = [sorted(build_partition(params, cell, corpus)[0]["label"].unique()) for cell in (main, subset)]
@@ -404,14 +531,22 @@ def test_a_subset_size_the_corpus_cannot_give_names_its_param():
     from fedrepro.fedcmc.partition import build_partition
 
     params = small_params()
-    corpus = pd.DataFrame([(f"{split}-{i}", f"<e1>a</e1> b <e2>c</e2> {i}", f"rel{i % 2}", split)
-                           for split, n in (("train", 30), ("valid", 10), ("test", 10)) for i in range(n)],
-                          columns=["sentence_id", "text", "label", "split"])
+    corpus = pd.DataFrame(
+        [
+            (f"{split}-{i}", f"<e1>a</e1> b <e2>c</e2> {i}", f"rel{i % 2}", split)
+            for split, n in (("train", 30), ("valid", 10), ("test", 10))
+            for i in range(n)
+        ],
+        columns=["sentence_id", "text", "label", "split"],
+    )
     subset = next(c for c in sweep_cells(params, "subsets") if c.subset == "natural")
     sweeps = params.fedcmc.sweeps.model_copy(update={"subset_size": 500})
     too_many = params.model_copy(update={"fedcmc": params.fedcmc.model_copy(update={"sweeps": sweeps})})
-    with pytest.raises(DataError, match=r"^params: fedcmc.sweeps.subset_size = 500 with subset mode 'natural' on "
-                                        r"synthetic-re: size=500; must be an integer in 1..30 \(the train rows\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"^params: fedcmc.sweeps.subset_size = 500 with subset mode 'natural' on "
+        r"synthetic-re: size=500; must be an integer in 1..30 \(the train rows\)$",
+    ):
         build_partition(too_many, subset, corpus)
 
 
@@ -432,7 +567,9 @@ def test_table3_scores_each_subsets_trivial_baselines_in_every_column(tmp_path):
     assert list(table.columns) == ["balanced", "natural"] and table.index[:2].tolist() == ["FedRS", "FedCMC"]
     for prior, answer in (("balanced", "rel0"), ("natural", "rel2")):
         assert table.loc[f"trivial: always {answer} ({prior} prior)"].tolist() == [always(answer)] * 2
-    stratified = table.loc[["trivial: stratified random (balanced prior)", "trivial: stratified random (natural prior)"]]
+    stratified = table.loc[
+        ["trivial: stratified random (balanced prior)", "trivial: stratified random (natural prior)"]
+    ]
     assert stratified["balanced"].tolist() == stratified["natural"].tolist() and stratified["balanced"].nunique() == 2
     section = render_report(params, data).split("## Table 3")[1].split("## Fig 1")[0]
     row = next(text for text in section.splitlines() if text.startswith("| trivial: always rel2 (natural prior) "))
@@ -471,7 +608,9 @@ def test_figs_3a_and_3b_draw_the_trivial_baselines_and_cross_a_diverged_curve(tm
     ax = caught["fig3a_convergence.png"].axes[0]
     for (name, scores), style in zip(chance.items(), REFERENCE_STYLES):
         trivial = line(ax, f"trivial: {name}")
-        assert trivial.get_ydata()[0] == pytest.approx(100 * scores["micro_f1"]) and trivial.get_color() == style["color"]
+        assert (
+            trivial.get_ydata()[0] == pytest.approx(100 * scores["micro_f1"]) and trivial.get_color() == style["color"]
+        )
     assert {"FedAvg", "FedRS", "FedCMC †", "X: the curve's cell(s) diverged"} <= set(labels(ax))
     curve = line(ax, "FedCMC †")
     crosses = [drawn for drawn in ax.get_lines() if drawn.get_marker() == "X" and len(drawn.get_xdata())]
@@ -492,22 +631,35 @@ def test_a_partial_table2_says_how_many_seeds_each_entry_has_and_gives_no_verdic
         folder = tmp_path / partition
         folder.mkdir()
         labels = ["false", "rel0", "rel0", "rel1"] * 10
-        write_table(folder / "assignment.parquet", pd.DataFrame(
-            {"sentence_id": [f"s{i}" for i in range(40)], "label": labels,
-             "split": ["train"] * 20 + ["test"] * 20, "client": "client_00"}))
-        pd.DataFrame({"false": [5], "rel0": [10], "rel1": [5], "total": [20]}, index=pd.Index(["client_00"], name="client")
-                     ).to_csv(folder / "counts.csv")
+        write_table(
+            folder / "assignment.parquet",
+            pd.DataFrame(
+                {
+                    "sentence_id": [f"s{i}" for i in range(40)],
+                    "label": labels,
+                    "split": ["train"] * 20 + ["test"] * 20,
+                    "client": "client_00",
+                }
+            ),
+        )
+        pd.DataFrame(
+            {"false": [5], "rel0": [10], "rel1": [5], "total": [20]}, index=pd.Index(["client_00"], name="client")
+        ).to_csv(folder / "counts.csv")
         write_json(folder / "partition.json", {"classes": ["false", "rel0", "rel1"]})
     sound = [{"round": r, "fit_loss": 1.0 / r, "valid": {"global": {"micro_f1": 0.5}}} for r in range(1, 5)]
     rising = [{"round": r, "fit_loss": float(r), "valid": {"global": {"micro_f1": 0.5}}} for r in range(1, 5)]
     fedavg = [c for c in cells if c.method == "fedavg" and c.alpha == 0.05]
-    held = {fedavg[0].name: {"test": {"micro_f1": 0.60}, "history": sound},
-            fedavg[1].name: {"test": {"micro_f1": 0.70}, "history": rising}}
+    held = {
+        fedavg[0].name: {"test": {"micro_f1": 0.60}, "history": sound},
+        fedavg[1].name: {"test": {"micro_f1": 0.70}, "history": rising},
+    }
     table = partial_table2(params, held, tmp_path)
     assert table.loc["FedAvg", "synthetic-re α=0.05"] == "65.00 ± 7.07 † (2 of 3 seeds)"
     assert table.loc["FedCMC", "synthetic-re α=0.5"] == "missing (0 of 3 seeds)"
     precision, recall = 10 / 20, 10 / 15  # test: rel0 10, rel1 5, false 5; always rel0 on all 20
-    assert table.loc["trivial: always rel0"].tolist() == [f"{100 * 2 * precision * recall / (precision + recall):.2f}"] * 2
+    assert (
+        table.loc["trivial: always rel0"].tolist() == [f"{100 * 2 * precision * recall / (precision + recall):.2f}"] * 2
+    )
     text = render_partial(params, held, tmp_path, "abc1234")
     assert "**2 of 18 Table 2 cells** (seed 0: 1 of 6, seed 1: 1 of 6, seed 2: 0 of 6)" in text
     assert "no verdict" in text and "holds" not in text and "inconclusive" not in text
@@ -518,8 +670,11 @@ def test_a_corpus_the_partition_stage_cannot_find_names_every_key_that_may_name_
     from fedrepro.fedcmc.partition import load_corpus
 
     (tmp_path / "pgr").mkdir()
-    with pytest.raises(DataError, match=r"'my_corpus'.*prepared corpora: \['pgr'\]; change whichever of fedcmc.datasets, "
-                                        r"fedcmc.sweeps.dataset and fedcmc.sweeps.subset_dataset names it"):
+    with pytest.raises(
+        DataError,
+        match=r"'my_corpus'.*prepared corpora: \['pgr'\]; change whichever of fedcmc.datasets, "
+        r"fedcmc.sweeps.dataset and fedcmc.sweeps.subset_dataset names it",
+    ):
         load_corpus(tmp_path, "my_corpus")
 
 

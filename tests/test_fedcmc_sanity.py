@@ -20,17 +20,26 @@ def test_trivial_baselines_match_sklearn_on_the_predictions_they_stand_for(corpu
     assert baselines[f"always {task.classes[commonest]}"] == constant
     # stratified random: the mean over many draws approaches the expected-count formula
     rng = np.random.default_rng(0)
-    draws = [f1_score(gold, rng.choice(len(prior), size=len(gold), p=prior / prior.sum()), labels=task.positive,
-                      average="micro") for _ in range(2000)]
+    draws = [
+        f1_score(
+            gold, rng.choice(len(prior), size=len(gold), p=prior / prior.sum()), labels=task.positive, average="micro"
+        )
+        for _ in range(2000)
+    ]
     assert abs(np.mean(draws) - baselines["stratified random"]) < 0.01
     positive = [task.classes[i] for i in task.positive]
     scores = trivial_scores(task.eval_sets["valid"][0]["label"], dict(zip(task.classes, prior)), positive)
     named = task.eval_sets["valid"][0]["label"].to_numpy()
     macro = f1_score(named, [task.classes[commonest]] * len(named), labels=positive, average="macro")
     assert scores[f"always {task.classes[commonest]}"]["macro_f1"] == pytest.approx(macro)
-    macro_draws = [f1_score(gold, rng.choice(len(prior), size=len(gold), p=prior / prior.sum()), labels=task.positive,
-                            average="macro") for _ in range(2000)]
-    # per-class F1 is a ratio of small counts here (a few dozen sentences): the ratio of expectations is close, not exact
+    macro_draws = [
+        f1_score(
+            gold, rng.choice(len(prior), size=len(gold), p=prior / prior.sum()), labels=task.positive, average="macro"
+        )
+        for _ in range(2000)
+    ]
+    # per-class F1 is a ratio of small counts here (a few dozen sentences): the ratio of expectations is close, not
+    # exact
     assert abs(np.mean(macro_draws) - scores["stratified random"]["macro_f1"]) < 0.02
     assert 0 < baselines["stratified random"] < 1
 

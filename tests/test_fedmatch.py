@@ -26,11 +26,26 @@ SIZES = {"a": 12, "b": 8, "c": 4}
 
 def make_engine(tmp_path, algorithm, rounds=2, clients_per_round=0, seed=0, on_round_end=None, **knobs):
     torch.use_deterministic_algorithms(True)
-    engine_settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=clients_per_round, lr=0.01,
-                                     batch_size=4, warmup_fraction=0.1, max_grad_norm=5.0, seed=seed)
+    engine_settings = EngineSettings(
+        rounds=rounds,
+        local_epochs=1,
+        clients_per_round=clients_per_round,
+        lr=0.01,
+        batch_size=4,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=seed,
+    )
     chosen = make_algorithm(algorithm, **knobs)
-    return Engine(ToyQATask(SIZES), chosen, engine_settings, tmp_path / "ckpt", fingerprint=f"{algorithm}-{rounds}-{seed}",
-                  progress=False, on_round_end=on_round_end)
+    return Engine(
+        ToyQATask(SIZES),
+        chosen,
+        engine_settings,
+        tmp_path / "ckpt",
+        fingerprint=f"{algorithm}-{rounds}-{seed}",
+        progress=False,
+        on_round_end=on_round_end,
+    )
 
 
 def uploaded_names(engine):
@@ -48,11 +63,15 @@ def test_fedmatch_never_uploads_its_patch(tmp_path, insertion, structure):
     assert uploaded_names(engine) == names - patch, "everything but the patch is uploaded"
     assert engine.channel.names_received(SERVER) == names - patch
     first, second = (engine.state.client_states[c] for c in ("a", "b"))
-    assert any(not torch.equal(first[f"param/{n}"], second[f"param/{n}"]) for n in patch), "each client trains its own patch"
+    assert any(not torch.equal(first[f"param/{n}"], second[f"param/{n}"]) for n in patch), (
+        "each client trains its own patch"
+    )
 
 
 def test_shared_layers_and_released_code_fidelity_widen_the_private_set(tmp_path):
-    engine = make_engine(tmp_path, "fedmatch", patch=PatchSpec("horizontal", "lr", size=8), shared_layers=1, fidelity="released_code")
+    engine = make_engine(
+        tmp_path, "fedmatch", patch=PatchSpec("horizontal", "lr", size=8), shared_layers=1, fidelity="released_code"
+    )
     engine.run()
     sent = uploaded_names(engine)
     top = {n for n in engine.params if "layer.1." in n}
@@ -77,9 +96,12 @@ def test_fedper_uploads_everything_but_the_head(tmp_path):
 
 def test_client_sampling_leaves_unsampled_patches_byte_identical(tmp_path):
     snapshots = []
-    engine = make_engine(tmp_path, "fedmatch", rounds=4, clients_per_round=1, patch=PatchSpec("horizontal", "lr", size=8))
+    engine = make_engine(
+        tmp_path, "fedmatch", rounds=4, clients_per_round=1, patch=PatchSpec("horizontal", "lr", size=8)
+    )
     engine.on_round_end = lambda record: snapshots.append(
-        (record["clients"], {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()}))
+        (record["clients"], {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()})
+    )
     engine.run()
     compared = 0
     for (_, before), (clients, after) in zip(snapshots, snapshots[1:]):
@@ -95,8 +117,10 @@ def test_each_client_trains_its_own_patch_across_rounds(tmp_path):
     # with carries its own patch.
     engine = make_engine(tmp_path, "fedmatch", rounds=3, patch=PatchSpec("horizontal", "lr", size=8))
     after_first = {}
-    engine.on_round_end = lambda record: after_first or after_first.update(
-        {c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()})
+    engine.on_round_end = lambda record: (
+        after_first
+        or after_first.update({c: {k: v.clone() for k, v in s.items()} for c, s in engine.state.client_states.items()})
+    )
     engine.run()
     norms, ups = {}, {}
     with torch.no_grad():
@@ -128,8 +152,18 @@ def test_a_killed_fedmatch_run_resumes_to_identical_results(tmp_path):
 
 
 def triples(questions=3, negatives=2):
-    rows = [(f"q{i}", f"how do i file claim number {i}", f"p{i}", f"file the claim form {i} online", f"n{i}{j}",
-             f"renters policy deductible rider {j}") for i in range(questions) for j in range(negatives)]
+    rows = [
+        (
+            f"q{i}",
+            f"how do i file claim number {i}",
+            f"p{i}",
+            f"file the claim form {i} online",
+            f"n{i}{j}",
+            f"renters policy deductible rider {j}",
+        )
+        for i in range(questions)
+        for j in range(negatives)
+    ]
     return pd.DataFrame(rows, columns=["question_id", "question", "positive_id", "positive", "negative_id", "negative"])
 
 
@@ -146,7 +180,9 @@ def test_cover_queries_hide_every_real_question_among_k_covers():
         assert members.nunique() == k + 1 and (members.value_counts() == len(rows)).all()
         covers = set(members) - {real}
         assert all(len(c.split()) == len(real.split()) for c in covers), "covers have the real question's length"
-    assert upload.equals(with_cover_queries(frame, k, seed=5)) and not upload.equals(with_cover_queries(frame, k, seed=6))
+    assert upload.equals(with_cover_queries(frame, k, seed=5)) and not upload.equals(
+        with_cover_queries(frame, k, seed=6)
+    )
 
 
 def test_coverquery_central_trainer_only_sees_covered_questions(tmp_path):
@@ -165,8 +201,9 @@ def test_coverquery_central_trainer_only_sees_covered_questions(tmp_path):
     channel = Channel()
     central = CoverQuery(CoverQuery.Settings(cover_queries=2), CommonSettings()).prepare_task(Task(), channel, seed=0)
     assert [m.receiver for m in channel.messages] == [SERVER, SERVER]
-    assert channel.names_received(SERVER) == {f"training_triples.{c}" for c in
-                                              ("group", "question", "positive_id", "positive", "negative_id", "negative")}
+    assert channel.names_received(SERVER) == {
+        f"training_triples.{c}" for c in ("group", "question", "positive_id", "positive", "negative_id", "negative")
+    }
     for client, frame in Task.triples.items():
         received = central.triples[client]
         assert len(received) == 3 * len(frame)
@@ -193,8 +230,9 @@ def test_cells_are_named_by_method_seed_and_each_points_yaml_value():
     assert cell_params(params, Cell("fedmatch_h_lr", 0, "patch_size", "64")).fedmatch.settings.patch_size == 64
 
 
-@pytest.mark.parametrize("rounds,periods,epochs", [(4, [1, 2, 3], 6), (3, [1, 2, 3], 6), (11, [1, 2, 3], 12),
-                                                   (4, [1, 2], 4), (4, [], 4)])
+@pytest.mark.parametrize(
+    "rounds,periods,epochs", [(4, [1, 2, 3], 6), (3, [1, 2, 3], 6), (11, [1, 2, 3], 12), (4, [1, 2], 4), (4, [], 4)]
+)
 def test_every_aggregation_period_of_fig7_trains_the_same_local_epochs(rounds, periods, epochs):
     raw = yaml.safe_load(yaml.safe_dump(RAW))
     raw["train"]["rounds"], raw["fedmatch"]["sweeps"]["aggregate_every"] = rounds, periods
@@ -208,8 +246,19 @@ def test_every_aggregation_period_of_fig7_trains_the_same_local_epochs(rounds, p
 def test_the_embedded_params_list_every_method_of_both_tables():
     fedmatch = yaml.safe_load(yaml.safe_dump(RAW))["fedmatch"]
     assert len(fedmatch["table2"]) == 8
-    assert {"individual_re2", "individual_esim", "individual", "coverquery", "fedavg", "fedprox", "lg_fedavg", "fedper",
-            "fedmatch_h_lr", "fedavg_cs", "fedmatch_cs"} <= set(fedmatch["table3"])
+    assert {
+        "individual_re2",
+        "individual_esim",
+        "individual",
+        "coverquery",
+        "fedavg",
+        "fedprox",
+        "lg_fedavg",
+        "fedper",
+        "fedmatch_h_lr",
+        "fedavg_cs",
+        "fedmatch_cs",
+    } <= set(fedmatch["table3"])
 
 
 def test_an_empty_sweep_skips_its_figure_and_only_it():

@@ -6,7 +6,14 @@ import pandas as pd
 import pytest
 
 from fedrepro.fedmatch.claims import _compare, _figure_claims, _individuals_beat_somewhere
-from fedrepro.fedmatch.report import FedMatchResults, bm25_levels, health_table, history_health, marked_labels, patch_table
+from fedrepro.fedmatch.report import (
+    FedMatchResults,
+    bm25_levels,
+    health_table,
+    history_health,
+    marked_labels,
+    patch_table,
+)
 from fedrepro.report.claims import claims_frame
 from fedrepro.report.statistics import VERDICTS
 
@@ -18,7 +25,9 @@ def history(losses, valid_mrr=None):
     for i, loss in enumerate(losses):
         record = {"round": i + 1, "train_loss": loss, "bytes_up": 0, "bytes_down": 0}
         if valid_mrr is not None:
-            record["valid"] = {c: {"map": valid_mrr[i], "mrr": valid_mrr[i] + (0.1 if c == "a" else -0.1)} for c in CLIENTS}
+            record["valid"] = {
+                c: {"map": valid_mrr[i], "mrr": valid_mrr[i] + (0.1 if c == "a" else -0.1)} for c in CLIENTS
+            }
         records.append(record)
     return records
 
@@ -27,10 +36,31 @@ def results(histories: dict[str, list[dict]], info: dict | None = None) -> FedMa
     rows, questions = [], []
     for index, row in enumerate(histories):
         for client in CLIENTS + ("overall",):
-            rows += [{"row": row, "method": row, "seed": 0, "sweep": None, "point": None, "client": client, "metric": m,
-                      "value": 0.3 + 0.1 * index} for m in ("map", "mrr")]
-        questions += [{"row": row, "seed": 0, "client": c, "question": f"q{q}", "map": 0.3 + 0.1 * index + 0.01 * q,
-                       "mrr": 0.3 + 0.1 * index + 0.01 * q} for c in CLIENTS for q in range(4)]
+            rows += [
+                {
+                    "row": row,
+                    "method": row,
+                    "seed": 0,
+                    "sweep": None,
+                    "point": None,
+                    "client": client,
+                    "metric": m,
+                    "value": 0.3 + 0.1 * index,
+                }
+                for m in ("map", "mrr")
+            ]
+        questions += [
+            {
+                "row": row,
+                "seed": 0,
+                "client": c,
+                "question": f"q{q}",
+                "map": 0.3 + 0.1 * index + 0.01 * q,
+                "mrr": 0.3 + 0.1 * index + 0.01 * q,
+            }
+            for c in CLIENTS
+            for q in range(4)
+        ]
     health = {row: {0: history_health(h)} for row, h in histories.items()}
     return FedMatchResults(pd.DataFrame(rows), pd.DataFrame(questions), pd.DataFrame(), info or {}, [], health)
 
@@ -46,37 +76,68 @@ def test_health_from_the_history_uses_train_loss_and_the_clients_mean_validation
 
 
 def test_tables_mark_unsound_rows_and_no_claim_rests_on_a_diverged_cell():
-    data = results({"fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
-                    "individual": history([0.9, 1.2, 1.4], [0.3, 0.2, 0.1]),
-                    "fedprox": history([0.9, 0.6, 0.5], [0.3, 0.5, 0.7])})
+    data = results(
+        {
+            "fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
+            "individual": history([0.9, 1.2, 1.4], [0.3, 0.2, 0.1]),
+            "fedprox": history([0.9, 0.6, 0.5], [0.3, 0.5, 0.7]),
+        }
+    )
     labels = marked_labels(data)
-    assert labels == {"fedavg": "FedAvg", "individual": "BERT (individual) [diverged]",
-                      "fedprox": "FedProx [not converged]"}
+    assert labels == {
+        "fedavg": "FedAvg",
+        "individual": "BERT (individual) [diverged]",
+        "fedprox": "FedProx [not converged]",
+    }
     claim = _compare(data, "FedAvg beats individual", ["fedavg"], ["individual"])
     assert claim.verdict == "inconclusive (rests on diverged: BERT (individual))"
     # an unconverged cell voids the test too: the claim would rest on where the budget stopped, not on the method
-    assert _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict == "inconclusive (rests on not converged: FedProx)"
-    assert _compare(data, "FedAvg beats FedAvg", ["fedavg"], ["fedavg"]).verdict == "inconclusive (1 seed; a seed-level test needs 3)"
+    assert (
+        _compare(data, "FedAvg beats FedProx", ["fedavg"], ["fedprox"]).verdict
+        == "inconclusive (rests on not converged: FedProx)"
+    )
+    assert (
+        _compare(data, "FedAvg beats FedAvg", ["fedavg"], ["fedavg"]).verdict
+        == "inconclusive (1 seed; a seed-level test needs 3)"
+    )
     # a reference at chance voids the claim: beating it says little about the method
     at_chance = _compare(data, "FedProx beats FedAvg", ["fedprox"], ["fedavg"], chance={"overall": {"mrr": 0.28}})
-    assert at_chance.verdict == "inconclusive (rests on not converged: FedProx)"  # an unsound cell is named first of all
-    sound = results({"fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
-                     "fedper": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5])})
-    assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.28}}).verdict == (
-        "inconclusive (the reference FedAvg is at chance: MRR 0.300 vs 0.280 (needs 0.05 above))")
+    assert (
+        at_chance.verdict == "inconclusive (rests on not converged: FedProx)"
+    )  # an unsound cell is named first of all
+    sound = results(
+        {
+            "fedavg": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
+            "fedper": history([0.9, 0.6, 0.5, 0.5], [0.3, 0.5, 0.505, 0.5]),
+        }
+    )
+    assert _compare(
+        sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.28}}
+    ).verdict == ("inconclusive (the reference FedAvg is at chance: MRR 0.300 vs 0.280 (needs 0.05 above))")
     assert _compare(sound, "FedPer beats FedAvg", ["fedper"], ["fedavg"], chance={"overall": {"mrr": 0.2}}).verdict == (
-        "inconclusive (1 seed; a seed-level test needs 3)")
+        "inconclusive (1 seed; a seed-level test needs 3)"
+    )
     table = health_table(data, ["fedavg", "individual"])
     assert table["health"].tolist() == ["converged", "diverged"]
     assert "rose from 0.9 (round 1) to 1.4 (round 3)" in table["why"].iloc[1]
 
 
 def test_patch_table_shows_each_clients_up_norm_down_change_and_down_norm():
-    norms = {"a": {"down": 11.3, "down_change": 0.0451, "up": 0.125, "up_change": 0.125, "feature_change": 0.0123,
-                   "score_change": 0.4},
-             "b": {"down": 11.2, "down_change": 0.05, "up": 0.2, "up_change": 0.2}}
-    data = results({"fedavg": history([0.9, 0.5]), "fedmatch_h_lr": history([0.9, 0.5])},
-                   info={"fedavg": {}, "fedmatch_h_lr": {"patch_norms": norms}})
+    norms = {
+        "a": {
+            "down": 11.3,
+            "down_change": 0.0451,
+            "up": 0.125,
+            "up_change": 0.125,
+            "feature_change": 0.0123,
+            "score_change": 0.4,
+        },
+        "b": {"down": 11.2, "down_change": 0.05, "up": 0.2, "up_change": 0.2},
+    }
+    data = results(
+        {"fedavg": history([0.9, 0.5]), "fedmatch_h_lr": history([0.9, 0.5])},
+        info={"fedavg": {}, "fedmatch_h_lr": {"patch_norms": norms}},
+    )
     table = patch_table(data, ["fedavg", "fedmatch_h_lr"])
     assert list(table.index) == ["FedMatch H+LR"]
     assert table.loc["FedMatch H+LR", "a"] == "0.125 / 0.0451 / 11.3; 1.23%, 0.40 sd"
@@ -95,16 +156,31 @@ def test_the_rendered_report_marks_unsound_rows_states_the_rule_and_shows_patch_
     raw["fedmatch"]["sweeps"].update({k: [] for k in ("shared_layers", "patch_size", "aggregate_every", "data_ratio")})
     params = parse_params(raw)
     norms = {c: {"down": 3.3, "down_change": 0.2, "up": 0.25, "up_change": 0.25} for c in CLIENTS}
-    info = {row: {"channel": {"a->server": {"bytes": 10}}, "parameters": {"total": 5, "trainable": 5, "private": 0, "uploaded": 5},
-                  "memory_bytes": {"private_per_client_max": 0}, **({"patch_norms": norms} if row == "fedmatch_h_lr" else {})}
-            for row in ("fedavg", "fedmatch_h_lr")}
+    info = {
+        row: {
+            "channel": {"a->server": {"bytes": 10}},
+            "parameters": {"total": 5, "trainable": 5, "private": 0, "uploaded": 5},
+            "memory_bytes": {"private_per_client_max": 0},
+            **({"patch_norms": norms} if row == "fedmatch_h_lr" else {}),
+        }
+        for row in ("fedavg", "fedmatch_h_lr")
+    }
     histories = {"fedavg": history([0.9, 1.1, 1.3]), "fedmatch_h_lr": history([0.9, 0.6, 0.5], [0.3, 0.5, 0.7])}
     data = results(histories, info)
-    data.histories = pd.DataFrame([{"row": row, "method": row, "seed": 0, "sweep": None, "point": None, **r}
-                                   for row, h in histories.items() for r in h]).drop(columns="valid", errors="ignore")
+    data.histories = pd.DataFrame(
+        [
+            {"row": row, "method": row, "seed": 0, "sweep": None, "point": None, **r}
+            for row, h in histories.items()
+            for r in h
+        ]
+    ).drop(columns="valid", errors="ignore")
     chance = {"clients": {c: {"map": 0.2, "mrr": 0.25} for c in CLIENTS}, "overall": {"map": 0.2, "mrr": 0.25}}
-    partition = {"clients": {c: {"train_questions_available": 10, "questions": {"train": 5, "valid": 4, "test": 4},
-                                 "answer_pool": 30} for c in CLIENTS}}
+    partition = {
+        "clients": {
+            c: {"train_questions_available": 10, "questions": {"train": 5, "valid": 4, "test": 4}, "answer_pool": 30}
+            for c in CLIENTS
+        }
+    }
     mined = {c: {"triples": 20, "candidates": {"test": 40}} for c in CLIENTS}
     bm25 = {"clients": {c: {"map": 0.125, "mrr": 0.375} for c in CLIENTS}, "overall": {"map": 0.125, "mrr": 0.375}}
     report = render_report(params, data, chance, bm25, partition, mined)
@@ -125,11 +201,21 @@ def test_bm25_only_row_is_map_and_mrr_of_the_recorded_scores_with_ties_by_answer
     """q1: order a2 (3) a1* (2) a3 (1) a4* (0): AP (1/2 + 2/4) / 2, RR 1/2; q2: gold b1 ties b2 at 1.0 and ranks first
     by answer id: AP = RR = 1 (reversed tie rule: 1/2); client b's q3: gold c1 (0) below c2 (1): AP = RR = 1/2.
     The valid question would lift client a to AP 1 if it counted."""
-    rows = [("test", "q1", "a1", 1, 2.0), ("test", "q1", "a2", 0, 3.0), ("test", "q1", "a3", 0, 1.0), ("test", "q1", "a4", 1, 0.0),
-            ("test", "q2", "b1", 1, 1.0), ("test", "q2", "b2", 0, 1.0), ("valid", "v1", "z1", 1, 9.0), ("valid", "v1", "z2", 0, 0.0)]
+    rows = [
+        ("test", "q1", "a1", 1, 2.0),
+        ("test", "q1", "a2", 0, 3.0),
+        ("test", "q1", "a3", 0, 1.0),
+        ("test", "q1", "a4", 1, 0.0),
+        ("test", "q2", "b1", 1, 1.0),
+        ("test", "q2", "b2", 0, 1.0),
+        ("valid", "v1", "z1", 1, 9.0),
+        ("valid", "v1", "z2", 0, 0.0),
+    ]
     columns = ["split", "question_id", "answer_id", "relevance", "score"]
     pd.DataFrame(rows, columns=columns).to_parquet(tmp_path / "a.parquet")
-    pd.DataFrame([("test", "q3", "c1", 1, 0.0), ("test", "q3", "c2", 0, 1.0)], columns=columns).to_parquet(tmp_path / "b.parquet")
+    pd.DataFrame([("test", "q3", "c1", 1, 0.0), ("test", "q3", "c2", 0, 1.0)], columns=columns).to_parquet(
+        tmp_path / "b.parquet"
+    )
     levels = bm25_levels(tmp_path)
     assert levels["clients"] == {"a": {"map": 0.75, "mrr": 0.75}, "b": {"map": 0.5, "mrr": 0.5}}
     assert levels["overall"] == {"map": 0.625, "mrr": 0.625}
@@ -155,12 +241,19 @@ def grid(rows: dict[str, dict[str, float]], seeds=(0, 1, 2), questions=10, clien
             (sweep, point), method = row.split(":")[0].split("="), row.split(":")[1]
         base = {"row": row, "method": method, "sweep": sweep, "point": point}
         for seed in seeds:
-            values = offsets + rng.normal(0, 0.01, size=offsets.shape) + [[levels.get(c, levels.get("*"))] for c in clients]
+            values = (
+                offsets + rng.normal(0, 0.01, size=offsets.shape) + [[levels.get(c, levels.get("*"))] for c in clients]
+            )
             means = dict(zip(clients, values.mean(axis=1)))
             for client, value in {**means, "overall": float(np.mean(list(means.values())))}.items():
-                results += [{**base, "seed": seed, "client": client, "metric": m, "value": value} for m in ("map", "mrr")]
-            questions_frame += [{"row": row, "seed": seed, "client": c, "question": f"q{q}", "map": values[i, q], "mrr": values[i, q]}
-                                for i, c in enumerate(clients) for q in range(questions)]
+                results += [
+                    {**base, "seed": seed, "client": client, "metric": m, "value": value} for m in ("map", "mrr")
+                ]
+            questions_frame += [
+                {"row": row, "seed": seed, "client": c, "question": f"q{q}", "map": values[i, q], "mrr": values[i, q]}
+                for i, c in enumerate(clients)
+                for q in range(questions)
+            ]
         health[row] = {seed: history_health(CONVERGED) for seed in seeds}
     return FedMatchResults(pd.DataFrame(results), pd.DataFrame(questions_frame), pd.DataFrame(), {}, [], health)
 
@@ -174,14 +267,34 @@ def verdicts(claims: list) -> dict[str, str]:
     return claims_frame(claims).set_index("finding (paper)")["verdict"].to_dict()
 
 
-NEW_FINDINGS = ("Fig 5 (2)", "Fig 5 (3)", "Fig 7 (1): aggregating", "Fig 7 (1): BioASQ", "Fig 7 (2)", "Fig 7 (3)", "Fig 8 (1)",
-                "Table 3: individual models beat LG-FedAvg", "Table 3: individual models beat FedPer")
+NEW_FINDINGS = (
+    "Fig 5 (2)",
+    "Fig 5 (3)",
+    "Fig 7 (1): aggregating",
+    "Fig 7 (1): BioASQ",
+    "Fig 7 (2)",
+    "Fig 7 (3)",
+    "Fig 8 (1)",
+    "Table 3: individual models beat LG-FedAvg",
+    "Table 3: individual models beat FedPer",
+)
 
 
 def full_grid(seeds=(0, 1, 2)) -> FedMatchResults:
-    rows = {"individual": {"*": 0.4}, "individual_re2": {"*": 0.35, "fiqa": 0.6}, "lg_fedavg": {"*": 0.5}, "fedper": {"*": 0.5}}
-    rows |= sweep("shared_layers", (2, 1, 0), lambda n: {"*": 0.4 + 0.05 * n, "fiqa": 0.5, "bioasq": 0.6 - 0.1 * (n == 2)})
-    rows |= sweep("aggregate_every", (1, 2, 3), lambda e: {"*": 0.6 - 0.1 * e, "fiqa": 0.5 + 0.05 * (e == 2), "bioasq": 0.5 + 0.05 * (e == 2)})
+    rows = {
+        "individual": {"*": 0.4},
+        "individual_re2": {"*": 0.35, "fiqa": 0.6},
+        "lg_fedavg": {"*": 0.5},
+        "fedper": {"*": 0.5},
+    }
+    rows |= sweep(
+        "shared_layers", (2, 1, 0), lambda n: {"*": 0.4 + 0.05 * n, "fiqa": 0.5, "bioasq": 0.6 - 0.1 * (n == 2)}
+    )
+    rows |= sweep(
+        "aggregate_every",
+        (1, 2, 3),
+        lambda e: {"*": 0.6 - 0.1 * e, "fiqa": 0.5 + 0.05 * (e == 2), "bioasq": 0.5 + 0.05 * (e == 2)},
+    )
     rows |= sweep("data_ratio", (0.2, 0.6, 1.0), lambda r: {"*": 0.5})
     rows |= sweep("data_ratio", (0.2, 0.6, 1.0), lambda r: {"*": 0.3}, method="individual")
     return grid(rows, seeds)
@@ -189,7 +302,9 @@ def full_grid(seeds=(0, 1, 2)) -> FedMatchResults:
 
 def new_claims(data: FedMatchResults, chance=LOW_CHANCE) -> dict[str, str]:
     individuals = [m for m in ("individual", "individual_re2") if m in data.health]
-    claims = _figure_claims(data, chance) + [_individuals_beat_somewhere(data, f, individuals, chance) for f in ("lg_fedavg", "fedper")]
+    claims = _figure_claims(data, chance) + [
+        _individuals_beat_somewhere(data, f, individuals, chance) for f in ("lg_fedavg", "fedper")
+    ]
     return {finding: verdict for finding, verdict in verdicts(claims).items() if finding.startswith(NEW_FINDINGS)}
 
 
@@ -221,8 +336,16 @@ def test_new_claims_are_reversed_where_built_reversed_and_inconclusive_with_two_
     assert verdict("Fig 7 (1): BioASQ") == "holds"  # its mirror
     assert verdict("Fig 8 (1)") == "reversed"  # BERT ahead at 20%: one ratio against 'at every ratio'
     # federated ahead on every domain: reversed, not merely unsupported
-    assert verdict("Table 3: individual models beat LG-FedAvg") == verdict("Table 3: individual models beat FedPer") == "reversed"
-    tested = [v for v in new_claims(grid(rows, seeds=(0, 1))).values() if not v.startswith("not testable") and "direction only" not in v]
+    assert (
+        verdict("Table 3: individual models beat LG-FedAvg")
+        == verdict("Table 3: individual models beat FedPer")
+        == "reversed"
+    )
+    tested = [
+        v
+        for v in new_claims(grid(rows, seeds=(0, 1))).values()
+        if not v.startswith("not testable") and "direction only" not in v
+    ]
     assert len(tested) == 6 and set(tested) == {"inconclusive (2 seeds; a seed-level test needs 3)"}
 
 
@@ -230,22 +353,32 @@ def test_an_empty_sweep_or_a_missing_collection_is_not_testable_and_a_claim_name
     data = grid({"individual": {"*": 0.4, "medquad": 0.6}, "lg_fedavg": {"*": 0.5}})
     claims = verdicts(_figure_claims(data, LOW_CHANCE))
     assert claims["Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch"] == (
-        "not testable here (the sweep fedmatch.sweeps.aggregate_every is empty at this scale)")
+        "not testable here (the sweep fedmatch.sweeps.aggregate_every is empty at this scale)"
+    )
     assert claims["Fig 5 (3): on BioASQ and FiQA, sharing all the layers is not optimal"] == (
-        "not testable here (the sweep fedmatch.sweeps.shared_layers is empty at this scale)")
+        "not testable here (the sweep fedmatch.sweeps.shared_layers is empty at this scale)"
+    )
     assert claims["Fig 8 (1): FedMatch H+LR beats individual BERT at every data ratio (InsuranceQA)"] == (
-        "not testable here (the sweep fedmatch.sweeps.data_ratio is empty at this scale)")
+        "not testable here (the sweep fedmatch.sweeps.data_ratio is empty at this scale)"
+    )
     claim = _individuals_beat_somewhere(data, "lg_fedavg", ["individual"], LOW_CHANCE)
     assert "significant after Bonferroni over the 5: BERT (individual) on medquad" in claim.measured
-    assert "5 contrasts combined into one claim, which holds if" in claim.test and "deciding contrast: BERT (individual) on medquad" in claim.test
+    assert (
+        "5 contrasts combined into one claim, which holds if" in claim.test
+        and "deciding contrast: BERT (individual) on medquad" in claim.test
+    )
     at_chance = _individuals_beat_somewhere(data, "lg_fedavg", ["individual"], {"overall": {"map": 0.48, "mrr": 0.48}})
     assert at_chance.verdict.startswith("inconclusive (the reference LG-FedAvg is at chance")
-    insurance = grid(sweep("aggregate_every", (1, 2), lambda e: {"*": 0.5}), clients=("auto-insurance", "life-insurance"))
+    insurance = grid(
+        sweep("aggregate_every", (1, 2), lambda e: {"*": 0.5}), clients=("auto-insurance", "life-insurance")
+    )
     fig7 = verdicts(_figure_claims(insurance, LOW_CHANCE))
     assert fig7["Fig 7 (3): on PrivacyQA, aggregating every 2 epochs drops clearly below every epoch"] == (
-        "not testable here (no PrivacyQA client at this scale)")
+        "not testable here (no PrivacyQA client at this scale)"
+    )
     assert fig7["Fig 7 (2): the large collections (FiQA, BioASQ) are the most robust to the aggregation period"] == (
-        "not testable here (no FiQA or BioASQ client at this scale)")
+        "not testable here (no FiQA or BioASQ client at this scale)"
+    )
 
 
 def test_the_sweep_figures_draw_chance_overall_and_per_client_and_fig8_each_metrics_own(tmp_path, monkeypatch):
@@ -264,8 +397,9 @@ def test_the_sweep_figures_draw_chance_overall_and_per_client_and_fig8_each_metr
     assert dotted == {0.25: line(ax, "a").get_color(), 0.3: line(ax, "b").get_color()}
     assert labels(ax).count(f"{CHANCE}, per client (dotted, its colour)") == 1
     ours = pd.DataFrame({"map": [0.2, 0.3], "mrr": [0.3, 0.4]}, index=[0.5, 1.0])
-    data_ratio_figure(ours, ours - 0.1, ("FedMatch H+LR", "BERT (individual)"), "a", {"map": 0.15, "mrr": 0.22},
-                      tmp_path / "fig8.png")
+    data_ratio_figure(
+        ours, ours - 0.1, ("FedMatch H+LR", "BERT (individual)"), "a", {"map": 0.15, "mrr": 0.22}, tmp_path / "fig8.png"
+    )
     assert [line(ax, CHANCE).get_ydata()[0] for ax in caught["fig8.png"].axes] == [0.15, 0.22]
 
 
@@ -283,18 +417,50 @@ def test_the_sweep_figures_draw_the_chance_levels_of_the_mined_test_candidates(t
     raw["fedmatch"]["table2"], raw["fedmatch"]["table3"] = [FIGURE_METHOD], ["fedavg", FIGURE_METHOD]
     raw["fedmatch"]["sweeps"].update(shared_layers=[], patch_size=[], aggregate_every=[1, 2], data_ratio=[])
     params = parse_params(raw)
-    rows = [{"row": f"aggregate_every={point}:{FIGURE_METHOD}", "method": FIGURE_METHOD, "seed": 0, "sweep": "aggregate_every",
-             "point": str(point), "client": client, "metric": metric, "value": 0.5 + 0.1 * point}
-            for point in (1, 2) for client in CLIENTS + ("overall",) for metric in ("map", "mrr")]
-    histories = pd.DataFrame([{"row": m, "method": m, "seed": 0, "sweep": None, "point": None, "round": r, "train_loss": 1.0 / r,
-                               "bytes_up": 0, "bytes_down": 0} for m in ("fedavg", FIGURE_METHOD) for r in (1, 2)])
+    rows = [
+        {
+            "row": f"aggregate_every={point}:{FIGURE_METHOD}",
+            "method": FIGURE_METHOD,
+            "seed": 0,
+            "sweep": "aggregate_every",
+            "point": str(point),
+            "client": client,
+            "metric": metric,
+            "value": 0.5 + 0.1 * point,
+        }
+        for point in (1, 2)
+        for client in CLIENTS + ("overall",)
+        for metric in ("map", "mrr")
+    ]
+    histories = pd.DataFrame(
+        [
+            {
+                "row": m,
+                "method": m,
+                "seed": 0,
+                "sweep": None,
+                "point": None,
+                "round": r,
+                "train_loss": 1.0 / r,
+                "bytes_up": 0,
+                "bytes_down": 0,
+            }
+            for m in ("fedavg", FIGURE_METHOD)
+            for r in (1, 2)
+        ]
+    )
     data = FedMatchResults(pd.DataFrame(rows), pd.DataFrame(), histories)
     mined = tmp_path / "mined"
     for client, candidates in (("a", 2), ("b", 4)):
         (mined / client).mkdir(parents=True)
-        pd.DataFrame({"split": ["test"] * candidates + ["valid", "valid"], "question_id": ["q"] * candidates + ["v", "v"],
-                      "answer_id": [f"x{i}" for i in range(candidates + 2)],
-                      "relevance": [1] + [0] * (candidates - 1) + [1, 1]}).to_parquet(mined / client / "candidates.parquet")
+        pd.DataFrame(
+            {
+                "split": ["test"] * candidates + ["valid", "valid"],
+                "question_id": ["q"] * candidates + ["v", "v"],
+                "answer_id": [f"x{i}" for i in range(candidates + 2)],
+                "relevance": [1] + [0] * (candidates - 1) + [1, 1],
+            }
+        ).to_parquet(mined / client / "candidates.parquet")
     caught = catch_figures(monkeypatch)
     write_figures(data, params, tmp_path, chance_levels(mined))
     expected = (0.75 + (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4) / 2
@@ -308,8 +474,10 @@ def test_a_sweep_table_ends_with_each_columns_chance_row():
     from fedrepro.report.results import CHANCE
 
     data = full_grid(seeds=(0,))
-    chance = {"clients": {c: {"map": 0.2, "mrr": 0.1 + 0.01 * i} for i, c in enumerate(sorted(PAPER_CLIENTS))},
-              "overall": {"map": 0.2, "mrr": 0.3}}
+    chance = {
+        "clients": {c: {"map": 0.2, "mrr": 0.1 + 0.01 * i} for i, c in enumerate(sorted(PAPER_CLIENTS))},
+        "overall": {"map": 0.2, "mrr": 0.3},
+    }
     table = sweep_table(data, "shared_layers", chance)
     assert table.index.tolist() == [0, 1, 2, CHANCE]
     assert table.loc[CHANCE].tolist() == pytest.approx([0.1 + 0.01 * i for i in range(len(PAPER_CLIENTS))] + [0.3])

@@ -45,7 +45,7 @@ over 30 s was seen on 2 cores with two trainings and other Flower tests beside i
 def several_machines_section() -> str:
     docs = (ROOT / "docs" / "flower.md").read_text()
     start = docs.index("## Flower on several machines")
-    return docs[start:docs.index("**Trust model.**", start)].replace("\\\n", " ")
+    return docs[start : docs.index("**Trust model.**", start)].replace("\\\n", " ")
 
 
 def flags(command: list[str]) -> list[str]:
@@ -59,20 +59,36 @@ def test_the_docs_several_machines_steps_are_the_scripts():
     script = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(script)
     section, source = several_machines_section(), SCRIPT.read_text()
-    commands = {name: next(line.split(f"flower-{name} ")[1].split() for line in section.splitlines()
-                           if f"flower-{name} " in line) for name in ("superlink", "supernode")}
+    commands = {
+        name: next(
+            line.split(f"flower-{name} ")[1].split() for line in section.splitlines() if f"flower-{name} " in line
+        )
+        for name in ("superlink", "supernode")
+    }
     certificates = {"ca": Path("ca.crt"), "cert": Path("c.pem"), "key": Path("c.key")}
     assert flags(commands["superlink"]) == flags(script.superlink_command(certificates, "10.0.0.5"))
     assert flags(commands["supernode"]) == flags(script.supernode_command("a:1", Path("ca"), Path("k"), "c", Path("s")))
     assert "scripts/several_hosts.py" in section
-    steps = {name: name for name in ("make_certificates", "make_node_key", "shim_script", "fedrepro.fl.flower.launcher",
-                                     "write_recipe_spec", "write_app")}
-    steps.update({'"supernode", "ls", CONNECTION': "flwr supernode ls fedrepro",
-                  '"supernode", "register", str(public), CONNECTION': "flwr supernode register client_03.pub fedrepro",
-                  '"run", str(app), CONNECTION, "--format", "json"': "flwr run run/app fedrepro --format json",
-                  '"log", run_id, CONNECTION, "--show"': "flwr log <id> fedrepro --show",
-                  '"ls", CONNECTION, "--run-id", run_id, "--format", "json"':
-                      "flwr ls fedrepro --run-id <id> --format json"})
+    steps = {
+        name: name
+        for name in (
+            "make_certificates",
+            "make_node_key",
+            "shim_script",
+            "fedrepro.fl.flower.launcher",
+            "write_recipe_spec",
+            "write_app",
+        )
+    }
+    steps.update(
+        {
+            '"supernode", "ls", CONNECTION': "flwr supernode ls fedrepro",
+            '"supernode", "register", str(public), CONNECTION': "flwr supernode register client_03.pub fedrepro",
+            '"run", str(app), CONNECTION, "--format", "json"': "flwr run run/app fedrepro --format json",
+            '"log", run_id, CONNECTION, "--show"': "flwr log <id> fedrepro --show",
+            '"ls", CONNECTION, "--run-id", run_id, "--format", "json"': "flwr ls fedrepro --run-id <id> --format json",
+        }
+    )
     for in_script, in_docs in steps.items():
         assert in_script in source and in_docs in section, (in_script, in_docs)
 
@@ -87,8 +103,11 @@ def namespaces():
     probe = f"fedrepro-probe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode == 0:
-        made = subprocess.run(["ip", "-n", probe, "link", "add", "name", "probe0", "type", "veth", "peer", "name",
-                               "probe1"], capture_output=True, text=True)
+        made = subprocess.run(
+            ["ip", "-n", probe, "link", "add", "name", "probe0", "type", "veth", "peer", "name", "probe1"],
+            capture_output=True,
+            text=True,
+        )
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     if made.returncode != 0:
         pytest.skip(f"this machine cannot make a network namespace with a veth pair: {made.stderr.strip()}")
@@ -111,23 +130,45 @@ def started():
             script.communicate(timeout=300)
 
 
-def start_script(started: list, work: Path, case: str, rounds: int, prefix: str, reply_timeout: float | None = None,
-                 node_timings: bool = False) -> subprocess.Popen:
+def start_script(
+    started: list,
+    work: Path,
+    case: str,
+    rounds: int,
+    prefix: str,
+    reply_timeout: float | None = None,
+    node_timings: bool = False,
+) -> subprocess.Popen:
     """The script on ``case``; ``node_timings``: its SuperNodes with the drills' ``NODE_TIMINGS`` instead of
     Flower's (the docs' ``flower-supernode``)."""
     spec = work / "spec.json"
     work.mkdir(parents=True, exist_ok=True)
     spec.write_text(json.dumps({"factory": "flower_cells:recipe", "kwargs": {"case": case, "rounds": rounds}}))
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    command = [sys.executable, str(SCRIPT), "--recipe", str(spec), "--work", str(work / "run"), "--prefix", prefix,
-               "--timeout", "400"]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--recipe",
+        str(spec),
+        "--work",
+        str(work / "run"),
+        "--prefix",
+        prefix,
+        "--timeout",
+        "400",
+    ]
     if reply_timeout is not None:
         command += ["--reply-timeout", str(reply_timeout)]
     if node_timings:
-        command += ["--heartbeat-interval", str(NODE_TIMINGS.heartbeat_interval), "--pull-interval",
-                    str(NODE_TIMINGS.pull_interval)]
-    started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=environment))
+        command += [
+            "--heartbeat-interval",
+            str(NODE_TIMINGS.heartbeat_interval),
+            "--pull-interval",
+            str(NODE_TIMINGS.pull_interval),
+        ]
+    started.append(
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    )
     return started[-1]
 
 
@@ -139,8 +180,10 @@ def finish(script: subprocess.Popen, timeout: float = 500) -> str:
 
 def left_behind(work: Path, prefix: str) -> dict:
     """The script's namespaces still listed and its processes (marked with its work folder) still running."""
-    namespaces = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                             text=True).stdout.splitlines()]
+    namespaces = [
+        line.split()[0]
+        for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    ]
     mark = f"{MARK}={work / 'run'}:".encode()
     processes = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
@@ -158,8 +201,10 @@ def flower_outcome(case: str, rounds: int, run: Path) -> dict:
     assert flower.state.next_round == rounds, "the server checkpointed every round"
     flower.channel.messages = [Message.from_record(record) for record in flower.state.messages]
     collect_node_states(flower, run / "nodes")
-    return {**outcome(flower), "control_gap": control_variate_gap(flower.state.global_weights,
-                                                                   flower.state.client_states, flower.train_ids)}
+    return {
+        **outcome(flower),
+        "control_gap": control_variate_gap(flower.state.global_weights, flower.state.client_states, flower.train_ids),
+    }
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
@@ -179,10 +224,24 @@ def launcher_pid(namespace: str) -> int:
 def online_silos(run: Path, hosts: dict) -> int:
     """How many SuperNodes the SuperLink lists online, asked with the Flower CLI on the experimenter's host."""
     home = run / "hosts" / "experimenter"
-    listing = subprocess.run(["ip", "netns", "exec", hosts["experimenter"]["namespace"],
-                              str(Path(sys.executable).parent / "flwr"), "supernode", "ls", CONNECTION, "--format",
-                              "json"], capture_output=True, text=True, cwd=home,
-                             env={**os.environ, "FLWR_HOME": str(home / "flwr-home")})
+    listing = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            hosts["experimenter"]["namespace"],
+            str(Path(sys.executable).parent / "flwr"),
+            "supernode",
+            "ls",
+            CONNECTION,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=home,
+        env={**os.environ, "FLWR_HOME": str(home / "flwr-home")},
+    )
     try:
         return sum(node["status"] == "online" for node in json.loads(listing.stdout)["nodes"])
     except (ValueError, KeyError):
@@ -196,8 +255,9 @@ def rounds_checkpointed(run: Path) -> int:
         return 0
 
 
-def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_leaves_nothing(namespaces, started,
-                                                                                            tmp_path):
+def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_leaves_nothing(
+    namespaces, started, tmp_path
+):
     veths = host_veths()
     prefix = f"frh{os.getpid()}"
     script = start_script(started, tmp_path, CASE, 2, prefix)
@@ -210,8 +270,9 @@ def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_lea
             return script.poll() is not None
         hosts = json.loads((run / "hosts.json").read_text())
         for host in [hosts["superlink"], hosts["experimenter"], *hosts["silos"].values()]:
-            seen[host["address"]] = subprocess.run(["ip", "-n", host["namespace"], "route", "show"],
-                                                   capture_output=True, text=True).stdout.splitlines()
+            seen[host["address"]] = subprocess.run(
+                ["ip", "-n", host["namespace"], "route", "show"], capture_output=True, text=True
+            ).stdout.splitlines()
         return True
 
     wait_for(look_at_the_hosts, 300, "the hosts")
@@ -223,10 +284,13 @@ def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_lea
         assert flower[key] == expected[key], key
     assert flower["server_checkpoint_clients"] == []
     assert len(seen) == 5, "the SuperLink's host, the experimenter's and three silos'"
-    assert all(len(routes) == 1 and routes[0].startswith("10.77.0.0/24 dev ") for routes in seen.values()), \
-        ("each host reaches the link's subnet and nothing else: no default route", seen)
-    assert "10.77.0." not in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout, \
+    assert all(len(routes) == 1 and routes[0].startswith("10.77.0.0/24 dev ") for routes in seen.values()), (
+        "each host reaches the link's subnet and nothing else: no default route",
+        seen,
+    )
+    assert "10.77.0." not in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout, (
         "the machine's own namespace has no route into the link"
+    )
     certificate = (run / "hosts" / "superlink" / "certs" / "superlink.pem").read_bytes()
     from cryptography import x509
 
@@ -240,8 +304,9 @@ def test_the_several_machines_recipe_on_namespaces_gives_the_engines_run_and_lea
     assert host_veths() == veths, "no veth was made or left on the machine's own namespace"
 
 
-def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_state_intact(namespaces, started,
-                                                                                            tmp_path):
+def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_state_intact(
+    namespaces, started, tmp_path
+):
     """The link of a silo sampled in rounds 1 and 2 is taken down while its ClientApp works on round 2: round 2 ends
     without it (``missed``) once the SuperLink has marked the silo offline (two missed heartbeats: the SuperNodes run
     with the drills' ``NODE_TIMINGS``, 20 s, before the reply timeout), the link comes up once round 2 is
@@ -274,12 +339,17 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
             wait_for(lambda: (run / "hosts.json").exists(), 300, "the hosts")
             hosts = json.loads((run / "hosts.json").read_text())
             silo = hosts["silos"][victim]
-            link, state_dir = ["ip", "-n", silo["link"]["namespace"], "link", "set", silo["link"]["device"]], \
-                Path(silo["state_dir"])
+            link, state_dir = (
+                ["ip", "-n", silo["link"]["namespace"], "link", "set", silo["link"]["device"]],
+                Path(silo["state_dir"]),
+            )
             children = children_folder(silo["launcher_socket"])
             wait_for(lambda: rounds_checkpointed(run) >= 1, 300, "round 1")
-            wait_for(lambda: any(working(int(p.name)) for p in children.glob("*")), 60,
-                     f"the ClientApp of {victim} in round 2")
+            wait_for(
+                lambda: any(working(int(p.name)) for p in children.glob("*")),
+                60,
+                f"the ClientApp of {victim} in round 2",
+            )
             subprocess.run([*link, "down"], check=True)
             drill["files_at_down"] = state_files(state_dir)
             held = NodeStateStore(state_dir, cell.fingerprint).latest_until(DRILL_ROUNDS).tensors
@@ -311,10 +381,12 @@ def test_a_silo_whose_link_goes_down_mid_round_misses_it_and_rejoins_with_its_st
     assert history[1]["clients"], "the other silo sampled in round 2 was counted"
     assert list(drill["files_at_down"]) == ["round-000000.safetensors"], "the link went down before round 2's reply"
     assert drill["files_before_up"].items() >= drill["files_at_down"].items(), "the state it held is kept as it was"
-    rejoined = history[drill["up_after_round"]:]
+    rejoined = history[drill["up_after_round"] :]
     assert any(victim in record["clients"] for record in rejoined), (victim, history)
-    assert flower["control_gap"] <= 1e-3 * drill["control_off_if_lost"], \
-        ("the silo went on from the state the server counted (c = mean of every client's c_k)", flower["control_gap"])
+    assert flower["control_gap"] <= 1e-3 * drill["control_off_if_lost"], (
+        "the silo went on from the state the server counted (c = mean of every client's c_k)",
+        flower["control_gap"],
+    )
     assert left_behind(tmp_path, prefix) == {"namespaces": [], "processes": []}
 
 
@@ -322,8 +394,11 @@ def test_sigterm_stops_the_script_and_leaves_no_namespace_veth_or_process(namesp
     veths = host_veths()
     prefix = f"frt{os.getpid()}"
     script = start_script(started, tmp_path, CASE, 2, prefix)
-    wait_for(lambda: (tmp_path / "run" / "logs" / "client_02-supernode.log").exists() or script.poll() is not None,
-             300, "the last silo's SuperNode")
+    wait_for(
+        lambda: (tmp_path / "run" / "logs" / "client_02-supernode.log").exists() or script.poll() is not None,
+        300,
+        "the last silo's SuperNode",
+    )
     assert script.poll() is None, script.communicate()[1][-4000:]
     assert left_behind(tmp_path, prefix)["processes"], "the federation's processes run"
     script.send_signal(signal.SIGTERM)

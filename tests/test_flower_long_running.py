@@ -26,8 +26,10 @@ HERE = Path(__file__).resolve().parent
 def drills(tmp_path_factory):
     folder = tmp_path_factory.mktemp("long-running")
     out = folder / "results.json"
-    run_on_loopback([sys.executable, str(HERE / "flower_long_running.py"), "--out", str(out), "--work",
-                     str(folder / "work")], timeout=900)
+    run_on_loopback(
+        [sys.executable, str(HERE / "flower_long_running.py"), "--out", str(out), "--work", str(folder / "work")],
+        timeout=900,
+    )
     return json.loads(out.read_text())
 
 
@@ -83,7 +85,9 @@ def test_a_node_that_leaves_for_good_is_each_later_rounds_miss_and_the_others_lo
         sampled = drill["sampled"][index]
         missed = record.get("missed", {})
         assert list(missed) == ([LEAVER] if LEAVER in sampled else []), record
-        assert all(why.startswith(("no reply within train.reply_timeout", NODE_UNAVAILABLE)) for why in missed.values()), record
+        assert all(
+            why.startswith(("no reply within train.reply_timeout", NODE_UNAVAILABLE)) for why in missed.values()
+        ), record
         assert record["clients"] == [client for client in sampled if client != LEAVER], record
     assert any(LEAVER in drill["sampled"][index] for index in range(2, LEAVE_ROUNDS)), "a later round waited for it"
     same_run(leave["flower-deployment"], leave["engine"])
@@ -107,5 +111,6 @@ def test_a_server_restarted_from_its_checkpoint_while_the_nodes_run_resumes_to_t
     assert all(record.get("missed") is None for record in deployment["history"])
     same_run(deployment, restart["engine"])
     assert deployment["messages"] == restart["engine"]["messages"], "in the engine's order too: nothing was missed"
-    assert drill["supernode_exit_codes"] and set(drill["supernode_exit_codes"].values()) == {None}, \
+    assert drill["supernode_exit_codes"] and set(drill["supernode_exit_codes"].values()) == {None}, (
         "every SuperNode ran from start to end"
+    )

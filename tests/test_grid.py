@@ -29,10 +29,24 @@ class ToyCell:
 def train_toy(cell: ToyCell, out: Path, checkpoint_dir: Path, digest: str) -> dict:
     """A cell as the papers' ``run_cell`` is one: it seeds itself, trains, writes its outputs and returns metrics."""
     seed_everything(cell.seed, 1)
-    settings = EngineSettings(rounds=2, local_epochs=1, clients_per_round=0, lr=0.05, batch_size=8,
-                              warmup_fraction=0.1, max_grad_norm=5.0, seed=cell.seed)
-    engine = Engine(ToyTask({"a": 24, "b": 16}), make_algorithm("fedprox", mu=0.1), settings, checkpoint_dir,
-                    fingerprint=f"{cell.name}-{digest}", progress=True)
+    settings = EngineSettings(
+        rounds=2,
+        local_epochs=1,
+        clients_per_round=0,
+        lr=0.05,
+        batch_size=8,
+        warmup_fraction=0.1,
+        max_grad_norm=5.0,
+        seed=cell.seed,
+    )
+    engine = Engine(
+        ToyTask({"a": 24, "b": 16}),
+        make_algorithm("fedprox", mu=0.1),
+        settings,
+        checkpoint_dir,
+        fingerprint=f"{cell.name}-{digest}",
+        progress=True,
+    )
     history = engine.run().history
     weights = {name: tensor.tolist() for name, tensor in engine.state.global_weights.items()}
     out.mkdir(parents=True)
@@ -43,9 +57,18 @@ def train_toy(cell: ToyCell, out: Path, checkpoint_dir: Path, digest: str) -> di
 def grid(root: Path, run_cell, workers: int, cells=None) -> dict[str, str]:
     cells = cells or [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
     (root / "inputs").mkdir(parents=True, exist_ok=True)
-    run_grid({Path("tables"): cells}, Path("tables"), root / "out", root / "checkpoints", lambda cell: (root / "inputs",),
-             run_cell, lambda metrics: f"loss {metrics['loss']:.3f}", lambda cell, digest: f"{cell.name}-{digest}",
-             CellStore(root / "store"), workers=workers)
+    run_grid(
+        {Path("tables"): cells},
+        Path("tables"),
+        root / "out",
+        root / "checkpoints",
+        lambda cell: (root / "inputs",),
+        run_cell,
+        lambda metrics: f"loss {metrics['loss']:.3f}",
+        lambda cell, digest: f"{cell.name}-{digest}",
+        CellStore(root / "store"),
+        workers=workers,
+    )
     return {p.parent.name: p.read_text() for p in sorted((root / "out" / "tables").glob("*/result.json"))}
 
 
@@ -61,6 +84,7 @@ def test_cells_trained_two_at_a_time_in_children_equal_the_cells_trained_in_proc
 def test_each_child_trains_cells_one_after_another_so_what_a_process_keeps_serves_its_later_cells(tmp_path, capfd):
     """A Flower simulation keeps Ray and its workers per process: two children for six cells, not six, and each
     cell's log holds its own lines only."""
+
     def run_in_child(cell, out, checkpoint_dir, digest):
         print(f"training {cell.name}", file=sys.stderr)
         metrics = train_toy(cell, out, checkpoint_dir, digest)
@@ -80,6 +104,7 @@ def failing(error: BaseException):
         if cell.seed == 2:
             raise error
         return train_toy(cell, out, checkpoint_dir, digest)
+
     return run_cell
 
 
@@ -152,9 +177,18 @@ def test_a_finished_cell_run_again_is_neither_retrained_nor_scored_again_unless_
     # the same runs listed under other names (a figure's point equal to a table cell): scored as themselves
     renamed = [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
     fingerprint_of_seed = lambda cell, digest: f"cell-{cell.seed}-{digest}"  # noqa: E731
-    run_grid({Path("sweep"): [ToyCell(f"point-{c.seed}", c.seed) for c in renamed]}, Path("sweep"), tmp_path / "out",
-             tmp_path / "checkpoints", lambda cell: (tmp_path / "inputs",), counted, lambda m: "", fingerprint_of_seed,
-             CellStore(tmp_path / "store"), workers=1)
+    run_grid(
+        {Path("sweep"): [ToyCell(f"point-{c.seed}", c.seed) for c in renamed]},
+        Path("sweep"),
+        tmp_path / "out",
+        tmp_path / "checkpoints",
+        lambda cell: (tmp_path / "inputs",),
+        counted,
+        lambda m: "",
+        fingerprint_of_seed,
+        CellStore(tmp_path / "store"),
+        workers=1,
+    )
     assert sorted(calls[4:]) == [f"point-{seed}" for seed in range(4)]
     err = capfd.readouterr().err
     assert err.count("finished run from the cell store") == 4 and "outputs as scored before" not in err
@@ -163,14 +197,26 @@ def test_a_finished_cell_run_again_is_neither_retrained_nor_scored_again_unless_
 def test_the_heaviest_cells_start_first(tmp_path, capfd):
     cells = [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
     (tmp_path / "inputs").mkdir()
-    run_grid({Path("tables"): cells}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
-             lambda cell: (tmp_path / "inputs",), train_toy, lambda metrics: "", lambda cell, digest: cell.name,
-             CellStore(None), workers=2, weight=lambda cell: {2: 3.0, 3: 2.0}.get(cell.seed, 1.0))
+    run_grid(
+        {Path("tables"): cells},
+        Path("tables"),
+        tmp_path / "out",
+        tmp_path / "checkpoints",
+        lambda cell: (tmp_path / "inputs",),
+        train_toy,
+        lambda metrics: "",
+        lambda cell, digest: cell.name,
+        CellStore(None),
+        workers=2,
+        weight=lambda cell: {2: 3.0, 3: 2.0}.get(cell.seed, 1.0),
+    )
     started = [line.split()[1] for line in capfd.readouterr().err.splitlines() if line.startswith("started ")]
     assert started[:2] == ["cell-2", "cell-3"] and sorted(started[2:]) == ["cell-0", "cell-1"]
 
 
-def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_above_the_limit(tmp_path, capfd, monkeypatch):
+def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_above_the_limit(
+    tmp_path, capfd, monkeypatch
+):
     """Before its first cell a stage says how many cells are finished and where, and what the rest will cost, from
     what the cells of the same grid cost here (kept with them in the cell store); above $FEDREPRO_CONFIRM_MINUTES it
     asks in a terminal, and elsewhere says so and goes on."""
@@ -182,9 +228,20 @@ def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_abo
     store = CellStore(tmp_path / "store")
 
     def run(cells, label="toy tables", weight=None):
-        run_grid({Path("tables"): cells}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
-                 lambda cell: (tmp_path / "inputs",), train_toy, lambda metrics: "", lambda cell, digest: cell.name,
-                 store, workers=1, weight=weight, label=label)
+        run_grid(
+            {Path("tables"): cells},
+            Path("tables"),
+            tmp_path / "out",
+            tmp_path / "checkpoints",
+            lambda cell: (tmp_path / "inputs",),
+            train_toy,
+            lambda metrics: "",
+            lambda cell, digest: cell.name,
+            store,
+            workers=1,
+            weight=weight,
+            label=label,
+        )
         return capfd.readouterr().err
 
     first = run([ToyCell(f"cell-{seed}", seed) for seed in range(2)])
@@ -196,8 +253,10 @@ def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_abo
     second = run([ToyCell(f"cell-{seed}", seed) for seed in range(4)], weight=lambda cell: weights[cell.seed])
     rate = sorted(cost["seconds"] / cost["worth"] for cost in costs)[1]
     line = next(text for text in second.splitlines() if text.startswith("plan, "))
-    assert line.startswith("plan, toy tables: 4 cells: 1 finished in their checkpoints, 1 finished in the cell store, "
-                           f"2 to train: about {4 * rate / 60:.0f} min on 1 worker(s) and ")
+    assert line.startswith(
+        "plan, toy tables: 4 cells: 1 finished in their checkpoints, 1 finished in the cell store, "
+        f"2 to train: about {4 * rate / 60:.0f} min on 1 worker(s) and "
+    )
     assert line.endswith(" MB of checkpoints, from 2 cell(s) measured on this machine")
     assert len(store.costs("toy tables", costs[0]["machine"])) == 4, "a restored or finished cell adds no measure"
     assert "2 to train" not in run([ToyCell(f"cell-{seed}", seed) for seed in range(4)], label="other grid")
@@ -222,9 +281,19 @@ def test_a_stage_says_its_plan_from_the_costs_this_machine_measured_and_asks_abo
 
 def test_a_plan_only_run_says_its_plan_on_stdout_and_writes_nothing(tmp_path, capfd):
     (tmp_path / "inputs").mkdir()
-    run_grid({Path("tables"): [ToyCell("cell-0", 0)]}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
-             lambda cell: (tmp_path / "inputs",), train_toy, lambda metrics: "", lambda cell, digest: cell.name,
-             CellStore(tmp_path / "store"), label="toy tables", plan_only=True)
+    run_grid(
+        {Path("tables"): [ToyCell("cell-0", 0)]},
+        Path("tables"),
+        tmp_path / "out",
+        tmp_path / "checkpoints",
+        lambda cell: (tmp_path / "inputs",),
+        train_toy,
+        lambda metrics: "",
+        lambda cell, digest: cell.name,
+        CellStore(tmp_path / "store"),
+        label="toy tables",
+        plan_only=True,
+    )
     assert capfd.readouterr().out.startswith("plan, toy tables: 1 cells: 1 to train")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs"]
 
@@ -232,6 +301,7 @@ def test_a_plan_only_run_says_its_plan_on_stdout_and_writes_nothing(tmp_path, ca
 def test_each_cell_worker_sets_its_own_environment_before_its_cells(tmp_path):
     """How a stage gives each worker its own GPU (``Placement.environment``: CUDA_VISIBLE_DEVICES), shown on the CPU
     with a variable of the test's own: every cell sees its worker's value, and two workers two values."""
+
     def run_in_child(cell, out, checkpoint_dir, digest):
         out.mkdir(parents=True)
         (out / "seen").write_text(os.environ["FEDREPRO_TEST_WORKER"] + " " + str(os.getpid()))
@@ -239,21 +309,35 @@ def test_each_cell_worker_sets_its_own_environment_before_its_cells(tmp_path):
 
     cells = [ToyCell(f"cell-{seed}", seed) for seed in range(4)]
     (tmp_path / "inputs").mkdir()
-    run_grid({Path("tables"): cells}, Path("tables"), tmp_path / "out", tmp_path / "checkpoints",
-             lambda cell: (tmp_path / "inputs",), run_in_child, lambda metrics: "done", lambda cell, digest: cell.name,
-             CellStore(None), workers=2, environment=lambda worker: {"FEDREPRO_TEST_WORKER": f"worker-{worker}"})
+    run_grid(
+        {Path("tables"): cells},
+        Path("tables"),
+        tmp_path / "out",
+        tmp_path / "checkpoints",
+        lambda cell: (tmp_path / "inputs",),
+        run_in_child,
+        lambda metrics: "done",
+        lambda cell, digest: cell.name,
+        CellStore(None),
+        workers=2,
+        environment=lambda worker: {"FEDREPRO_TEST_WORKER": f"worker-{worker}"},
+    )
     seen = {tuple(p.read_text().split()) for p in (tmp_path / "out" / "tables").glob("*/seen")}
     assert {value for value, _ in seen} == {"worker-0", "worker-1"}
     assert all(len({value for value, p in seen if p == pid}) == 1 for _, pid in seen), "one value a process"
 
 
-@pytest.mark.parametrize("workers_env, expected_workers, share, second_gpu", [
-    (None, 2, 1.0, "1"),      # 2 cores, 2 GPUs with room for 2 cells each: a cell a GPU
-    ("4", 4, 0.5, "1"),       # four workers asked for: two cells on each GPU, half a GPU each
-    ("3", 3, 0.5, "1"),
-])
-def test_a_gpu_stage_puts_one_worker_on_each_gpu_and_more_where_they_fit(monkeypatch, workers_env, expected_workers,
-                                                                         share, second_gpu):
+@pytest.mark.parametrize(
+    "workers_env, expected_workers, share, second_gpu",
+    [
+        (None, 2, 1.0, "1"),  # 2 cores, 2 GPUs with room for 2 cells each: a cell a GPU
+        ("4", 4, 0.5, "1"),  # four workers asked for: two cells on each GPU, half a GPU each
+        ("3", 3, 0.5, "1"),
+    ],
+)
+def test_a_gpu_stage_puts_one_worker_on_each_gpu_and_more_where_they_fit(
+    monkeypatch, workers_env, expected_workers, share, second_gpu
+):
     from fedrepro import grid as grids
 
     monkeypatch.setattr(grids, "visible_gpus", lambda: ["0", "1"])

@@ -24,8 +24,10 @@ def test_a_loss_that_falls_and_climbs_most_of_the_way_back_is_diverged():
     drifting = [2.15, 0.738, 1.57, 1.23, 0.925, 1.19, 1.90, 2.09]
     health = cell_health(drifting)
     assert health.diverged
-    assert health.why == ("training loss fell from 2.15 (round 1) to 0.738 (round 2), then rose to 2.09 (round 8), "
-                          "more than 50% of the way back")
+    assert health.why == (
+        "training loss fell from 2.15 (round 1) to 0.738 (round 2), then rose to 2.09 (round 8), "
+        "more than 50% of the way back"
+    )
     assert not cell_health([2.15, 0.738, 0.9, 1.4]).diverged  # gave back 0.66 of a 1.41 fall: under half
     assert not cell_health([1.0, 0.01, 0.02]).diverged  # a small wobble near zero is not a drift
     assert not cell_health([0.5, 0.5]).diverged
@@ -55,18 +57,31 @@ def test_converged_when_the_last_points_stop_improving():
 def test_marks_and_the_flagged_table_list_each_unsound_cell_once():
     assert mark_of(["converged", "not converged", "diverged"]) == " †" and mark_of(["unknown", "not converged"]) == " °"
     assert mark_of(["converged", "unknown"]) == ""
-    cells = pd.DataFrame({"name": ["b", "a", "a", "c"], "health": ["not converged", "diverged", "diverged", "converged"],
-                          "health_why": ["still improving", "loss rose", "loss rose", "stopped"]})  # a: in two tables
+    cells = pd.DataFrame(
+        {
+            "name": ["b", "a", "a", "c"],
+            "health": ["not converged", "diverged", "diverged", "converged"],
+            "health_why": ["still improving", "loss rose", "loss rose", "stopped"],
+        }
+    )  # a: in two tables
     flagged = flagged_cells(cells)
-    assert flagged.to_dict("records") == [{"name": "a", "health": "diverged", "why": "loss rose"},
-                                          {"name": "b", "health": "not converged", "why": "still improving"}]
+    assert flagged.to_dict("records") == [
+        {"name": "a", "health": "diverged", "why": "loss rose"},
+        {"name": "b", "health": "not converged", "why": "still improving"},
+    ]
 
 
 def _result(margin):
     rows = []
-    for lr, losses, scores in ((1e-4, [1.0, 0.8, 0.7], [0.5, 0.6, 0.62]), (1e-3, [1.0, 3.0, 9.0], [0.9, 0.2, 0.1]),
-                               (5e-5, [1.0, 0.9, 0.85], [0.4, 0.5, 0.55])):
-        rows += [{"lr": lr, "round": r + 1, "train_loss": l, "valid": s} for r, (l, s) in enumerate(zip(losses, scores))]
+    for lr, losses, scores in (
+        (1e-4, [1.0, 0.8, 0.7], [0.5, 0.6, 0.62]),
+        (1e-3, [1.0, 3.0, 9.0], [0.9, 0.2, 0.1]),
+        (5e-5, [1.0, 0.9, 0.85], [0.4, 0.5, 0.55]),
+    ):
+        rows += [
+            {"lr": lr, "round": r + 1, "train_loss": loss, "valid": score}
+            for r, (loss, score) in enumerate(zip(losses, scores))
+        ]
     return SanityResult("toy", "F1", margin, pd.DataFrame(rows), ["lr"], {"majority": 0.3, "random": 0.2})
 
 
@@ -91,8 +106,10 @@ def test_a_sweep_with_no_sound_setting_chooses_nothing_and_fails(tmp_path):
 def test_the_rule_reads_the_evaluated_models_training_loss_not_the_clients_mean_local_loss():
     """Under label skew the clients' mean local loss rises (round 1 fits each client's own classes from scratch)
     while the aggregate's loss on the same data falls: that cell trained, it did not diverge."""
-    history = [{"round": r + 1, "train_loss": local, "fit_loss": fit}
-               for r, (local, fit) in enumerate([(1.09, 3.50), (2.25, 3.19), (1.61, 1.46)])]
+    history = [
+        {"round": r + 1, "train_loss": local, "fit_loss": fit}
+        for r, (local, fit) in enumerate([(1.09, 3.50), (2.25, 3.19), (1.61, 1.46)])
+    ]
     assert training_losses(history) == [3.50, 3.19, 1.46]
     assert not cell_health(training_losses(history)).diverged
     assert cell_health([r["train_loss"] for r in history]).diverged

@@ -6,8 +6,15 @@ import pandas as pd
 import pytest
 
 from fedrepro.data import label_skew
-from fedrepro.data.label_skew import (SCHEMES, client_class_counts, client_proportions, partition_corpus,
-                                      split_by_proportions, skew_statistic, subsample_train)
+from fedrepro.data.label_skew import (
+    SCHEMES,
+    client_class_counts,
+    client_proportions,
+    partition_corpus,
+    split_by_proportions,
+    skew_statistic,
+    subsample_train,
+)
 from fedrepro.errors import DataError
 from fedrepro.report.figures import partition_heatmap
 
@@ -20,8 +27,11 @@ def table():
     """800 sentences over 5 Zipf-skewed classes (p_c proportional to 1/(c+1)), split 600/100/100."""
     rng = np.random.default_rng(0)
     p = 1 / np.arange(1, 6)
-    rows = [(f"{split}-{i:03d}", "text", CLASSES[rng.choice(5, p=p / p.sum())], split)
-            for split, n in SIZES.items() for i in range(n)]
+    rows = [
+        (f"{split}-{i:03d}", "text", CLASSES[rng.choice(5, p=p / p.sum())], split)
+        for split, n in SIZES.items()
+        for i in range(n)
+    ]
     return pd.DataFrame(rows, columns=["sentence_id", "text", "label", "split"]).sample(frac=1, random_state=1)
 
 
@@ -91,8 +101,9 @@ def test_same_seed_same_split_other_seed_other_split(table):
 
 
 def mean_skew(table, scheme, alpha):
-    return np.mean([skew_statistic(client_class_counts(partition_corpus(table, 5, scheme, alpha, seed)[0]))
-                    for seed in range(5)])
+    return np.mean(
+        [skew_statistic(client_class_counts(partition_corpus(table, 5, scheme, alpha, seed)[0])) for seed in range(5)]
+    )
 
 
 def test_smaller_alpha_more_skew(table):
@@ -110,7 +121,9 @@ def test_skew_statistic_extremes():
     # two pure clients against a 50/50 pool: each at JS distance sqrt(JSD([1, 0], [.5, .5])) in base 2
     jsd = (np.log2(1 / 0.75) + 0.5 * np.log2(0.5 / 0.75) + 0.5 * np.log2(0.5 / 0.25)) / 2
     assert skew_statistic(pd.DataFrame({"a": [10, 0], "b": [0, 10]})) == pytest.approx(np.sqrt(jsd))
-    assert skew_statistic(pd.DataFrame({"a": [10, 0], "b": [0, 30]})) > skew_statistic(pd.DataFrame({"a": [10, 5], "b": [5, 30]}))
+    assert skew_statistic(pd.DataFrame({"a": [10, 0], "b": [0, 30]})) > skew_statistic(
+        pd.DataFrame({"a": [10, 5], "b": [5, 30]})
+    )
 
 
 def test_minimum_size_met_exactly_or_refused_after_max_tries(table, monkeypatch):
@@ -130,8 +143,9 @@ def test_minimum_size_met_exactly_or_refused_after_max_tries(table, monkeypatch)
     assert not calls  # impossible on its face: refused before any draw
 
 
-@pytest.mark.parametrize("kwargs, word", [({"scheme": "shards"}, "scheme"), ({"alpha": 0.0}, "alpha"),
-                                          ({"n_clients": 0}, "n_clients")])
+@pytest.mark.parametrize(
+    "kwargs, word", [({"scheme": "shards"}, "scheme"), ({"alpha": 0.0}, "alpha"), ({"n_clients": 0}, "n_clients")]
+)
 def test_bad_parameters(kwargs, word):
     args = {"class_counts": {"a": 10}, "n_clients": 2, "scheme": "dirichlet", "alpha": 1.0, "seed": 0} | kwargs
     with pytest.raises(DataError, match=word):
@@ -144,7 +158,9 @@ def test_balance_trick_caps_client_size(table):
     plain, balanced = [], []
     for seed in range(8):
         for flag, out in ((False, plain), (True, balanced)):
-            out.append(client_class_counts(partition_corpus(table, k, "dirichlet", 0.1, seed, balance=flag)[0])["total"].max())
+            out.append(
+                client_class_counts(partition_corpus(table, k, "dirichlet", 0.1, seed, balance=flag)[0])["total"].max()
+            )
     # a client below N/K takes at most one whole class before it is closed, so it ends below N/K + the largest class
     assert max(balanced) < n / k + biggest
     assert np.mean(balanced) < np.mean(plain)
@@ -171,10 +187,16 @@ def test_subsample_train(table):
 
 
 def test_counts_keep_empty_clients_and_classes():
-    assignment = pd.DataFrame({"sentence_id": ["s1", "s2", "s3", "s4"], "label": ["a", "a", "b", "c"],
-                               "split": ["train", "train", "train", "test"]})
-    assignment["client"] = pd.Categorical(["client_00", "client_00", "client_02", "client_01"],
-                                          categories=["client_00", "client_01", "client_02"])
+    assignment = pd.DataFrame(
+        {
+            "sentence_id": ["s1", "s2", "s3", "s4"],
+            "label": ["a", "a", "b", "c"],
+            "split": ["train", "train", "train", "test"],
+        }
+    )
+    assignment["client"] = pd.Categorical(
+        ["client_00", "client_00", "client_02", "client_01"], categories=["client_00", "client_01", "client_02"]
+    )
     counts = client_class_counts(assignment)
     assert list(counts.index) == ["client_00", "client_01", "client_02"]
     assert list(counts.columns) == ["a", "b", "c", "total"]
@@ -198,7 +220,10 @@ def test_cap_splits_keeps_each_splits_label_mix():
     capped = cap_splits(table, 200, 30, seed=0)
     sizes = capped.groupby("split").size().to_dict()
     assert sizes == {"train": 200, "valid": 30, "test": 30}
-    train, kept = table[table.split == "train"].label.value_counts(normalize=True), capped[capped.split == "train"].label.value_counts()
+    train, kept = (
+        table[table.split == "train"].label.value_counts(normalize=True),
+        capped[capped.split == "train"].label.value_counts(),
+    )
     assert all(abs(kept[c] - 200 * train[c]) <= 1 for c in train.index)
     assert capped.equals(cap_splits(table, 200, 30, seed=0)) and set(capped.sentence_id) <= set(table.sentence_id)
     assert cap_splits(table, 0, 0, seed=0).equals(table)

@@ -31,32 +31,51 @@ def join_toy_labels(cell, out: Path) -> None:
     join_column(out, "predictions.csv", "sentence_id", "label", pd.Series(GOLD_LABELS), 1)
 
 
-TOY_GOLD = Gold(keep=("metrics.json", "predictions.csv"), dropped_columns={"predictions.csv": ("label",)},
-                join=join_toy_labels)
+TOY_GOLD = Gold(
+    keep=("metrics.json", "predictions.csv"), dropped_columns={"predictions.csv": ("label",)}, join=join_toy_labels
+)
 
 
 def toy_cell(calls: list):
     """A cell that writes predictions with gold labels beside them, a drawing no report reads, and metrics."""
+
     def run_cell(cell, out, checkpoint_dir, digest):
         calls.append(cell.name)
         out.mkdir(parents=True)
-        pd.DataFrame({"sentence_id": list(GOLD_LABELS), "label": list(GOLD_LABELS.values()), "client": ["c0", "c1", "c0"],
-                      "predicted": ["rel0", "rel0", f"rel{cell.seed}"]}).to_csv(out / "predictions.csv", index=False)
+        pd.DataFrame(
+            {
+                "sentence_id": list(GOLD_LABELS),
+                "label": list(GOLD_LABELS.values()),
+                "client": ["c0", "c1", "c0"],
+                "predicted": ["rel0", "rel0", f"rel{cell.seed}"],
+            }
+        ).to_csv(out / "predictions.csv", index=False)
         (out / "drawing.png").write_bytes(b"\x89PNG not kept")
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         (checkpoint_dir / "weights.safetensors").write_bytes(b"weights")
         metrics = {"f1": 0.5 + cell.seed / 10}
         (out / "metrics.json").write_text(json.dumps(metrics))
         return metrics
+
     return run_cell
 
 
 def grid(root: Path, ledger: ResultsLedger | None, calls: list, cells=None, workers: int = 1) -> dict[str, bytes]:
     cells = cells or [ToyCell(f"cell-{seed}", seed) for seed in range(3)]
     (root / "inputs").mkdir(parents=True, exist_ok=True)
-    run_grid({Path("tables"): cells}, Path("tables"), root / "out", root / "checkpoints", lambda cell: (root / "inputs",),
-             toy_cell(calls), lambda metrics: f"F1 {metrics['f1']:.2f}", lambda cell, digest: f"run-of-{cell.name}-{digest}",
-             CellStore(None), workers=workers, ledger=ledger)
+    run_grid(
+        {Path("tables"): cells},
+        Path("tables"),
+        root / "out",
+        root / "checkpoints",
+        lambda cell: (root / "inputs",),
+        toy_cell(calls),
+        lambda metrics: f"F1 {metrics['f1']:.2f}",
+        lambda cell, digest: f"run-of-{cell.name}-{digest}",
+        CellStore(None),
+        workers=workers,
+        ledger=ledger,
+    )
     return {str(p.relative_to(root / "out")): p.read_bytes() for p in sorted((root / "out").rglob("*.csv"))}
 
 
@@ -73,7 +92,9 @@ def test_the_ledger_keeps_no_gold_label_no_weights_and_no_file_a_report_does_not
     ledger = ResultsLedger(tmp_path / "ledger", TOY_GOLD, "avx2-fp32")
     grid(tmp_path / "first", ledger, [])
     kept = sorted(str(p.relative_to(tmp_path / "ledger")) for p in (tmp_path / "ledger").rglob("*") if p.is_file())
-    assert sorted(Path(p).name for p in kept) == ["metrics.json"] * 3 + ["predictions.csv"] * 3 + ["stamp.json"] * 3, kept
+    assert sorted(Path(p).name for p in kept) == ["metrics.json"] * 3 + ["predictions.csv"] * 3 + ["stamp.json"] * 3, (
+        kept
+    )
     for path in (tmp_path / "ledger").rglob("predictions.csv"):
         frame = pd.read_csv(path)
         assert list(frame.columns) == ["sentence_id", "client", "predicted"]
@@ -84,6 +105,7 @@ def test_the_ledger_keeps_no_gold_label_no_weights_and_no_file_a_report_does_not
 def test_a_cell_found_already_trained_is_recorded_without_training_seconds(tmp_path):
     """A stage that found a cell trained and scored (its checkpoint folder) spent no training on it: its stamp says
     null, so a snapshot's time estimate reads only cells trained where they were recorded."""
+
     def seconds(ledger_root: Path) -> list:
         return [json.loads(p.read_text())["seconds"] for p in sorted(ledger_root.rglob("stamp.json"))]
 
@@ -106,6 +128,7 @@ def test_an_entry_needs_the_cells_metrics_among_what_it_keeps(tmp_path):
 def test_a_machine_without_git_records_no_commit(tmp_path, monkeypatch):
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
+
     monkeypatch.setattr(ledger_module.subprocess, "run", no_git)
     assert ResultsLedger(tmp_path, TOY_GOLD, "avx2-fp32").commit is None
 
@@ -121,14 +144,16 @@ def test_a_missing_gold_label_is_an_error_that_names_the_file(tmp_path):
     out = tmp_path / "cell"
     out.mkdir()
     pd.DataFrame({"sentence_id": ["s1", "s9"], "client": ["c0", "c0"], "predicted": ["rel0", "rel1"]}).to_csv(
-        out / "predictions.csv", index=False)
+        out / "predictions.csv", index=False
+    )
     with pytest.raises(Exception, match=r"predictions.csv: no label for sentence_id \['s9'\]"):
         join_toy_labels(None, out)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_past_the_stop_time_no_cell_starts_but_those_the_ledger_holds_and_the_stage_fails_saying_how_many(
-        tmp_path, monkeypatch, workers):
+    tmp_path, monkeypatch, workers
+):
     """In process and on forked cell workers."""
     ledger = ResultsLedger(tmp_path / "ledger", TOY_GOLD, "avx2-fp32")
     grid(tmp_path / "first", ledger, [], cells=[ToyCell("cell-0", 0)])
@@ -163,12 +188,24 @@ def test_fedcmc_and_fedmatch_outputs_lose_their_gold_in_the_ledger_and_get_it_ba
     candidates, each as the cell's scoring wrote them."""
     partitions = tmp_path / "partitions"
     (partitions / "p").mkdir(parents=True)
-    pd.DataFrame({"sentence_id": ["s1", "s2", "s3"], "label": ["rel0", "rel2", "rel1"], "split": "test",
-                  "client": ["c0", "c1", "c0"]}).to_parquet(partitions / "p" / "assignment.parquet")
+    pd.DataFrame(
+        {
+            "sentence_id": ["s1", "s2", "s3"],
+            "label": ["rel0", "rel2", "rel1"],
+            "split": "test",
+            "client": ["c0", "c1", "c0"],
+        }
+    ).to_parquet(partitions / "p" / "assignment.parquet")
     mined = tmp_path / "mined" / "fiqa"
     mined.mkdir(parents=True)
-    candidates = pd.DataFrame({"question_id": ["q1", "q1", "q2", "q2", "q3"], "answer_id": ["a1", "a2", "a3", "a4", "a5"],
-                               "relevance": [1, 0, 0, 1, 1], "split": ["test"] * 4 + ["valid"]})
+    candidates = pd.DataFrame(
+        {
+            "question_id": ["q1", "q1", "q2", "q2", "q3"],
+            "answer_id": ["a1", "a2", "a3", "a4", "a5"],
+            "relevance": [1, 0, 0, 1, 1],
+            "split": ["test"] * 4 + ["valid"],
+        }
+    )
     candidates.to_parquet(mined / "candidates.parquet")
     candidates.head(0).to_parquet(mined / "triples.parquet")
 
@@ -180,8 +217,14 @@ def test_fedcmc_and_fedmatch_outputs_lose_their_gold_in_the_ledger_and_get_it_ba
 
     def fedcmc_run(cell, out, checkpoint_dir, digest):
         out.mkdir(parents=True)
-        pd.DataFrame({"sentence_id": ["s1", "s2", "s3"], "label": ["rel0", "rel2", "rel1"], "client": ["c0", "c1", "c0"],
-                      "predicted": ["rel0", "rel1", "rel1"]}).to_csv(out / "predictions.csv", index=False)
+        pd.DataFrame(
+            {
+                "sentence_id": ["s1", "s2", "s3"],
+                "label": ["rel0", "rel2", "rel1"],
+                "client": ["c0", "c1", "c0"],
+                "predicted": ["rel0", "rel1", "rel1"],
+            }
+        ).to_csv(out / "predictions.csv", index=False)
         (out / "metrics.json").write_text('{"f1": 0.5}')
         return {"f1": 0.5}
 
@@ -195,16 +238,30 @@ def test_fedcmc_and_fedmatch_outputs_lose_their_gold_in_the_ledger_and_get_it_ba
         (out / "metrics.json").write_text('{"f1": 0.5}')
         return {"f1": 0.5}
 
-    for paper, gold, run_cell, gold_file in (("fedcmc", fedcmc_gold(partitions), fedcmc_run, "predictions.csv"),
-                                            ("fedmatch", fedmatch_gold(tmp_path / "mined"), fedmatch_run, "trec/fiqa.qrels")):
+    for paper, gold, run_cell, gold_file in (
+        ("fedcmc", fedcmc_gold(partitions), fedcmc_run, "predictions.csv"),
+        ("fedmatch", fedmatch_gold(tmp_path / "mined"), fedmatch_run, "trec/fiqa.qrels"),
+    ):
         ledger = ResultsLedger(tmp_path / paper / "ledger", gold, "avx2-fp32")
         outputs = {}
         for copy in ("trained", "restored"):
             root = tmp_path / paper / copy
             (root / "inputs").mkdir(parents=True)
-            run_grid({Path("t"): [Cell("c-0", 0)]}, Path("t"), root / "out", root / "ck", lambda cell: (root / "inputs",),
-                     run_cell, str, lambda cell, digest: "run", CellStore(None), ledger=ledger)
-            outputs[copy] = {str(p.relative_to(root / "out")): p.read_bytes() for p in (root / "out").rglob("*") if p.is_file()}
+            run_grid(
+                {Path("t"): [Cell("c-0", 0)]},
+                Path("t"),
+                root / "out",
+                root / "ck",
+                lambda cell: (root / "inputs",),
+                run_cell,
+                str,
+                lambda cell, digest: "run",
+                CellStore(None),
+                ledger=ledger,
+            )
+            outputs[copy] = {
+                str(p.relative_to(root / "out")): p.read_bytes() for p in (root / "out").rglob("*") if p.is_file()
+            }
         assert outputs["restored"] == outputs["trained"], paper
         assert not any(gold_file in str(p) for p in (tmp_path / paper / "ledger").rglob("*.qrels")), paper
         held = [p.read_text() for p in (tmp_path / paper / "ledger").rglob("*") if p.is_file()]

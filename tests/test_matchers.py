@@ -40,9 +40,13 @@ def make(name, seed=0):
 
 
 def test_split_pair_left_aligns_each_side_and_drops_specials_and_padding():
-    input_ids = torch.tensor([[CLS, 5, 6, SEP, 7, 8, 9, SEP],
-                              [CLS, 5, SEP, 7, SEP, 3, 3, 0],    # padding with stray ids and answer types
-                              [CLS, 5, 6, 7, SEP, SEP, 0, 0]])  # answer truncated away
+    input_ids = torch.tensor(
+        [
+            [CLS, 5, 6, SEP, 7, 8, 9, SEP],
+            [CLS, 5, SEP, 7, SEP, 3, 3, 0],  # padding with stray ids and answer types
+            [CLS, 5, 6, 7, SEP, SEP, 0, 0],
+        ]
+    )  # answer truncated away
     attention_mask = torch.tensor([[1] * 8, [1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0]])
     token_type_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1, 0, 0]])
     q, q_mask, a, a_mask = split_pair(input_ids, attention_mask, token_type_ids, CLS, SEP)

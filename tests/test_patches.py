@@ -1,4 +1,5 @@
-"""FedMatch patches: all 8 variants start as the identity, act once non-zero, split parameters by name, ignore padding."""
+"""FedMatch patches: all 8 variants start as the identity, act once non-zero, split parameters by name, ignore
+padding."""
 
 import copy
 
@@ -11,7 +12,14 @@ from transformers.models.bert.modeling_bert import BertLayer
 from fedrepro.errors import ConfigError
 from fedrepro.models.cross_encoder import CrossEncoder
 from fedrepro.models.patches import (
-    INSERTIONS, STRUCTURES, PatchSpec, encoder_layer_index, inject_patch, is_patch_parameter, patch_effect, patch_norms,
+    INSERTIONS,
+    STRUCTURES,
+    PatchSpec,
+    encoder_layer_index,
+    inject_patch,
+    is_patch_parameter,
+    patch_effect,
+    patch_norms,
     patch_parameter_count,
 )
 
@@ -20,7 +28,9 @@ VARIANTS = [(i, s) for i in INSERTIONS for s in STRUCTURES]
 
 
 def tiny_bert() -> BertModel:
-    config = BertConfig(vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=2, intermediate_size=64)
+    config = BertConfig(
+        vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=2, intermediate_size=64
+    )
     return BertModel(config, add_pooling_layer=False)
 
 
@@ -102,6 +112,7 @@ def test_each_patch_reads_and_writes_where_the_docstring_says(insertion):
     def record(key):
         def hook(module, args, out):
             seen.setdefault(key, (args, out))  # the first call only; returns None so the output is kept
+
         return hook
 
     bert.embeddings.register_forward_hook(record("embeddings"))
@@ -147,16 +158,21 @@ def test_encoder_layer_index():
 
 
 def test_is_patch_parameter():
-    assert is_patch_parameter("patch.up.weight") and is_patch_parameter("encoder.encoder.layer.0.patch.attn.in_proj_weight")
+    assert is_patch_parameter("patch.up.weight") and is_patch_parameter(
+        "encoder.encoder.layer.0.patch.attn.in_proj_weight"
+    )
     assert not is_patch_parameter("encoder.encoder.layer.0.base.output.dense.weight")
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"insertion": "middle", "structure": "lr"}, "insertion = 'middle'"),
-    ({"insertion": "inner", "structure": "mlp"}, "structure = 'mlp'"),
-    ({"insertion": "inner", "structure": "pal", "size": 10, "heads": 4}, "heads = 4: a PAL patch of size 10"),
-    ({"insertion": "inner", "structure": "lr", "size": 0}, "size = 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"insertion": "middle", "structure": "lr"}, "insertion = 'middle'"),
+        ({"insertion": "inner", "structure": "mlp"}, "structure = 'mlp'"),
+        ({"insertion": "inner", "structure": "pal", "size": 10, "heads": 4}, "heads = 4: a PAL patch of size 10"),
+        ({"insertion": "inner", "structure": "lr", "size": 0}, "size = 0"),
+    ],
+)
 def test_bad_spec_names_the_field_and_knows_no_params_key(kwargs, field):
     with pytest.raises(ValueError, match=field) as caught:
         PatchSpec(**kwargs)
@@ -171,8 +187,11 @@ def test_the_stage_names_the_params_key_a_bad_patch_came_from():
 
     params = parse_params(with_change("fedmatch.settings.patch_heads", 3))
     size = params.fedmatch.settings.patch_size
-    with pytest.raises(ConfigError, match=rf"^params: fedmatch.settings.patch_heads = 3: a PAL patch of size {size} needs a "
-                                          rf"divisor of {size} \(for fedmatch_h_pal\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^params: fedmatch.settings.patch_heads = 3: a PAL patch of size {size} needs a "
+        rf"divisor of {size} \(for fedmatch_h_pal\)$",
+    ):
         algorithm_settings(params, "fedmatch_h_pal")
 
 
@@ -212,5 +231,7 @@ def test_patch_effect_is_zero_for_a_fresh_patch_and_measures_a_trained_one(inser
     with torch.no_grad():
         on, off = patched(**batch())[1], plain(**batch())[1]  # zeroing the patch output gives the unpatched model
     assert effect["feature_change"] > 0 and effect["score_change"] > 0
-    assert patch_effect(patched, [batch()])["feature_change"] == pytest.approx(float(((on - off).norm(dim=-1) / off.norm(dim=-1)).mean()), rel=1e-5)
+    assert patch_effect(patched, [batch()])["feature_change"] == pytest.approx(
+        float(((on - off).norm(dim=-1) / off.norm(dim=-1)).mean()), rel=1e-5
+    )
     assert patch_effect(plain, [batch()]) == {}

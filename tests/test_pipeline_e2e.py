@@ -1,4 +1,5 @@
-"""One end-to-end `dvc repro` of the embedded default in a fresh copy, then no-op, kill-and-resume and `dvc exp run -S`."""
+"""One end-to-end `dvc repro` of the embedded default in a fresh copy, then no-op, kill-and-resume and
+`dvc exp run -S`."""
 
 import json
 import re
@@ -52,7 +53,9 @@ def test_committed_lock_matches_the_code_and_params(tmp_path):
     assert listed.returncode == 0, listed.stderr[-3000:]
     listed = listed.stdout.split()
     locked = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
-    assert not set(locked) - set(listed), f"dvc.lock keeps stages dvc.yaml no longer has: {sorted(set(locked) - set(listed))}"
+    assert not set(locked) - set(listed), (
+        f"dvc.lock keeps stages dvc.yaml no longer has: {sorted(set(locked) - set(listed))}"
+    )
 
 
 def test_repro_writes_fedmatch_tables_figures_and_claims(project):
@@ -61,10 +64,21 @@ def test_repro_writes_fedmatch_tables_figures_and_claims(project):
     assert set(metrics["mrr"]) == set(params["methods"]) == set(metrics["map"])
     assert all(0.0 < value <= 1.0 for value in metrics["mrr"].values())
     report = (project / "reports" / "fedmatch" / "report.md").read_text()
-    for heading in ("## Table 2", "## Table 3", "## Claims checked at this scale", "## Training, parameters, communication and memory"):
+    for heading in (
+        "## Table 2",
+        "## Table 3",
+        "## Claims checked at this scale",
+        "## Training, parameters, communication and memory",
+    ):
         assert heading in report
     assert "FedMatch H+LR" in report and "CoverQuery" in report and "random ranking (chance)" in report
-    for figure in ("convergence.png", "fig5_shared_layers.png", "fig6_patch_size.png", "fig7_aggregate_every.png", "fig8_data_ratio.png"):
+    for figure in (
+        "convergence.png",
+        "fig5_shared_layers.png",
+        "fig6_patch_size.png",
+        "fig7_aggregate_every.png",
+        "fig8_data_ratio.png",
+    ):
         assert (project / "reports" / "fedmatch" / "figures" / figure).stat().st_size > 10_000
     cell = project / "data" / "fedmatch" / "tables" / "fedmatch_h_lr" / "fedmatch_h_lr-0"
     assert {p.suffix for p in (cell / "trec").iterdir()} == {".qrels", ".run"}
@@ -77,12 +91,23 @@ def test_repro_writes_fedcmc_tables_figures_and_claims(project):
     assert set(metrics["f1"]) == set(params["methods"])
     assert all(0.0 < value <= 1.0 for value in metrics["f1"].values())
     report = (project / "reports" / "fedcmc" / "report.md").read_text()
-    for heading in ("## Table 2", "## The clients table", "## Table 3", "## Fig 1", "## Fig 3a", "## Fig 3b", "## Fig 4",
-                    "## Communication and memory", "## Claims checked at this scale"):
+    for heading in (
+        "## Table 2",
+        "## The clients table",
+        "## Table 3",
+        "## Fig 1",
+        "## Fig 3a",
+        "## Fig 3b",
+        "## Fig 4",
+        "## Communication and memory",
+        "## Claims checked at this scale",
+    ):
         assert heading in report
     assert "FedCMC" in report and "SCAFFOLD" in report and "trivial: stratified random" in report
     figures = project / "reports" / "fedcmc" / "figures"
-    assert len(list((figures / "partitions").glob("*.png"))) == len(list((project / "data" / "fedcmc" / "partitions").iterdir()))
+    assert len(list((figures / "partitions").glob("*.png"))) == len(
+        list((project / "data" / "fedcmc" / "partitions").iterdir())
+    )
     assert all(p.stat().st_size > 10_000 for p in figures.glob("*.png"))
 
 
@@ -92,13 +117,24 @@ def test_repro_writes_ssvfnas_tables_figures_and_claims(project):
     assert set(metrics["accuracy"]) == set(params["methods"]) | {"hand_designed"}
     assert all(0.0 < value <= 1.0 for value in metrics["accuracy"].values())
     report = (project / "reports" / "ssvfnas" / "report.md").read_text()
-    for heading in ("## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes", "## Accuracy vs ε",
-                    "## Messages per step: DARTS vs MiLeNAS", "## The searched cells", "## The hand-designed baseline",
-                    "## Claims checked at this scale"):
+    for heading in (
+        "## Main table",
+        "## Steps, bytes and ε to the target accuracy",
+        "## Accuracy vs bytes",
+        "## Accuracy vs ε",
+        "## Messages per step: DARTS vs MiLeNAS",
+        "## The searched cells",
+        "## The hand-designed baseline",
+        "## Claims checked at this scale",
+    ):
         assert heading in report
     figures = project / "reports" / "ssvfnas" / "figures"
-    for name in ("accuracy_vs_bytes_digits-k2.png", "accuracy_vs_bytes_digits-k4.png", "accuracy_vs_epsilon_digits-k2.png",
-                 "messages_per_step.png"):
+    for name in (
+        "accuracy_vs_bytes_digits-k2.png",
+        "accuracy_vs_bytes_digits-k4.png",
+        "accuracy_vs_epsilon_digits-k2.png",
+        "messages_per_step.png",
+    ):
         assert (figures / name).stat().st_size > 10_000, name
     assert len(list((figures / "cells").glob("*/party_*.png"))) == 4 * (2 + 4)  # each method at K = 2 and K = 4
 
@@ -120,8 +156,9 @@ def test_a_killed_fedmatch_cell_resumes_to_identical_metrics(project):
     subprocess.run(["rm", "-rf", str(checkpoints)], check=True)
     command = [sys.executable, "stages/fedmatch_train.py", "--method", method]
     own_checkpoints_only = {**ENV, "FEDREPRO_CELL_STORE": "off"}  # the store holds this cell finished
-    process = subprocess.Popen(command, cwd=project, env=own_checkpoints_only, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, cwd=project, env=own_checkpoints_only, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         if state.exists() and json.loads(state.read_text())["next_round"] >= 2:
@@ -141,9 +178,9 @@ def test_a_killed_fedmatch_cell_resumes_to_identical_metrics(project):
 
 
 def test_exp_run_with_a_changed_param_retrains_only_the_cells_it_adds(project):
-    """`dvc exp run -S` on one figure's list: only the check, the sweeps' stage and the report rerun, and of the figures' cells
-    only the new point trains; the point equal to a table cell (patch 32, the table's size) is the table's run and
-    every other figure's cells are restored, none trained again. `dvc exp show` has the experiment."""
+    """`dvc exp run -S` on one figure's list: only the check, the sweeps' stage and the report rerun, and of the
+    figures' cells only the new point trains; the point equal to a table cell (patch 32, the table's size) is the
+    table's run and every other figure's cells are restored, none trained again. `dvc exp show` has the experiment."""
     result = run(["dvc", "exp", "run", "-S", "fedmatch.sweeps.patch_size=[16,32]"], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ran = re.findall(r"Running stage '([^']+)'", result.stdout)
@@ -175,11 +212,34 @@ def test_mirror_source_at_cpu_scale_through_mining(project):
     """Issue 3's run: real collections from the mirror, acquire -> prepare -> partition -> mine -> statistics."""
     if not MIRROR.is_dir():
         pytest.skip(f"raw-data mirror not found at {MIRROR}")
-    result = run(["dvc", "exp", "run", "-S", "data.source=mirror", "-S", f"data.mirror={MIRROR}", "-S", "scale=cpu",
-                  "data_statistics"], project)
+    result = run(
+        [
+            "dvc",
+            "exp",
+            "run",
+            "-S",
+            "data.source=mirror",
+            "-S",
+            f"data.mirror={MIRROR}",
+            "-S",
+            "scale=cpu",
+            "data_statistics",
+        ],
+        project,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     statistics = (project / "reports" / "statistics.md").read_text()
-    for collection in ("privacyqa", "bioasq", "fiqa", "insuranceqa", "medquad", "chemprot_cpr5", "chemprot_cpr_groups", "pgr", "motor"):
+    for collection in (
+        "privacyqa",
+        "bioasq",
+        "fiqa",
+        "insuranceqa",
+        "medquad",
+        "chemprot_cpr5",
+        "chemprot_cpr_groups",
+        "pgr",
+        "motor",
+    ):
         assert f"| {collection}" in statistics
     assert "i2b2: data.i2b2_dir is not set" in statistics
 
@@ -197,20 +257,38 @@ def test_a_users_own_vertical_table_runs_through_ssvfnas_from_params_alone(tmp_p
     rng = np.random.default_rng(0)
     ids, features = np.arange(300) + 1000, rng.normal(size=(300, 8))
     label = (features[:, :4].sum(axis=1) + features[:, 4:].sum(axis=1) > 0).astype(int)  # needs both parties
-    tables = {"fate_vfl/clinic_hetero_guest.csv": pd.DataFrame({"id": ids, "y": label, **{f"x{i}": features[:, i] for i in range(4)}}),
-              "fate_vfl/clinic_hetero_host.csv": pd.DataFrame({"id": ids, **{f"x{i}": features[:, i] for i in range(4, 8)}})}
+    tables = {
+        "fate_vfl/clinic_hetero_guest.csv": pd.DataFrame(
+            {"id": ids, "y": label, **{f"x{i}": features[:, i] for i in range(4)}}
+        ),
+        "fate_vfl/clinic_hetero_host.csv": pd.DataFrame({"id": ids, **{f"x{i}": features[:, i] for i in range(4, 8)}}),
+    }
     own = {}
     for rel, table in tables.items():
         (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(mirror / rel, index=False)
         own[rel] = hashlib.sha256((mirror / rel).read_bytes()).hexdigest()
     # `++` and `+`: Hydra's override grammar (which -S uses) adds keys that params.yaml lacks only when told to
-    variation = ["-S", f"data.mirror={mirror}", "-S", "++data.own_files={" + ", ".join(f"{rel}: {sha}" for rel, sha in own.items()) + "}", "-S", "+data.vertical_sets.clinic=[host]",
-                 "-S", "ssvfnas.datasets=[clinic]", "-S", "ssvfnas.parties=[2]", "-S", "ssvfnas.dp_levels=[[0, 0]]"]
+    variation = [
+        "-S",
+        f"data.mirror={mirror}",
+        "-S",
+        "++data.own_files={" + ", ".join(f"{rel}: {sha}" for rel, sha in own.items()) + "}",
+        "-S",
+        "+data.vertical_sets.clinic=[host]",
+        "-S",
+        "ssvfnas.datasets=[clinic]",
+        "-S",
+        "ssvfnas.parties=[2]",
+        "-S",
+        "ssvfnas.dp_levels=[[0, 0]]",
+    ]
     undeclared = run(["dvc", "exp", "run", *variation[:2], *variation[4:], "ssvfnas_report"], root)
     assert undeclared.returncode != 0
-    assert ("data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum: declare it in "
-            "data.own_files") in undeclared.stdout + undeclared.stderr
+    assert (
+        "data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum: declare it in "
+        "data.own_files"
+    ) in undeclared.stdout + undeclared.stderr
     result = run(["dvc", "exp", "run", *variation, "ssvfnas_report"], root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     statistics = json.loads((root / "data" / "prepared" / "statistics.json").read_text())
@@ -239,8 +317,17 @@ def _fiqa_layout(folder, topic: str, rng) -> None:
 
 def _pgr_layout(folder, rng) -> None:
     """A small relation corpus in PGR's layout: gene-phenotype sentences, related ("true") or not ("false")."""
-    header = ["SENTENCE", "GENE", "GENE_START_POSITION", "GENE_END_POSITION", "PHENOTYPE", "PHENOTYPE_START_POSITION",
-              "PHENOTYPE_END_POSITION", "RELATION", "FILE_ID"]
+    header = [
+        "SENTENCE",
+        "GENE",
+        "GENE_START_POSITION",
+        "GENE_END_POSITION",
+        "PHENOTYPE",
+        "PHENOTYPE_START_POSITION",
+        "PHENOTYPE_END_POSITION",
+        "RELATION",
+        "FILE_ID",
+    ]
     (folder / "10_12_2018_corpus").mkdir(parents=True)
     for split, count in (("train", 400), ("test", 120)):
         lines = ["\t".join(header)]
@@ -249,8 +336,24 @@ def _pgr_layout(folder, rng) -> None:
             gene, phenotype = f"GEN{rng.integers(50)}", f"syndrome{rng.integers(50)}"
             text = f"{gene} {'causes' if related else 'is unrelated to'} {phenotype} in patients"
             start = text.index(phenotype)
-            lines.append("\t".join(map(str, [text, gene, 0, len(gene), phenotype, start, start + len(phenotype),
-                                             str(related).lower(), f"{split}-{i // 4}"])))
+            lines.append(
+                "\t".join(
+                    map(
+                        str,
+                        [
+                            text,
+                            gene,
+                            0,
+                            len(gene),
+                            phenotype,
+                            start,
+                            start + len(phenotype),
+                            str(related).lower(),
+                            f"{split}-{i // 4}",
+                        ],
+                    )
+                )
+            )
         (folder / "10_12_2018_corpus" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
 
 
@@ -269,13 +372,24 @@ def test_a_users_own_qa_collections_and_relation_corpus_run_from_params_alone(tm
     _pgr_layout(mirror / "my_genes", rng)
     params = yaml.safe_load((root / "params.yaml").read_text())
     data = params["data"]
-    data.update(source="mirror", mirror=str(mirror), re_corpora=["my_genes"], vertical_sets={},
-                qa_layouts={"bank_faq": "fiqa", "bank_help": "fiqa"}, re_layouts={"my_genes": "pgr"},
-                own_files={str(path.relative_to(mirror)): hashlib.sha256(path.read_bytes()).hexdigest()
-                           for path in sorted(mirror.rglob("*")) if path.is_file()})
+    data.update(
+        source="mirror",
+        mirror=str(mirror),
+        re_corpora=["my_genes"],
+        vertical_sets={},
+        qa_layouts={"bank_faq": "fiqa", "bank_help": "fiqa"},
+        re_layouts={"my_genes": "pgr"},
+        own_files={
+            str(path.relative_to(mirror)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(mirror.rglob("*"))
+            if path.is_file()
+        },
+    )
     params["partition"]["collections"] = ["bank_faq", "bank_help"]
     params["train"]["rounds"] = 2
-    params["fedmatch"].update(methods=["fedavg", "fedmatch_h_lr"], table2=["fedmatch_h_lr"], table3=["fedavg", "fedmatch_h_lr"])
+    params["fedmatch"].update(
+        methods=["fedavg", "fedmatch_h_lr"], table2=["fedmatch_h_lr"], table3=["fedavg", "fedmatch_h_lr"]
+    )
     params["fedcmc"].update(methods=["fedavg"], datasets=["my_genes"], alphas=[0.5])
     params["fedcmc"]["settings"]["rounds"] = 2
     # the paper scale's route without the hub: the backbone as a directory the user saved (the packaged MiniLM here)
@@ -283,8 +397,15 @@ def test_a_users_own_qa_collections_and_relation_corpus_run_from_params_alone(tm
 
     shutil.copytree(minilm_path(), tmp_path / "my-weights")
     params["fedcmc"]["settings"].update(backbone=str(tmp_path / "my-weights"), keep_layers=1, max_length=32, lr=2e-4)
-    params["fedcmc"]["sweeps"].update(dataset="my_genes", alpha=0.5, clients=[], local_epochs=[], vectors=[], subset_modes=[],
-                                      subset_dataset="my_genes")
+    params["fedcmc"]["sweeps"].update(
+        dataset="my_genes",
+        alpha=0.5,
+        clients=[],
+        local_epochs=[],
+        vectors=[],
+        subset_modes=[],
+        subset_dataset="my_genes",
+    )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     result = run(["dvc", "repro", "fedmatch_table", "fedcmc_table"], root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -293,4 +414,6 @@ def test_a_users_own_qa_collections_and_relation_corpus_run_from_params_alone(tm
     cell = json.loads((root / "data" / "fedmatch" / "tables" / "fedavg" / "fedavg-0" / "metrics.json").read_text())
     assert set(cell["test"]["clients"]) == {"bank_faq", "bank_help"} and cell["test"]["overall"]["map"] > 0
     cells = list((root / "data" / "fedcmc" / "tables" / "fedavg").glob("my_genes-*/metrics.json"))
-    assert len(cells) == 1 and json.loads(cells[0].read_text())["test"]["micro_f1"] > 0.5  # "causes" vs "is unrelated to"
+    assert (
+        len(cells) == 1 and json.loads(cells[0].read_text())["test"]["micro_f1"] > 0.5
+    )  # "causes" vs "is unrelated to"

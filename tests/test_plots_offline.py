@@ -67,8 +67,14 @@ def chromium() -> str:
 
 def dvc_plots_show(out: Path, *options: str) -> subprocess.CompletedProcess:
     """`dvc plots show` on the committed plot files; writes nothing outside ``out``."""
-    return subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", str(out), *options], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", "plots", "show", "-o", str(out), *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+    )
 
 
 def plot_page(out: Path, *options: str) -> Path:
@@ -80,8 +86,19 @@ def plot_page(out: Path, *options: str) -> Path:
 def drawn_in_offline_chromium(chromium: str, page: Path, profile: Path) -> tuple[set[str], set[str]]:
     """(the page's plot ids, those Chromium drew) with the page opened where nothing but loopback is reachable."""
     plot_ids = set(EMBEDDED_PLOT_ID.findall(page.read_text(encoding="utf-8")))
-    dom = run_on_loopback([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                           "--virtual-time-budget=10000", "--dump-dom", page.as_uri()], timeout=60).stdout
+    dom = run_on_loopback(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        timeout=60,
+    ).stdout
     parser = DrawnPlots(plot_ids)
     parser.feed(dom)
     return plot_ids, parser.drawn
@@ -101,8 +118,9 @@ def test_dvc_cdn_page_draws_nothing_in_the_same_browser(chromium, tmp_path):
     """The control: proves Chromium had no network, and that the offline page is what makes the plots draw."""
     cdn_template = tmp_path / "dvc_cdn_page.html"
     cdn_template.write_text(DVC_CDN_PAGE, encoding="utf-8")
-    plot_ids, drawn = drawn_in_offline_chromium(chromium, plot_page(tmp_path / "plots", "--html-template",
-                                                                     str(cdn_template)), tmp_path / "profile")
+    plot_ids, drawn = drawn_in_offline_chromium(
+        chromium, plot_page(tmp_path / "plots", "--html-template", str(cdn_template)), tmp_path / "profile"
+    )
     assert plot_ids and not drawn
 
 

@@ -52,14 +52,18 @@ def test_every_mistake_is_listed_at_once_each_naming_its_key(raw, monkeypatch):
     bad["data"]["own_files"] = {"mine/guest.csv": "a" * 64}
     bad["fedmatch"]["settings"]["patch_heads"] = 3
     found = problems(bad)
-    starts = ["params: train.lr = -1: ", "params: fedcmc.alphas.0 = -0.1: a Dirichlet concentration must be > 0",
-              "params: fedcmc.methods.1 = 'fedavgg' is no federated algorithm; allowed [",
-              "params: fedcmc.sweeps.subset_dataset = 'my_corpus' (the embedded source prepares only the synthetic corpus)",
-              "params: ssvfnas.methods.0 = 'vfnas3'; allowed [", "params: fedmatch.sweeps.data_ratio_methods.0 = 'bert'; allowed [",
-              "params: algorithms.fedprox.mu is missing; algorithms.fedprox.muu is not a known key",
-              "params: model.backbone = 'no-such-org/no-such-model' is no local directory, HF_HUB_OFFLINE is set",
-              "params: data.own_files names 'mine/guest.csv', but ",
-              "params: fedmatch.settings.patch_heads = 3: a PAL patch of size "]
+    starts = [
+        "params: train.lr = -1: ",
+        "params: fedcmc.alphas.0 = -0.1: a Dirichlet concentration must be > 0",
+        "params: fedcmc.methods.1 = 'fedavgg' is no federated algorithm; allowed [",
+        "params: fedcmc.sweeps.subset_dataset = 'my_corpus' (the embedded source prepares only the synthetic corpus)",
+        "params: ssvfnas.methods.0 = 'vfnas3'; allowed [",
+        "params: fedmatch.sweeps.data_ratio_methods.0 = 'bert'; allowed [",
+        "params: algorithms.fedprox.mu is missing; algorithms.fedprox.muu is not a known key",
+        "params: model.backbone = 'no-such-org/no-such-model' is no local directory, HF_HUB_OFFLINE is set",
+        "params: data.own_files names 'mine/guest.csv', but ",
+        "params: fedmatch.settings.patch_heads = 3: a PAL patch of size ",
+    ]
     for start in starts:
         assert sum(line.startswith(start) for line in found) == 1, (start, found)
     assert len(found) == len(starts) and all("\n" not in line and len(line) < 400 for line in found)
@@ -92,8 +96,13 @@ def test_the_check_stage_stops_a_paper_scale_run_offline_at_once_naming_the_back
     for scale, preset in raw["scales"].items():
         (tmp_path / "scales" / f"{scale}.yaml").write_text(yaml.safe_dump(preset))
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "check.py")], cwd=tmp_path, capture_output=True,
-                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "check.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    )
     assert time.perf_counter() - started < 30
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: 2 problem(s) in params.yaml")
@@ -144,4 +153,6 @@ def test_fedrepro_plan_finds_the_stages_a_train_stage_waits_for():
 
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert set(_upstream(stages, "fedcmc_table")) == {"check", "acquire", "prepare", "fedcmc_partition"}
-    assert "fedmatch_mine" in _upstream(stages, "fedmatch_sweeps") and "fedcmc_partition" not in _upstream(stages, "ssvfnas_table")
+    assert "fedmatch_mine" in _upstream(stages, "fedmatch_sweeps") and "fedcmc_partition" not in _upstream(
+        stages, "ssvfnas_table"
+    )

@@ -4,7 +4,14 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro.data.partition import QAClient, cap_client, same_text_gold, skew_preserving_caps, training_pool, write_clients
+from fedrepro.data.partition import (
+    QAClient,
+    cap_client,
+    same_text_gold,
+    skew_preserving_caps,
+    training_pool,
+    write_clients,
+)
 from fedrepro.io import read_table
 from fedrepro.retrieval.bm25 import top_non_gold
 from fedrepro.retrieval.mining import bm25_ranking, evaluation_candidates, official_candidates, training_triples
@@ -44,9 +51,16 @@ def test_caps_keep_the_size_skew():
 
 def test_a_named_client_keeps_its_own_cap_and_the_others_keep_the_skew():
     sizes = {"big": 3328, "mid": 800, "small": 107}
-    assert skew_preserving_caps(sizes, largest=40, smallest=5, named={"small": 60}) == {"big": 40, "mid": 10, "small": 60}
-    assert skew_preserving_caps(sizes, largest=40, smallest=5, named={"small": 0, "mid": 5000}) == \
-        {"big": 40, "mid": 800, "small": 107}, "0 = all it has, and never more than it has"
+    assert skew_preserving_caps(sizes, largest=40, smallest=5, named={"small": 60}) == {
+        "big": 40,
+        "mid": 10,
+        "small": 60,
+    }
+    assert skew_preserving_caps(sizes, largest=40, smallest=5, named={"small": 0, "mid": 5000}) == {
+        "big": 40,
+        "mid": 800,
+        "small": 107,
+    }, "0 = all it has, and never more than it has"
 
 
 def test_capping_is_seeded_and_per_split():
@@ -86,17 +100,25 @@ def test_bm25_ranking_keeps_the_scores_that_picked_the_negatives_and_scores_the_
     candidates = evaluation_candidates(pairs, pool, n=4, backend="bm25s")
     ranking = bm25_ranking(candidates, pool, "bm25s")
     assert list(ranking.columns) == ["split", "question_id", "answer_id", "relevance", "score"]
-    assert ranking[["split", "question_id", "answer_id", "relevance"]].equals(candidates[["split", "question_id", "answer_id", "relevance"]])
+    assert ranking[["split", "question_id", "answer_id", "relevance"]].equals(
+        candidates[["split", "question_id", "answer_id", "relevance"]]
+    )
     test = pairs[pairs.split == "test"]
-    hits = top_non_gold(dict(zip(test.question_id, test.question)), {q: {a} for q, a in zip(test.question_id, test.answer_id)}, pool, 4)
+    hits = top_non_gold(
+        dict(zip(test.question_id, test.question)), {q: {a} for q, a in zip(test.question_id, test.answer_id)}, pool, 4
+    )
     negatives = ranking[(ranking.split == "test") & (ranking.relevance == 0)]
-    assert dict(zip(zip(negatives.question_id, negatives.answer_id), negatives.score)) == dict(zip(zip(hits.question_id, hits.answer_id), hits.score))
+    assert dict(zip(zip(negatives.question_id, negatives.answer_id), negatives.score)) == dict(
+        zip(zip(hits.question_id, hits.answer_id), hits.score)
+    )
     golds = ranking[ranking.relevance == 1]
     assert (golds.score > 0).all()  # each gold shares its question's words
 
 
 def test_qrels_and_run_from_scored_candidates():
-    scored = pd.DataFrame({"question_id": ["q", "q", "r"], "answer_id": ["a", "b", "c"], "relevance": [1, 0, 0], "score": [0.2, 0.9, 0.1]})
+    scored = pd.DataFrame(
+        {"question_id": ["q", "q", "r"], "answer_id": ["a", "b", "c"], "relevance": [1, 0, 0], "score": [0.2, 0.9, 0.1]}
+    )
     qrels, run = qrels_and_run(scored)
     assert qrels == {"q": {"a": 1}} and run == {"q": {"a": 0.2, "b": 0.9}, "r": {"c": 0.1}}
 
@@ -114,14 +136,21 @@ def test_hinge_loss_of_the_task():
     loss = task.forward(FixedScores(), batch).loss
     assert loss.item() == pytest.approx((max(0, 1 - 3 + 1) + max(0, 1 - 0 + 0)) / 2)
     task.loss = "cross_entropy"  # the released code's objective: positives labelled 1, negatives 0
-    expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor([3.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(
+        torch.tensor([3.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0])
+    )
     assert task.forward(FixedScores(), batch).loss.item() == pytest.approx(expected.item())
 
 
 def test_official_pool_candidates_add_every_gold_answer():
     pairs = toy_pairs()
-    pools = pd.DataFrame({"question_id": ["q8", "q8", "q9", "q1"], "answer_id": ["x0", "a8", "x1", "x2"],
-                          "answer": ["pool zero", "gold eight", "pool one", "train pool"]})
+    pools = pd.DataFrame(
+        {
+            "question_id": ["q8", "q8", "q9", "q1"],
+            "answer_id": ["x0", "a8", "x1", "x2"],
+            "answer": ["pool zero", "gold eight", "pool one", "train pool"],
+        }
+    )
     candidates = official_candidates(pairs, pools)
     assert set(candidates["question_id"]) == {"q8", "q9", "q10", "q11"}, "train questions are not evaluated"
     q8 = candidates[candidates.question_id == "q8"].set_index("answer_id")["relevance"].to_dict()
@@ -129,11 +158,14 @@ def test_official_pool_candidates_add_every_gold_answer():
 
 
 def test_a_same_text_questions_gold_is_never_a_negative(tmp_path):
-    # MedQuAD asks one question in several sources: a twin's gold answers the question too, even when the caps drop the twin
+    # MedQuAD asks one question in several sources: a twin's gold answers the question too, even when the caps drop the
+    # twin
     pairs = toy_pairs()
     q0, q8 = pairs.set_index("question_id").loc[["q0", "q8"], "question"]
-    twins = pd.DataFrame([("t0", q0.upper(), "ta0", f"{q0} {q0}", "train", "d"), ("t8", f"  {q8} ", "ta8", f"{q8} {q8}", "train", "d")],
-                         columns=pairs.columns)
+    twins = pd.DataFrame(
+        [("t0", q0.upper(), "ta0", f"{q0} {q0}", "train", "d"), ("t8", f"  {q8} ", "ta8", f"{q8} {q8}", "train", "d")],
+        columns=pairs.columns,
+    )
     collection = pd.concat([pairs, twins], ignore_index=True)
     table = same_text_gold(pairs, collection)  # the twins were capped away
     assert set(zip(table["question_id"], table["answer_id"])) == {("q0", "ta0"), ("q8", "ta8")}
@@ -145,17 +177,24 @@ def test_a_same_text_questions_gold_is_never_a_negative(tmp_path):
     def non_relevant(candidates):
         return set(candidates.loc[(candidates["question_id"] == "q8") & (candidates["relevance"] == 0), "answer_id"])
 
-    assert "ta0" in mined(training_triples(pairs, pool, k=3, backend="bm25s")), "without the table the twin's gold is mined"
+    assert "ta0" in mined(training_triples(pairs, pool, k=3, backend="bm25s")), (
+        "without the table the twin's gold is mined"
+    )
     assert "ta0" not in mined(training_triples(pairs, pool, k=3, backend="bm25s", same_text_gold=table))
     assert "ta8" in non_relevant(evaluation_candidates(pairs, pool, n=4, backend="bm25s"))
     assert "ta8" not in non_relevant(evaluation_candidates(pairs, pool, n=4, backend="bm25s", same_text_gold=table))
-    pools = pd.DataFrame({"question_id": ["q8", "q8"], "answer_id": ["ta8", "x0"], "answer": ["twin gold", "pool zero"]})
+    pools = pd.DataFrame(
+        {"question_id": ["q8", "q8"], "answer_id": ["ta8", "x0"], "answer": ["twin gold", "pool zero"]}
+    )
     assert non_relevant(official_candidates(pairs, pools, table)) == {"x0"}
 
-    write_clients({"c": QAClient(collection, pool, None, pool)}, tmp_path, largest=5, smallest=1, eval_questions=2, seed=0)
+    write_clients(
+        {"c": QAClient(collection, pool, None, pool)}, tmp_path, largest=5, smallest=1, eval_questions=2, seed=0
+    )
     written, kept = read_table(tmp_path / "qa/c/same_text_gold.parquet"), read_table(tmp_path / "qa/c/pairs.parquet")
     assert written.equals(same_text_gold(kept, collection)), (
-        "the fedmatch_partition stage lists what the fedmatch_mine stage excludes")
+        "the fedmatch_partition stage lists what the fedmatch_mine stage excludes"
+    )
 
 
 def test_a_question_asked_under_several_ids_lands_in_one_split_and_the_others_keep_theirs():
@@ -179,8 +218,10 @@ def test_candidates_scored_in_batches_of_similar_length_keep_the_tables_order():
     class Padder:
         def pad(self, rows, return_tensors):
             width = max(len(row["input_ids"]) for row in rows)
-            return {key: torch.tensor([row[key] + [0] * (width - len(row[key])) for row in rows])
-                    for key in ("input_ids", "attention_mask")}
+            return {
+                key: torch.tensor([row[key] + [0] * (width - len(row[key])) for row in rows])
+                for key in ("input_ids", "attention_mask")
+            }
 
     class LengthTimesFirstToken(FixedScorer):
         def forward(self, input_ids, attention_mask):
@@ -189,10 +230,19 @@ def test_candidates_scored_in_batches_of_similar_length_keep_the_tables_order():
     lengths = [5, 2, 7, 3, 3, 6, 1]
     task = QAMatchingTask.__new__(QAMatchingTask)
     task.tokenizer, task.eval_batch_size = Padder(), 2
-    task.candidates = {"c": pd.DataFrame({"question_id": list("qqqrrss"), "answer_id": list("abcdefg"),
-                                          "relevance": [1, 0, 0, 1, 0, 1, 0], "split": ["valid"] * 6 + ["test"]})}
-    task.candidate_encodings = {"c": [{"input_ids": [10 + i] * n, "attention_mask": [1] * n}
-                                      for i, n in enumerate(lengths)]}
+    task.candidates = {
+        "c": pd.DataFrame(
+            {
+                "question_id": list("qqqrrss"),
+                "answer_id": list("abcdefg"),
+                "relevance": [1, 0, 0, 1, 0, 1, 0],
+                "split": ["valid"] * 6 + ["test"],
+            }
+        )
+    }
+    task.candidate_encodings = {
+        "c": [{"input_ids": [10 + i] * n, "attention_mask": [1] * n} for i, n in enumerate(lengths)]
+    }
     scored = task.score(LengthTimesFirstToken(), "c", "valid")
     assert scored["answer_id"].tolist() == list("abcdef")
     assert scored["score"].tolist() == [n * (10 + i) for i, n in enumerate(lengths[:6])]

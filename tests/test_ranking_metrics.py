@@ -76,8 +76,12 @@ def _enumerated_chance(qrels, run):
         if not any(r > 0 for r in docs.values()):
             continue
         orders = list(itertools.permutations(run.get(q, {})))
-        scores = [ranking_metrics({q: docs}, {q: {d: float(len(o) - i) for i, d in enumerate(o)}}) if o else {"map": 0.0, "mrr": 0.0}
-                  for o in orders]
+        scores = [
+            ranking_metrics({q: docs}, {q: {d: float(len(o) - i) for i, d in enumerate(o)}})
+            if o
+            else {"map": 0.0, "mrr": 0.0}
+            for o in orders
+        ]
         for name in per_question:
             per_question[name].append(sum(s[name] for s in scores) / len(scores))
     return {name: sum(values) / len(values) for name, values in per_question.items()}
@@ -86,10 +90,19 @@ def _enumerated_chance(qrels, run):
 def test_random_ranking_is_the_exact_expectation_over_all_orderings():
     # q1: 2 relevant of 4 (+1 judged relevant never retrieved); q2: 1 of 5; q3: 3 of 3; q4: judged, not in the run;
     # q5: no relevant answer (excluded)
-    qrels = {"q1": {"a": 1, "b": 1, "z": 1, "c": 0}, "q2": {"e": 1}, "q3": {"x": 1, "y": 1, "w": 1}, "q4": {"m": 1},
-             "q5": {"n": 0}}
-    run = {"q1": {"a": 0, "b": 0, "c": 0, "d": 0}, "q2": {d: 0 for d in "efghi"}, "q3": {"x": 0, "y": 0, "w": 0},
-           "q5": {"n": 0}}
+    qrels = {
+        "q1": {"a": 1, "b": 1, "z": 1, "c": 0},
+        "q2": {"e": 1},
+        "q3": {"x": 1, "y": 1, "w": 1},
+        "q4": {"m": 1},
+        "q5": {"n": 0},
+    }
+    run = {
+        "q1": {"a": 0, "b": 0, "c": 0, "d": 0},
+        "q2": {d: 0 for d in "efghi"},
+        "q3": {"x": 0, "y": 0, "w": 0},
+        "q5": {"n": 0},
+    }
     assert random_ranking_metrics(qrels, run) == pytest.approx(_enumerated_chance(qrels, run), abs=1e-12)
 
 
@@ -97,8 +110,12 @@ def test_random_ranking_by_hand():
     # 1 relevant of 3: E[RR] = E[AP] = (1 + 1/2 + 1/3) / 3 = 11/18.
     # 2 relevant of 3: orders (R R N) AP 1, (R N R) (1 + 2/3)/2 = 5/6, (N R R) (1/2 + 2/3)/2 = 7/12, each with
     # probability 1/3: E[AP] = (1 + 5/6 + 7/12) / 3 = 29/36; E[RR] = (1 + 1 + 1/2) / 3 = 5/6.
-    assert random_ranking_metrics({"q": {"a": 1}}, {"q": {"a": 0, "b": 0, "c": 0}}) == pytest.approx({"map": 11 / 18, "mrr": 11 / 18})
-    assert random_ranking_metrics({"q": {"a": 1, "b": 1}}, {"q": {"a": 0, "b": 0, "c": 0}}) == pytest.approx({"map": 29 / 36, "mrr": 5 / 6})
+    assert random_ranking_metrics({"q": {"a": 1}}, {"q": {"a": 0, "b": 0, "c": 0}}) == pytest.approx(
+        {"map": 11 / 18, "mrr": 11 / 18}
+    )
+    assert random_ranking_metrics({"q": {"a": 1, "b": 1}}, {"q": {"a": 0, "b": 0, "c": 0}}) == pytest.approx(
+        {"map": 29 / 36, "mrr": 5 / 6}
+    )
 
 
 def test_random_ranking_of_many_gold_answers_is_near_one_half():

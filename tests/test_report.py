@@ -9,8 +9,12 @@ from fedrepro.report.results import missed_clients, missed_clients_section, read
 
 
 def results(values: dict[str, list[float]]) -> pd.DataFrame:
-    rows = [(row, seed, client, "mrr", value) for row, series in values.items() for seed, value in enumerate(series)
-            for client in ("a", "overall")]
+    rows = [
+        (row, seed, client, "mrr", value)
+        for row, series in values.items()
+        for seed, value in enumerate(series)
+        for client in ("a", "overall")
+    ]
     return pd.DataFrame(rows, columns=["row", "seed", "client", "metric", "value"])
 
 
@@ -32,11 +36,15 @@ def test_trec_files_round_trip_to_the_same_metrics(tmp_path):
 
 
 def test_the_report_lists_each_client_a_round_went_on_without():
-    history = [{"round": 1, "clients": ["a", "b"]},
-               {"round": 2, "clients": ["a"], "missed": {"b": "no reply", "c": "rejected: unknown tensor 'x'"}}]
+    history = [
+        {"round": 1, "clients": ["a", "b"]},
+        {"round": 2, "clients": ["a"], "missed": {"b": "no reply", "c": "rejected: unknown tensor 'x'"}},
+    ]
     missed = missed_clients("cell_0", history)
-    assert missed == [{"cell": "cell_0", "round": 2, "client": "b", "reason": "no reply"},
-                      {"cell": "cell_0", "round": 2, "client": "c", "reason": "rejected: unknown tensor 'x'"}]
+    assert missed == [
+        {"cell": "cell_0", "round": 2, "client": "b", "reason": "no reply"},
+        {"cell": "cell_0", "round": 2, "client": "c", "reason": "rejected: unknown tensor 'x'"},
+    ]
     text = "\n".join(missed_clients_section(missed))
     assert "2 client updates never reached the server" in text and "| cell_0 |" in text and "no reply" in text
     assert missed_clients_section(missed_clients("cell_0", history[:1])) == []
@@ -53,4 +61,5 @@ def test_seed_counts_and_empty_sweeps_read_the_same_in_every_report():
     assert (over_seeds(1), over_seeds(3)) == ("1 seed", "mean ± std over 3 seeds")
     assert sweep_not_run("fedcmc.sweeps.vectors") == ["Not run at this scale (`fedcmc.sweeps.vectors` is empty).", ""]
     assert sweep_not_run("fedmatch.sweeps.patch_size", " to fit the time budget")[0] == (
-        "Not run at this scale (`fedmatch.sweeps.patch_size` is empty) to fit the time budget.")
+        "Not run at this scale (`fedmatch.sweeps.patch_size` is empty) to fit the time budget."
+    )

@@ -15,16 +15,30 @@ from fedrepro.errors import DataError, FederationError
 from fedrepro.fl.engine import GLOBAL
 from fedrepro.fl.silo import MANIFEST, read_manifest, read_silo
 from fedrepro.tasks.relation import RelationTask
-from toy import relation_model, relation_parts, relation_server_view, relation_silo_task, relation_task, \
-    write_relation_silos
+from toy import (
+    relation_model,
+    relation_parts,
+    relation_server_view,
+    relation_silo_task,
+    relation_task,
+    write_relation_silos,
+)
 
 
 @pytest.fixture(scope="module")
 def negative_task():
     """The tiny relation cell with its first class as the no-relation class, which micro-F1 leaves out."""
     corpus, assignment, tokenizer = relation_parts()
-    return RelationTask(corpus.table, assignment, corpus.classes, corpus.classes[:1], tokenizer,
-                        relation_model(tokenizer, corpus.classes), 64, 8)
+    return RelationTask(
+        corpus.table,
+        assignment,
+        corpus.classes,
+        corpus.classes[:1],
+        tokenizer,
+        relation_model(tokenizer, corpus.classes),
+        64,
+        8,
+    )
 
 
 def predictions_of(task: RelationTask, split: str, draw: int) -> pd.DataFrame:
@@ -79,7 +93,8 @@ def test_a_silo_holds_its_clients_rows_alone_and_its_task_is_the_whole_tasks_sha
         mine = own.predict(model, split)
         assert mine["sentence_id"].tolist() == whole.share(whole.predict(model, split), client)["sentence_id"].tolist()
         assert own.evaluation_counts(model, client, split) == whole.class_counts(
-            whole.share(whole.predict(model, split), client))
+            whole.share(whole.predict(model, split), client)
+        )
     assert own.num_train_samples([client]) == manifest.train_sizes[client]
 
 
@@ -118,13 +133,30 @@ def test_a_fedmatch_silo_holds_its_clients_mined_data_and_its_task_is_the_whole_
     cell = Cell("fedmatch_h_lr", 0, "data_ratio", "0.5")
     mined, tokenizer_dir = tmp_path / "mined", tmp_path / "no-tokenizer"  # a packaged backbone: no tokenizer stage
     for index, client_id in enumerate(["bank", "clinic"]):
-        rows = [(f"{client_id}{q}", f"how do i file claim {q} at the {client_id}", f"p{q}", f"file form {q} online",
-                 f"n{q}{j}", f"policy rider {j} of {client_id}") for q in range(4 + 2 * index) for j in range(2)]
-        triples = pd.DataFrame(rows, columns=["question_id", "question", "positive_id", "positive", "negative_id",
-                                              "negative"])
-        candidates = pd.DataFrame([(split, f"{client_id}{q}", f"how do i file claim {q}", f"a{q}{k}", f"answer {k}",
-                                    int(k == 0)) for split in ("valid", "test") for q in range(3) for k in range(3)],
-                                  columns=["split", "question_id", "question", "answer_id", "answer", "relevance"])
+        rows = [
+            (
+                f"{client_id}{q}",
+                f"how do i file claim {q} at the {client_id}",
+                f"p{q}",
+                f"file form {q} online",
+                f"n{q}{j}",
+                f"policy rider {j} of {client_id}",
+            )
+            for q in range(4 + 2 * index)
+            for j in range(2)
+        ]
+        triples = pd.DataFrame(
+            rows, columns=["question_id", "question", "positive_id", "positive", "negative_id", "negative"]
+        )
+        candidates = pd.DataFrame(
+            [
+                (split, f"{client_id}{q}", f"how do i file claim {q}", f"a{q}{k}", f"answer {k}", int(k == 0))
+                for split in ("valid", "test")
+                for q in range(3)
+                for k in range(3)
+            ],
+            columns=["split", "question_id", "question", "answer_id", "answer", "relevance"],
+        )
         (mined / client_id).mkdir(parents=True)
         triples.to_parquet(mined / client_id / "triples.parquet")
         candidates.to_parquet(mined / client_id / "candidates.parquet")
@@ -151,8 +183,12 @@ def test_fedcmc_silos_train_the_whole_tasks_share_and_the_server_scores_from_cou
     label space, whose scores from summed counts are the whole task's."""
     from fedrepro.config import parse_params
     from fedrepro.fedcmc.cells import Cell
-    from fedrepro.fedcmc.runs import (build_relation_task, build_silo_relation_task, relation_server_view,
-                                      write_cell_silos)
+    from fedrepro.fedcmc.runs import (
+        build_relation_task,
+        build_silo_relation_task,
+        relation_server_view,
+        write_cell_silos,
+    )
     from fedrepro.io import write_json, write_table
     from test_config import with_change
 

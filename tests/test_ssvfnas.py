@@ -23,8 +23,18 @@ from fedrepro.data.vertical import VerticalDataset
 from fedrepro.errors import ConfigError, DataError
 from fedrepro.io import write_json
 from fedrepro.report.statistics import VERDICTS
-from fedrepro.ssvfnas.cells import (BASELINE, LABEL_ALONE, Cell, all_cells, baseline_cells, label_alone_cells, partitions,
-                                    retrain_health, skipped_partitions, table_cells)
+from fedrepro.ssvfnas.cells import (
+    BASELINE,
+    LABEL_ALONE,
+    Cell,
+    all_cells,
+    baseline_cells,
+    label_alone_cells,
+    partitions,
+    retrain_health,
+    skipped_partitions,
+    table_cells,
+)
 from fedrepro.ssvfnas.partition import align, build_partition, stratified_splits, write_partition
 from fedrepro.vfl.spaces import supernet
 
@@ -44,8 +54,15 @@ def tiny_params(fidelity: str = "paper"):
     steps, 4 retraining steps (a validation point after each)."""
     raw = raw_params(fidelity=fidelity)
     preset = raw["scales"]["embedded"]["ssvfnas"]
-    preset["search"] = {**preset["search"], "steps": 3, "batch_size": 16, "width": 4, "out_dim": 4, "eval_every": 1,
-                        "checkpoint_every": 1}
+    preset["search"] = {
+        **preset["search"],
+        "steps": 3,
+        "batch_size": 16,
+        "width": 4,
+        "out_dim": 4,
+        "eval_every": 1,
+        "checkpoint_every": 1,
+    }
     preset["moco"] = {**preset["moco"], "steps": 3, "batch_size": 16, "queue_size": 32}
     preset["retrain"] = {**preset["retrain"], "steps": 4, "batch_size": 16, "eval_every": 1}
     return parse_params(raw)
@@ -65,7 +82,9 @@ def toy_vertical(folder: Path, n: int = 120, seed: int = 0) -> Path:
     guest = pd.concat([pd.Series(ids, name="sample_id"), pd.DataFrame(x0, columns=["a", "b", "c"])], axis=1)
     other = pd.concat([pd.Series(host_ids, name="sample_id"), pd.DataFrame(host, columns=["d", "e", "f", "g"])], axis=1)
     aligned, labels, dropped = align([guest, other], pd.DataFrame({"sample_id": ids, "label": y}))
-    ds = VerticalDataset("toy", aligned, labels["label"].to_numpy(), 0, "classification", ["toy"], [None, None], dropped)
+    ds = VerticalDataset(
+        "toy", aligned, labels["label"].to_numpy(), 0, "classification", ["toy"], [None, None], dropped
+    )
     write_vertical(folder, ds, {"vertical": {}, "notes": {}})
     return folder / "vertical" / "toy"
 
@@ -117,8 +136,12 @@ def test_digits_halves_and_quarters_split_the_same_images_the_same_way(tmp_path)
     from fedrepro.data.prepare import write_digits
 
     write_digits(tmp_path, {"vertical": {}, "notes": {}})
-    _, _, halves, summary2 = build_partition(tmp_path / "vertical" / "digits-halves", "digits", 2, 0.2, 0.5, 300, seed=0)
-    _, _, quarters, summary4 = build_partition(tmp_path / "vertical" / "digits-quarters", "digits", 4, 0.2, 0.5, 300, seed=0)
+    _, _, halves, summary2 = build_partition(
+        tmp_path / "vertical" / "digits-halves", "digits", 2, 0.2, 0.5, 300, seed=0
+    )
+    _, _, quarters, summary4 = build_partition(
+        tmp_path / "vertical" / "digits-quarters", "digits", 4, 0.2, 0.5, 300, seed=0
+    )
     assert halves.equals(quarters)
     assert summary2["shapes"] == [[1, 8, 4]] * 2 and summary4["shapes"] == [[1, 4, 4]] * 4
     assert summary2["label_party"] == 1 and summary4["label_party"] == 3 and summary4["kinds"] == ["conv"] * 4
@@ -126,8 +149,14 @@ def test_digits_halves_and_quarters_split_the_same_images_the_same_way(tmp_path)
 
 # ----- the grid -------------------------------------------------------------------------------------------
 def test_cells_of_the_grid_from_params():
-    params = parse_params(raw_params(datasets=["digits", "breast"], parties=[2, 4], dp_levels=[[0, 0], [1, 0.5]], seeds=[0, 1]))
-    assert partitions(params) == [("digits", 2, "digits-halves"), ("digits", 4, "digits-quarters"), ("breast", 2, "breast")]
+    params = parse_params(
+        raw_params(datasets=["digits", "breast"], parties=[2, 4], dp_levels=[[0, 0], [1, 0.5]], seeds=[0, 1])
+    )
+    assert partitions(params) == [
+        ("digits", 2, "digits-halves"),
+        ("digits", 4, "digits-quarters"),
+        ("breast", 2, "breast"),
+    ]
     assert skipped_partitions(params) == [("breast", 4, [2])]
     cells = table_cells(params)
     assert len(cells) == 4 * 3 * 2 * 2 and len(baseline_cells(params)) == 3 * 2 * 2
@@ -141,18 +170,21 @@ def test_cells_of_the_grid_from_params():
     assert Cell("vfnas1", "digits", 2, 0, 0, 0).rule == "darts" and not Cell("vfnas1", "digits", 2, 0, 0, 0).presearch
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"dp_levels": [[0, 0], [1.0]]}, "ssvfnas.dp_levels.1 = [1.0]"),
-    ({"dp_levels": [[0, -1]]}, "ssvfnas.dp_levels.0 = [0.0, -1.0]"),
-    ({"datasets": ["motor"]}, "ssvfnas.datasets.0 = 'motor': a regression set"),
-    ({"datasets": ["digits", "mnist"]}, "ssvfnas.datasets.1 = 'mnist'"),
-    ({"datasets": ["modelnet40"]}, "ssvfnas.datasets.0 = 'modelnet40': data.modelnet40_dir is not set"),
-    ({"datasets": ["breast"], "parties": [4]}, "ssvfnas.datasets.0 = 'breast': runs at K in [2]"),
-    ({"parties": [1, 2]}, "ssvfnas.parties.0 = 1"),
-    ({"fidelity": "authors"}, "ssvfnas.fidelity = 'authors'"),
-    ({"seeds": [0, 0]}, "ssvfnas.seeds = [0, 0]"),
-    ({"steps_total": 3}, "ssvfnas.steps_total is not a known key"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"dp_levels": [[0, 0], [1.0]]}, "ssvfnas.dp_levels.1 = [1.0]"),
+        ({"dp_levels": [[0, -1]]}, "ssvfnas.dp_levels.0 = [0.0, -1.0]"),
+        ({"datasets": ["motor"]}, "ssvfnas.datasets.0 = 'motor': a regression set"),
+        ({"datasets": ["digits", "mnist"]}, "ssvfnas.datasets.1 = 'mnist'"),
+        ({"datasets": ["modelnet40"]}, "ssvfnas.datasets.0 = 'modelnet40': data.modelnet40_dir is not set"),
+        ({"datasets": ["breast"], "parties": [4]}, "ssvfnas.datasets.0 = 'breast': runs at K in [2]"),
+        ({"parties": [1, 2]}, "ssvfnas.parties.0 = 1"),
+        ({"fidelity": "authors"}, "ssvfnas.fidelity = 'authors'"),
+        ({"seeds": [0, 0]}, "ssvfnas.seeds = [0, 0]"),
+        ({"steps_total": 3}, "ssvfnas.steps_total is not a known key"),
+    ],
+)
 def test_bad_ssvfnas_params_name_the_key(change, expected):
     with pytest.raises(ConfigError) as error:
         parse_params(raw_params(**change))
@@ -171,7 +203,9 @@ def test_a_bad_nested_value_names_its_key():
 def toy_partition(tmp_path_factory):
     """Large enough that the search's train rows, less the held-out quarter, still make three batches of 16."""
     root = tmp_path_factory.mktemp("ssvfnas")
-    tables, labels, splits, summary = build_partition(toy_vertical(root / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0)
+    tables, labels, splits, summary = build_partition(
+        toy_vertical(root / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0
+    )
     write_partition(root / "toy-k2", tables, labels, splits, summary)
     return root / "toy-k2"
 
@@ -185,7 +219,13 @@ def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
     cell = Cell("ss_vfnas1", "toy", 2, 1.0, 1.0, 0)
     metrics = _run(params, cell, toy_partition, tmp_path / "out", tmp_path / "ckpt")
     out = tmp_path / "out"
-    assert {p.name for p in out.iterdir()} == {"metrics.json", "predictions.csv", "curve.csv", "genotypes.json", "cells"}
+    assert {p.name for p in out.iterdir()} == {
+        "metrics.json",
+        "predictions.csv",
+        "curve.csv",
+        "genotypes.json",
+        "cells",
+    }
     assert sorted(p.name for p in (out / "cells").iterdir()) == ["party_0.png", "party_1.png"]
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["cell"]["name"] == cell.name and saved["search"]["steps"] == 3 and saved["retrain"]["steps"] == 4
@@ -197,31 +237,51 @@ def test_a_tiny_cell_writes_its_outputs(toy_partition, tmp_path):
     assert 0 < eps[0]["epsilon"] < eps[-1]["epsilon"] <= saved["epsilon_total_max"] < math.inf
     assert saved["epsilon_status"] == "accounted (RDP)" and saved["presearch"]["steps"] == 3
     # the headline holds without amplification; the paper's Poisson-amplified figure sits beside it, smaller
-    assert 0 < saved["epsilon_total_amplified_max"] < saved["epsilon_total_max"] and set(saved["epsilon_accounting"]) == {
-        "headline", "amplified", "both"}
+    assert 0 < saved["epsilon_total_amplified_max"] < saved["epsilon_total_max"] and set(
+        saved["epsilon_accounting"]
+    ) == {"headline", "amplified", "both"}
     assert all(0 < p["epsilon_amplified"] <= p["epsilon"] for p in eps)
     predictions = pd.read_csv(out / "predictions.csv")
-    assert len(predictions) == saved["test"]["samples"] and (predictions.label == predictions.predicted).mean() == pytest.approx(
-        saved["test"]["accuracy"])
+    assert len(predictions) == saved["test"]["samples"] and (
+        predictions.label == predictions.predicted
+    ).mean() == pytest.approx(saved["test"]["accuracy"])
     assert {g["kind"] for g in saved["genotypes"]} == {"mlp"}
-    assert 0 <= saved["test"]["accuracy_label_party_only"] <= 1 and set(saved["retrain"]["top_weight_norms"]) == {"party_0", "party_1"}
-    assert metrics["parameters"]["bottom"] == [phases.count_parameters(phases.build_derived(g)) for g in saved["genotypes"]]
+    assert 0 <= saved["test"]["accuracy_label_party_only"] <= 1 and set(saved["retrain"]["top_weight_norms"]) == {
+        "party_0",
+        "party_1",
+    }
+    assert metrics["parameters"]["bottom"] == [
+        phases.count_parameters(phases.build_derived(g)) for g in saved["genotypes"]
+    ]
     # the baseline: retraining only, sized before any search, epsilon of the retraining alone
     base = _run(params, Cell(BASELINE, "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "base", tmp_path / "base_ckpt")
-    assert "search" not in base and base["retrain"]["steps"] == 4 and 0 < base["epsilon_total_max"] < metrics["epsilon_total_max"]
+    assert (
+        "search" not in base
+        and base["retrain"]["steps"] == 4
+        and 0 < base["epsilon_total_max"] < metrics["epsilon_total_max"]
+    )
     assert {p.name for p in (tmp_path / "base").iterdir()} == {"metrics.json", "predictions.csv"}
     # no noise: epsilon unbounded; released-code fidelity: not accountable
-    plain = _run(params, Cell("vfnas2", "toy", 2, 0.0, 0.0, 0), toy_partition, tmp_path / "plain", tmp_path / "plain_ckpt")
+    plain = _run(
+        params, Cell("vfnas2", "toy", 2, 0.0, 0.0, 0), toy_partition, tmp_path / "plain", tmp_path / "plain_ckpt"
+    )
     assert plain["epsilon_total_max"] is None and plain["epsilon_status"].startswith("unbounded")
     assert plain["search"]["messages_per_step"] == 2  # MiLeNAS: 2(K-1), bundled
-    released = _run(tiny_params("released_code"), Cell("vfnas2", "toy", 2, 1.0, 1.0, 0), toy_partition, tmp_path / "rel",
-                    tmp_path / "rel_ckpt")
+    released = _run(
+        tiny_params("released_code"),
+        Cell("vfnas2", "toy", 2, 1.0, 1.0, 0),
+        toy_partition,
+        tmp_path / "rel",
+        tmp_path / "rel_ckpt",
+    )
     assert released["epsilon_status"].startswith("not accountable") and released["search"]["messages_per_step"] == 4
 
 
 def _with_arch_lr(params, arch_lr: float):
     ss = params.ssvfnas
-    return params.model_copy(update={"ssvfnas": ss.model_copy(update={"search": ss.search.model_copy(update={"arch_lr": arch_lr})})})
+    return params.model_copy(
+        update={"ssvfnas": ss.model_copy(update={"search": ss.search.model_copy(update={"arch_lr": arch_lr})})}
+    )
 
 
 def test_the_curve_logs_how_far_alpha_moved(toy_partition, tmp_path):
@@ -244,12 +304,15 @@ def test_the_curve_logs_how_far_alpha_moved(toy_partition, tmp_path):
     assert moved["max_shift"] > 100 * alpha["max_shift"] and moved["entropy_end"] < alpha["entropy_end"] - 0.01
     assert len(alpha["parties"]) == 2 and 0.0 <= alpha["parameter_free_edges"] <= 1.0
     # the pre-search moves alpha before the search starts: recorded apart from the search's own shift
-    pre = _run(tiny_params(), Cell("ss_vfnas2", "toy", 2, 0.0, 0.0, 0), toy_partition, tmp_path / "pre", tmp_path / "pre_ckpt")
+    pre = _run(
+        tiny_params(), Cell("ss_vfnas2", "toy", 2, 0.0, 0.0, 0), toy_partition, tmp_path / "pre", tmp_path / "pre_ckpt"
+    )
     assert pre["search"]["alpha"]["max_shift_presearch"] > 0
 
 
 def _killed_after_the_second_checkpoint(params, cell, partition, tmp_path, monkeypatch) -> None:
-    """Run ``cell`` into tmp_path/killed until its second checkpoint is written, then kill it (checkpoints: tmp_path/ckpt)."""
+    """Run ``cell`` into tmp_path/killed until its second checkpoint is written, then kill it (checkpoints:
+    tmp_path/ckpt)."""
     save_state, calls = phases.save_state, []
 
     def dies_after_the_second_checkpoint(folder, search):
@@ -286,9 +349,11 @@ def test_a_killed_cell_resumes_to_identical_outputs(toy_partition, tmp_path, mon
     assert not (tmp_path / "ckpt" / "search").exists()
 
 
-def test_the_retraining_is_validated_on_held_out_train_rows_that_nothing_trains_on(toy_partition, tmp_path, monkeypatch):
-    """Every retraining point scores the held-out rows (a share of train, never test), none of which a pre-search, search
-    or retraining batch holds; the cell's health is the shared rule on those points."""
+def test_the_retraining_is_validated_on_held_out_train_rows_that_nothing_trains_on(
+    toy_partition, tmp_path, monkeypatch
+):
+    """Every retraining point scores the held-out rows (a share of train, never test), none of which a pre-search,
+    search or retraining batch holds; the cell's health is the shared rule on those points."""
     params = tiny_params()
     data = phases.load_partition(toy_partition)
     rows = phases.hold_out(data, params.ssvfnas.retrain.held_out_fraction, params.data.seed)
@@ -320,10 +385,17 @@ def test_the_retraining_is_validated_on_held_out_train_rows_that_nothing_trains_
     validations = [(scored, accuracy) for split, scored, accuracy in evaluated if split == phases.HELD_OUT]
     assert [scored for scored, _ in validations] == [held_out] * 4
     assert [p["valid_accuracy"] for p in curve] == [accuracy for _, accuracy in validations]
-    assert all(scored == test for split, scored, _ in evaluated if split != phases.HELD_OUT)  # the rest is test, measured
+    assert all(
+        scored == test for split, scored, _ in evaluated if split != phases.HELD_OUT
+    )  # the rest is test, measured
     assert batches and not held_out & batches
-    assert all(torch.equal(x, data.features[k][rows.training_rows]) for k, x in enumerate(pretrained)) and len(pretrained) == 2
-    assert all(p["train_loss"] > 0 for p in curve) and metrics["retrain"]["valid_accuracy"] == curve[-1]["valid_accuracy"]
+    assert (
+        all(torch.equal(x, data.features[k][rows.training_rows]) for k, x in enumerate(pretrained))
+        and len(pretrained) == 2
+    )
+    assert (
+        all(p["train_loss"] > 0 for p in curve) and metrics["retrain"]["valid_accuracy"] == curve[-1]["valid_accuracy"]
+    )
     saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert saved["retrain"]["curve"] == curve and saved["health"] == retrain_health(curve).as_dict()
 
@@ -336,7 +408,9 @@ def test_a_cell_killed_mid_retraining_resumes_to_the_same_validation_points(toy_
     assert json.loads((tmp_path / "ckpt" / "retrain" / "state.json").read_text())["step"] == 2
     _run(params, cell, toy_partition, tmp_path / "resumed", tmp_path / "ckpt")
     straight = (tmp_path / "straight" / "metrics.json").read_bytes()
-    assert (tmp_path / "resumed" / "metrics.json").read_bytes() == straight and len(json.loads(straight)["retrain"]["curve"]) == 4
+    assert (tmp_path / "resumed" / "metrics.json").read_bytes() == straight and len(
+        json.loads(straight)["retrain"]["curve"]
+    ) == 4
 
 
 def test_presearch_moves_weights_and_alphas_and_is_shared_between_dp_levels(toy_partition, tmp_path):
@@ -350,8 +424,11 @@ def test_presearch_moves_weights_and_alphas_and_is_shared_between_dp_levels(toy_
     assert not torch.equal(fresh[1].stem[0].weight, searched[1].stem[0].weight)
     again = phases.build_supernets(params, data, 0)
     runs.run_presearch(params, Cell("ss_vfnas2", "toy", 2, 1.0, 1.0, 0), data, again, tmp_path / "p2", cache)
-    assert all(torch.equal(a, b) for net_a, net_b in zip(searched, again) for a, b in zip(net_a.state_dict().values(),
-                                                                                             net_b.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for net_a, net_b in zip(searched, again)
+        for a, b in zip(net_a.state_dict().values(), net_b.state_dict().values())
+    )
     assert (tmp_path / "p2" / "presearch.json").exists()  # written even when it came from the cache
 
 
@@ -360,20 +437,30 @@ def test_the_parties_on_their_own_sides_write_the_in_process_cells_outputs(toy_p
     """With party_1 a worker of its own (its columns, networks, pre-search and genotype; the node protocol without a
     network), every output file of the cell is the in-process run's, byte for byte."""
     from fedrepro.ssvfnas.parties import local_parties
+
     params, cell = tiny_params(), Cell(method, "toy", 2, sigma, sigma, 0)
     _run(params, cell, toy_partition, tmp_path / "engine", tmp_path / "engine_ckpt")
-    runs.run_cell(params, cell, toy_partition.parent, tmp_path / "parties", tmp_path / "parties_ckpt", "inputs",
-                  parties=local_parties)
+    runs.run_cell(
+        params,
+        cell,
+        toy_partition.parent,
+        tmp_path / "parties",
+        tmp_path / "parties_ckpt",
+        "inputs",
+        parties=local_parties,
+    )
     files = {p.relative_to(tmp_path / "engine") for p in (tmp_path / "engine").rglob("*") if p.is_file()}
     assert files == {p.relative_to(tmp_path / "parties") for p in (tmp_path / "parties").rglob("*") if p.is_file()}
     assert all((tmp_path / "engine" / f).read_bytes() == (tmp_path / "parties" / f).read_bytes() for f in files)
 
 
-def test_each_party_of_its_own_presearches_once_for_the_cells_of_a_partition_and_seed(toy_partition, tmp_path,
-                                                                                       monkeypatch):
+def test_each_party_of_its_own_presearches_once_for_the_cells_of_a_partition_and_seed(
+    toy_partition, tmp_path, monkeypatch
+):
     """As in the in-process run, a later cell of one partition and seed (here the next DP level) loads each party's
     pre-search from the process's ``PRESEARCHED``, and both cells still write the in-process outputs byte for byte."""
     from fedrepro.ssvfnas import parties
+
     monkeypatch.setattr(parties, "PRESEARCHED", {})
     presearched, presearch = [], parties.presearch_party
 
@@ -387,20 +474,29 @@ def test_each_party_of_its_own_presearches_once_for_the_cells_of_a_partition_and
         cell = Cell("ss_vfnas1", "toy", 2, sigma, sigma, 0)
         engine, own = tmp_path / f"engine-{sigma}", tmp_path / f"parties-{sigma}"
         _run(params, cell, toy_partition, engine, tmp_path / f"engine_ckpt-{sigma}")
-        runs.run_cell(params, cell, toy_partition.parent, own, tmp_path / f"parties_ckpt-{sigma}", "inputs",
-                      parties=parties.local_parties)
+        runs.run_cell(
+            params,
+            cell,
+            toy_partition.parent,
+            own,
+            tmp_path / f"parties_ckpt-{sigma}",
+            "inputs",
+            parties=parties.local_parties,
+        )
         files = [p.relative_to(engine) for p in engine.rglob("*") if p.is_file()]
         assert files and all((engine / f).read_bytes() == (own / f).read_bytes() for f in files)
     assert sorted(presearched) == [0, 1]  # each party once, though two cells pre-searched
 
 
 @pytest.mark.parametrize("killed_at", [2, 5])
-def test_a_cell_with_its_parties_on_their_own_sides_resumes_to_the_engines_outputs(toy_partition, tmp_path, monkeypatch,
-                                                                                   killed_at):
+def test_a_cell_with_its_parties_on_their_own_sides_resumes_to_the_engines_outputs(
+    toy_partition, tmp_path, monkeypatch, killed_at
+):
     """Killed after the label party's 2nd checkpoint (mid-search) or its 5th (mid-retraining, the search done): the
     rerun resumes every party from its own directory and writes the uninterrupted engine run's outputs."""
     from fedrepro.ssvfnas.parties import local_parties
     from fedrepro.vfl.nodes import VerticalHub
+
     params, cell = tiny_params(), Cell("ss_vfnas1", "toy", 2, 1.0, 0.5, 0)
     _run(params, cell, toy_partition, tmp_path / "engine", tmp_path / "engine_ckpt")
     save_state, calls = VerticalHub.save_state, []
@@ -412,8 +508,12 @@ def test_a_cell_with_its_parties_on_their_own_sides_resumes_to_the_engines_outpu
             raise KeyboardInterrupt("killed")
 
     monkeypatch.setattr(VerticalHub, "save_state", dies)
-    run = lambda out: runs.run_cell(params, cell, toy_partition.parent, tmp_path / out, tmp_path / "ckpt",  # noqa: E731
-                                    "inputs", parties=local_parties)
+
+    def run(out):
+        return runs.run_cell(
+            params, cell, toy_partition.parent, tmp_path / out, tmp_path / "ckpt", "inputs", parties=local_parties
+        )
+
     with pytest.raises(KeyboardInterrupt):
         run("killed")
     assert calls[-1].parent.name == ("search" if killed_at == 2 else "retrain")
@@ -428,6 +528,7 @@ def test_a_cell_computes_on_the_device_its_params_name(toy_partition, tmp_path, 
     queue included) and rows, and in each phase's protocol every party's networks, rows and labels on it; and the
     parties' recipe carries it to their processes. (Here the CPU, or the GPU of a machine that has one.)"""
     from fedrepro.ssvfnas.parties import cell_recipe
+
     params, cell = tiny_params(), Cell("ss_vfnas2", "toy", 2, 0.0, 0.0, 0)
     device = torch.device(params.train.device)
     configured, placed = [], []
@@ -448,14 +549,20 @@ def test_a_cell_computes_on_the_device_its_params_name(toy_partition, tmp_path, 
     monkeypatch.setattr(phases, "pretrain", recording_pretrain)
     _run(params, cell, toy_partition, tmp_path / "out", tmp_path / "ckpt")
     assert configured == [params.train.device] and placed == [{device}] * 6  # 2 pre-searches, 2 parties x 2 phases
-    data = phases.hold_out(phases.load_partition(toy_partition), params.ssvfnas.retrain.held_out_fraction, params.data.seed)
+    data = phases.hold_out(
+        phases.load_partition(toy_partition), params.ssvfnas.retrain.held_out_fraction, params.data.seed
+    )
     assert cell_recipe(params, cell, data, toy_partition, "search", "run").device == params.train.device
 
 
 def test_a_party_of_its_own_builds_only_from_its_own_columns(toy_partition):
     from fedrepro.ssvfnas.parties import CellParty
+
     params, cell = tiny_params(), Cell("vfnas1", "toy", 2, 1.0, 1.0, 0)
-    host, guest = CellParty(params, cell, toy_partition, "search")(1), CellParty(params, cell, toy_partition, "search")(0)
+    host, guest = (
+        CellParty(params, cell, toy_partition, "search")(1),
+        CellParty(params, cell, toy_partition, "search")(0),
+    )
     data = phases.load_partition(toy_partition)
     assert host.labels is None and host.top is None and torch.equal(host.features, data.features[1])
     assert torch.equal(guest.labels, data.labels) and torch.equal(guest.features, data.features[0])
@@ -474,14 +581,18 @@ def fake_retrain_curve(valid: float, diverged: bool = False, converged: bool = T
     at the second point and stays (``converged``) or is still climbing at the last."""
     losses = [1.0, 1.4, 1.9, 2.5] if diverged else [2.3, 1.6, 1.2, 1.0]
     scores = [valid - 0.2, valid, valid, valid] if converged else [valid - 0.3, valid - 0.2, valid - 0.1, valid]
-    return [{"step": 10 * (i + 1), "train_loss": loss, "valid_accuracy": score, "valid_loss": 1.0}
-            for i, (loss, score) in enumerate(zip(losses, scores))]
+    return [
+        {"step": 10 * (i + 1), "train_loss": loss, "valid_accuracy": score, "valid_loss": 1.0}
+        for i, (loss, score) in enumerate(zip(losses, scores))
+    ]
 
 
 def test_the_label_party_alone_reads_only_its_own_columns_and_is_deterministic(tmp_path):
     """A label-alone cell trains the label party's network on its own features: scrambling the other party's columns
     leaves its predictions as they were, and a rerun gives the same outputs bit for bit."""
-    tables, labels, splits, summary = build_partition(toy_vertical(tmp_path / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0)
+    tables, labels, splits, summary = build_partition(
+        toy_vertical(tmp_path / "prepared", n=160), "toy", 2, 0.25, 0.5, 0, seed=0
+    )
     other = 1 - summary["label_party"]
     scrambled = [t.copy() for t in tables]
     columns = [c for c in scrambled[other].columns if c != "sample_id"]
@@ -494,14 +605,24 @@ def test_the_label_party_alone_reads_only_its_own_columns_and_is_deterministic(t
     for name in ("plain", "again", "scrambled"):
         partition = tmp_path / ("scrambled" if name == "scrambled" else "plain") / "toy-k2"
         metrics = _run(params, cell, partition, tmp_path / f"out-{name}", tmp_path / f"ckpt-{name}")
-        outputs[name] = (pd.read_csv(tmp_path / f"out-{name}" / "predictions.csv"), metrics["test"], metrics["retrain"]["curve"])
+        outputs[name] = (
+            pd.read_csv(tmp_path / f"out-{name}" / "predictions.csv"),
+            metrics["test"],
+            metrics["retrain"]["curve"],
+        )
     assert {p.name for p in (tmp_path / "out-plain").iterdir()} == {"metrics.json", "predictions.csv"}
-    assert metrics["retrain"]["steps"] == 4 and len(metrics["parameters"]["bottom"]) == 1 and "epsilon_total_max" not in metrics
+    assert (
+        metrics["retrain"]["steps"] == 4
+        and len(metrics["parameters"]["bottom"]) == 1
+        and "epsilon_total_max" not in metrics
+    )
     for name in ("again", "scrambled"):
         assert outputs[name][0].equals(outputs["plain"][0]) and outputs[name][1:] == outputs["plain"][1:]
     # the pooled protocol on both parties does read the scrambled columns (so the check above can fail)
-    pooled = [phases.one_party(params, phases.load_partition(tmp_path / f / "toy-k2"), [0, 1], 0).parties[0].features
-              for f in ("plain", "scrambled")]
+    pooled = [
+        phases.one_party(params, phases.load_partition(tmp_path / f / "toy-k2"), [0, 1], 0).parties[0].features
+        for f in ("plain", "scrambled")
+    ]
     assert not torch.equal(*pooled)
 
 
@@ -512,11 +633,19 @@ def test_majority_class_is_the_training_rows_majority_scored_on_test():
 
     def partition(labels, splits):
         rows = {name: torch.tensor(r) for name, r in splits.items()}
-        return phases.PartitionData("p", {"classes": 3, "label_party": 0}, [torch.zeros(len(labels), 1)], torch.tensor(labels),
-                                  np.arange(len(labels)), rows)
+        return phases.PartitionData(
+            "p",
+            {"classes": 3, "label_party": 0},
+            [torch.zeros(len(labels), 1)],
+            torch.tensor(labels),
+            np.arange(len(labels)),
+            rows,
+        )
 
-    data = partition([0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 0],
-                     {"train": [0, 1, 2, 3, 4], "valid": [5], phases.HELD_OUT: [6, 7, 8], "test": [9, 10, 11, 12]})
+    data = partition(
+        [0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 0],
+        {"train": [0, 1, 2, 3, 4], "valid": [5], phases.HELD_OUT: [6, 7, 8], "test": [9, 10, 11, 12]},
+    )
     assert majority_accuracy(data, "test") == 0.5 and majority_accuracy(data) == 0.0
     tie = partition([0, 0, 1, 1, 0, 1, 1], {"train": [0, 1, 2], "valid": [3], "test": [4, 5, 6]})
     assert majority_accuracy(tie, "test") == pytest.approx(1 / 3)
@@ -532,10 +661,18 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
     summaries = {}
     for dataset, k, prepared in partitions(params):
         summaries[f"{dataset}-k{k}"] = {
-            "name": f"{dataset}-k{k}", "dataset": dataset, "parties": k, "label_party": k - 1, "classes": 10,
-            "shapes": [[1, 8, 8 // k]] * k, "kinds": ["conv"] * k, "features": [64 // k] * k,
+            "name": f"{dataset}-k{k}",
+            "dataset": dataset,
+            "parties": k,
+            "label_party": k - 1,
+            "classes": 10,
+            "shapes": [[1, 8, 8 // k]] * k,
+            "kinds": ["conv"] * k,
+            "features": [64 // k] * k,
             "alignment": {"prepare": {"dropped_per_party": [0] * k}, "partition": {"dropped_per_party": [0] * k}},
-            "cap": {"rows_kept": 1000}, "splits": {"train": 400, "valid": 400, "test": n_test}}
+            "cap": {"rows_kept": 1000},
+            "splits": {"train": 400, "valid": 400, "test": n_test},
+        }
     write_json(root / "partitions" / "summary.json", {"partitions": summaries, "skipped": []})
     for cell in all_cells(params):
         noisy = cell.sigma_forward > 0
@@ -545,20 +682,30 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
         predicted = np.where(right, labels, (labels + 1) % 10)
         folder = root / "tables" / cell.method / cell.name
         folder.mkdir(parents=True)
-        pd.DataFrame({"sample_id": np.arange(n_test), "label": labels, "predicted": predicted}).to_csv(folder / "predictions.csv", index=False)
+        pd.DataFrame({"sample_id": np.arange(n_test), "label": labels, "predicted": predicted}).to_csv(
+            folder / "predictions.csv", index=False
+        )
         eps = 2.0 if noisy else None
-        metrics = {"cell": {"name": cell.name}, "label_party": cell.parties - 1,
-                   "test": {"accuracy": float(right.mean()), "samples": n_test, "accuracy_label_party_only": 0.5},
-                   "retrain": {"steps": ss.retrain.steps, "messages": 2 * (cell.parties - 1) * ss.retrain.steps,
-                               "bytes": 1000 * ss.retrain.steps, "loss_train": {"first": 2.3, "last": 1.0},
-                               "held_out_samples": 100,
-                               "curve": fake_retrain_curve(accuracy - 0.1, cell.name in diverged, cell.name not in unconverged),
-                               "top_weight_norms": {f"party_{j}": 1.0 if j == cell.parties - 1 else (0.2 if noisy else 1.0)
-                                                    for j in range(cell.parties)}},
-                   "epsilon_total_max": None if eps is None else eps + 0.5,
-                   "epsilon_total_amplified_max": None if eps is None else eps / 4,
-                   "epsilon_status": "accounted (RDP)" if noisy else "unbounded (a release without noise)",
-                   "parameters": {"bottom": [500] * cell.parties, "top": 50}}
+        metrics = {
+            "cell": {"name": cell.name},
+            "label_party": cell.parties - 1,
+            "test": {"accuracy": float(right.mean()), "samples": n_test, "accuracy_label_party_only": 0.5},
+            "retrain": {
+                "steps": ss.retrain.steps,
+                "messages": 2 * (cell.parties - 1) * ss.retrain.steps,
+                "bytes": 1000 * ss.retrain.steps,
+                "loss_train": {"first": 2.3, "last": 1.0},
+                "held_out_samples": 100,
+                "curve": fake_retrain_curve(accuracy - 0.1, cell.name in diverged, cell.name not in unconverged),
+                "top_weight_norms": {
+                    f"party_{j}": 1.0 if j == cell.parties - 1 else (0.2 if noisy else 1.0) for j in range(cell.parties)
+                },
+            },
+            "epsilon_total_max": None if eps is None else eps + 0.5,
+            "epsilon_total_amplified_max": None if eps is None else eps / 4,
+            "epsilon_status": "accounted (RDP)" if noisy else "unbounded (a release without noise)",
+            "parameters": {"bottom": [500] * cell.parties, "top": 50},
+        }
         if cell.baseline:
             metrics["parameters"]["baseline_target"] = [520] * cell.parties
         elif cell.label_alone:
@@ -567,20 +714,49 @@ def fake_grid(root: Path, params, diverged: tuple[str, ...] = (), unconverged: t
             darts = cell.rule == "darts"
             per_step = (4 if darts else 2) * (cell.parties - 1)
             reach = (2 if cell.presearch else 4) + cell.seed
-            curve = [{"step": s, "messages": per_step * s, "bytes": 4000 * s, "test_accuracy": target + (0.05 if s >= reach else -0.1),
-                      "test_loss": 1.0, "epsilon": None if eps is None else 0.1 * s,
-                      "epsilon_amplified": None if eps is None else 0.02 * s, "alpha_entropy": 1.79 - 0.01 * s,
-                      "alpha_shift": 0.003 * s} for s in range(1, ss.search.steps + 1)]
-            metrics["search"] = {"steps": ss.search.steps, "messages": per_step * ss.search.steps, "bytes": 4000 * ss.search.steps,
-                                 "exchanges": (4 if darts else 2) * ss.search.steps, "messages_per_step": per_step,
-                                 "exchanges_per_step": 4 if darts else 2, "bytes_per_step": 4000, "test_accuracy": target + 0.05,
-                                 "epsilon_max": eps, "epsilon_amplified_max": None if eps is None else eps / 4, "curve": curve,
-                                 "alpha": {"entropy_uniform": 1.7918, "entropy_start": 1.7917, "entropy_end": 1.79 - 0.01 * ss.search.steps,
-                                           "max_shift": 0.003 * ss.search.steps, "max_shift_presearch": 0.02 if cell.presearch else 0.0,
-                                           "parameter_free_edges": 1.0, "genotype_as_at_start": False}}
+            curve = [
+                {
+                    "step": s,
+                    "messages": per_step * s,
+                    "bytes": 4000 * s,
+                    "test_accuracy": target + (0.05 if s >= reach else -0.1),
+                    "test_loss": 1.0,
+                    "epsilon": None if eps is None else 0.1 * s,
+                    "epsilon_amplified": None if eps is None else 0.02 * s,
+                    "alpha_entropy": 1.79 - 0.01 * s,
+                    "alpha_shift": 0.003 * s,
+                }
+                for s in range(1, ss.search.steps + 1)
+            ]
+            metrics["search"] = {
+                "steps": ss.search.steps,
+                "messages": per_step * ss.search.steps,
+                "bytes": 4000 * ss.search.steps,
+                "exchanges": (4 if darts else 2) * ss.search.steps,
+                "messages_per_step": per_step,
+                "exchanges_per_step": 4 if darts else 2,
+                "bytes_per_step": 4000,
+                "test_accuracy": target + 0.05,
+                "epsilon_max": eps,
+                "epsilon_amplified_max": None if eps is None else eps / 4,
+                "curve": curve,
+                "alpha": {
+                    "entropy_uniform": 1.7918,
+                    "entropy_start": 1.7917,
+                    "entropy_end": 1.79 - 0.01 * ss.search.steps,
+                    "max_shift": 0.003 * ss.search.steps,
+                    "max_shift_presearch": 0.02 if cell.presearch else 0.0,
+                    "parameter_free_edges": 1.0,
+                    "genotype_as_at_start": False,
+                },
+            }
             metrics["parameters"]["supernet"] = [2000] * cell.parties
             metrics["genotypes"] = [_genotype()] * cell.parties
-            metrics["presearch"] = {"loss": {f"party_{j}": {"first": 5.0, "last": 4.0} for j in range(cell.parties)}} if cell.presearch else None
+            metrics["presearch"] = (
+                {"loss": {f"party_{j}": {"first": 5.0, "last": 4.0} for j in range(cell.parties)}}
+                if cell.presearch
+                else None
+            )
         write_json(folder / "metrics.json", metrics)
 
 
@@ -599,35 +775,62 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     params = parse_params(raw)
     fake_grid(tmp_path / "data", params)
     data = load_ssvfnas(tmp_path / "data", params)
-    assert len(data.cells) == len(table_cells(params) + baseline_cells(params)) and set(data.curves.key) == {c.name for c in table_cells(params)}
-    assert len(data.label_alone) == len(label_alone_cells(params)) and data.majority == {}  # the fake grid has no partition data
+    assert len(data.cells) == len(table_cells(params) + baseline_cells(params)) and set(data.curves.key) == {
+        c.name for c in table_cells(params)
+    }
+    assert (
+        len(data.label_alone) == len(label_alone_cells(params)) and data.majority == {}
+    )  # the fake grid has no partition data
     table = main_table(data, params).set_index(["dataset-K", "method"])
-    assert table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "50.00 ± 0.00" and table.loc[("digits-k2", ALONE), "DP"] == "nothing sent"
+    assert (
+        table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "50.00 ± 0.00"
+        and table.loc[("digits-k2", ALONE), "DP"] == "nothing sent"
+    )
     assert table.loc[("digits-k2", MAJORITY), "test accuracy (%)"] == "not computed (no partition data)"
-    variant = dataclasses.replace(data, majority={"digits-k2": 0.125}, label_alone=data.label_alone[data.label_alone.seed == 0])
+    variant = dataclasses.replace(
+        data, majority={"digits-k2": 0.125}, label_alone=data.label_alone[data.label_alone.seed == 0]
+    )
     table = main_table(variant, params).set_index(["dataset-K", "method"])
     assert table.loc[("digits-k2", MAJORITY), "test accuracy (%)"] == "12.50"
     assert table.loc[("digits-k2", ALONE), "test accuracy (%)"] == "not run"  # one of two seeds: no mean over some
     report = render_report(params, data)
-    for heading in ("## Setup", "## Partitions", "## Main table", "## Steps, bytes and ε to the target accuracy", "## Accuracy vs bytes",
-                    "## Accuracy vs ε", "## Messages per step: DARTS vs MiLeNAS", "## The searched cells",
-                    "## The hand-designed baseline", "## Claims checked at this scale", "## What this run can and cannot say",
-                    "## Architecture weights: did α move?", "## What the label party carries alone"):
+    for heading in (
+        "## Setup",
+        "## Partitions",
+        "## Main table",
+        "## Steps, bytes and ε to the target accuracy",
+        "## Accuracy vs bytes",
+        "## Accuracy vs ε",
+        "## Messages per step: DARTS vs MiLeNAS",
+        "## The searched cells",
+        "## The hand-designed baseline",
+        "## Claims checked at this scale",
+        "## What this run can and cannot say",
+        "## Architecture weights: did α move?",
+        "## What the label party carries alone",
+    ):
         assert heading in report
-    alpha = report[report.index("## Architecture weights"):report.index("## The hand-designed baseline")]
+    alpha = report[report.index("## Architecture weights") : report.index("## The hand-designed baseline")]
     assert "α moved in 48 of 48 search cells" in alpha  # fake entropy falls from 1.7917 to 1.71
     assert "12 of 12 derive identical genotypes" in alpha  # every fake cell has the same genotype
     from fedrepro.ssvfnas.tables import reliance_table
+
     reliance = reliance_table(data, params).set_index(["dataset-K", "DP"])["top weight share on the other parties"]
     assert reliance[("digits-k2", "no DP")] == "0.50" and reliance[("digits-k2", "σ1 = 1, σ2 = 1")] == "0.17"
     assert "hand-designed" in report and "Poisson" in report and "BatchNorm" in report and "released_code" in report
-    alone_reaches = claims_table(data, params).set_index("finding (paper)")["verdict"]  # the fake label party: 50% >= 40%
+    alone_reaches = claims_table(data, params).set_index("finding (paper)")[
+        "verdict"
+    ]  # the fake label party: 50% >= 40%
     assert set(alone_reaches[alone_reaches.index.str.startswith("SS-VFNAS needs fewer collaborative steps")]) == {
-        "not testable here (the target 40% is reached by the majority class or the label party alone on every dataset-K)"}
+        "not testable here (the target 40% is reached by the majority class or the label party alone on every "
+        "dataset-K)"
+    }
     data = dataclasses.replace(data, label_alone=data.label_alone.assign(accuracy=0.3))
     claims = claims_table(data, params).set_index("finding (paper)")
     verdicts = claims["verdict"]
-    assert verdicts[verdicts.index.str.startswith("VFNAS-2 (MiLeNAS) needs fewer messages")].tolist() == ["holds (exact counts)"]
+    assert verdicts[verdicts.index.str.startswith("VFNAS-2 (MiLeNAS) needs fewer messages")].tolist() == [
+        "holds (exact counts)"
+    ]
     steps = verdicts[verdicts.index.str.startswith("SS-VFNAS needs fewer collaborative steps")]
     assert steps.tolist() == ["holds", "holds"]  # 12 matched pairs each, all earlier: sign test p = 0.0005
     searched = verdicts[verdicts.index.str.contains("beats the hand-designed")]
@@ -635,14 +838,21 @@ def test_the_report_renders_on_fake_cell_folders(tmp_path):
     same = verdicts[verdicts.index.str.startswith("Without DP")]
     assert set(same) == {"not significant"}  # identical predictions
     assert verdicts[verdicts.index.str.contains("generalized well across tasks")].str.startswith(
-        "not testable here (the grid has one task per dataset").tolist() == [True]
+        "not testable here (the grid has one task per dataset"
+    ).tolist() == [True]
     assert all(v.split(" (")[0] in VERDICTS for v in verdicts), verdicts.tolist()
     assert "Holm's correction runs over all" in report
     figures = tmp_path / "figures"
     figures.mkdir()
     write_figures(data, params, figures)
-    for name in ("accuracy_vs_bytes_digits-k2.png", "accuracy_vs_epsilon_digits-k4.png", "messages_per_step.png",
-                 "accuracy_vs_bytes_ss_vfnas1.csv", "accuracy_vs_epsilon_vfnas2.csv", "messages_per_step.csv"):
+    for name in (
+        "accuracy_vs_bytes_digits-k2.png",
+        "accuracy_vs_epsilon_digits-k4.png",
+        "messages_per_step.png",
+        "accuracy_vs_bytes_ss_vfnas1.csv",
+        "accuracy_vs_epsilon_vfnas2.csv",
+        "messages_per_step.csv",
+    ):
         assert (figures / name).stat().st_size > 0, name
     summary = summary_metrics(data, params)
     assert set(summary["accuracy"]) == {"vfnas1", "vfnas2", "ss_vfnas1", "ss_vfnas2", BASELINE}
@@ -679,14 +889,25 @@ def test_a_claim_whose_reference_sits_at_the_majority_rate_is_inconclusive(tmp_p
     from fedrepro.ssvfnas.selection import CHANCE_MARGIN
 
     params, data = _three_seed_fake_grid(tmp_path)  # searched 80% / 60% with DP, hand-designed 60% / 40%
-    searched = "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way"
+    searched = (
+        "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the "
+        "same way"
+    )
     dp_cost = "Issue 8 check: DP costs VFNAS-1 accuracy (no DP vs each noisy level)"
-    well_above = claims_table(dataclasses.replace(data, majority={"digits-k2": 0.3, "digits-k4": 0.3}), params).set_index("finding (paper)")
+    well_above = claims_table(
+        dataclasses.replace(data, majority={"digits-k2": 0.3, "digits-k4": 0.3}), params
+    ).set_index("finding (paper)")
     assert well_above.loc[searched, "verdict"] == "holds" and "left out" not in well_above.loc[searched, "test"]
-    at_chance = {"digits-k2": 0.6 - CHANCE_MARGIN / 2, "digits-k4": 0.6 - CHANCE_MARGIN / 2}  # the baseline's 60% is within the margin
+    at_chance = {
+        "digits-k2": 0.6 - CHANCE_MARGIN / 2,
+        "digits-k4": 0.6 - CHANCE_MARGIN / 2,
+    }  # the baseline's 60% is within the margin
     claims = claims_table(dataclasses.replace(data, majority=at_chance), params).set_index("finding (paper)")
     verdict = claims.loc[searched, "verdict"]
-    assert verdict.startswith("inconclusive (reference at chance: ") and "hand-designed nodp 60.00% vs digits-k2 majority 59.50%" in verdict
+    assert (
+        verdict.startswith("inconclusive (reference at chance: ")
+        and "hand-designed nodp 60.00% vs digits-k2 majority 59.50%" in verdict
+    )
     assert "Holm" not in claims.loc[searched, "test"]  # no test, so not one of Holm's family
     # DP's cost is screened on its no-DP side only: a noisy side at chance is the cost itself
     assert claims.loc[dp_cost, "verdict"] == "holds"
@@ -701,16 +922,32 @@ def test_a_target_claim_skips_a_dataset_whose_majority_rate_is_above_the_target(
     from fedrepro.ssvfnas.claims import claims_table
 
     params, data = _three_seed_fake_grid(tmp_path)  # target 40%
-    steps = "SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: SS-VFNAS-1 vs VFNAS-1 (DARTS bi-level)"
-    epsilon = "Privacy is amplified by less communication: SS-VFNAS-1 reaches the target at a smaller epsilon than VFNAS-1"
-    below = claims_table(dataclasses.replace(data, majority={"digits-k2": 0.1, "digits-k4": 0.1}), params).set_index("finding (paper)")
+    steps = (
+        "SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: SS-VFNAS-1 vs VFNAS-1 "
+        "(DARTS bi-level)"
+    )
+    epsilon = (
+        "Privacy is amplified by less communication: SS-VFNAS-1 reaches the target at a smaller epsilon than VFNAS-1"
+    )
+    below = claims_table(dataclasses.replace(data, majority={"digits-k2": 0.1, "digits-k4": 0.1}), params).set_index(
+        "finding (paper)"
+    )
     assert below.loc[steps, "verdict"] == "holds" and "of 12 SS-VFNAS-1 cells" in below.loc[steps, "measured"]
-    one_above = claims_table(dataclasses.replace(data, majority={"digits-k2": 0.45, "digits-k4": 0.1}), params).set_index("finding (paper)")
+    one_above = claims_table(
+        dataclasses.replace(data, majority={"digits-k2": 0.45, "digits-k4": 0.1}), params
+    ).set_index("finding (paper)")
     assert "of 6 SS-VFNAS-1 cells" in one_above.loc[steps, "measured"]
-    assert "not counted, the target 40% is not 1 point(s) above the majority class: digits-k2 majority 45.00%" in one_above.loc[steps, "test"]
-    both_above = claims_table(dataclasses.replace(data, majority={"digits-k2": 0.45, "digits-k4": 0.395}), params).set_index("finding (paper)")
-    not_testable = ("not testable here (the target 40% is reached by the majority class or the label party alone on every "
-                    "dataset-K)")
+    assert (
+        "not counted, the target 40% is not 1 point(s) above the majority class: digits-k2 majority 45.00%"
+        in one_above.loc[steps, "test"]
+    )
+    both_above = claims_table(
+        dataclasses.replace(data, majority={"digits-k2": 0.45, "digits-k4": 0.395}), params
+    ).set_index("finding (paper)")
+    not_testable = (
+        "not testable here (the target 40% is reached by the majority class or the label party alone on every "
+        "dataset-K)"
+    )
     for finding in (steps, epsilon):
         assert both_above.loc[finding, "verdict"] == not_testable
 
@@ -721,12 +958,19 @@ def test_a_target_claim_skips_a_dataset_where_the_label_party_alone_reaches_the_
     from fedrepro.ssvfnas.claims import claims_table
 
     params, data = _three_seed_fake_grid(tmp_path)  # target 40%, label party alone 30%
-    steps = "SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: SS-VFNAS-1 vs VFNAS-1 (DARTS bi-level)"
+    steps = (
+        "SS-VFNAS needs fewer collaborative steps (and bytes) to reach the target accuracy: SS-VFNAS-1 vs VFNAS-1 "
+        "(DARTS bi-level)"
+    )
     solo = data.label_alone.assign(accuracy=np.where(data.label_alone.partition == "digits-k2", 0.45, 0.3))
     one_solo = claims_table(dataclasses.replace(data, label_alone=solo), params).set_index("finding (paper)")
     assert "of 6 SS-VFNAS-1 cells" in one_solo.loc[steps, "measured"]
-    assert "not counted, the label party alone reaches the target 40%: digits-k2 (45.00%)" in one_solo.loc[steps, "test"]
-    all_solo = claims_table(dataclasses.replace(data, label_alone=solo.assign(accuracy=0.4)), params).set_index("finding (paper)")
+    assert (
+        "not counted, the label party alone reaches the target 40%: digits-k2 (45.00%)" in one_solo.loc[steps, "test"]
+    )
+    all_solo = claims_table(dataclasses.replace(data, label_alone=solo.assign(accuracy=0.4)), params).set_index(
+        "finding (paper)"
+    )
     assert all_solo.loc[steps, "verdict"].startswith("not testable here (the target 40% is reached")
 
 
@@ -737,10 +981,17 @@ def test_an_architecture_claim_counts_only_searches_that_moved_alpha(tmp_path):
 
     params, data = _three_seed_fake_grid(tmp_path)  # every fake search moves α (entropy 1.7917 -> 1.71)
     federated = [f for f in claims_table(data, params)["finding (paper)"] if f.startswith("Federated NAS:")][0]
-    heterogeneous = "VFNAS generates multiple heterogeneous networks with no consensus architecture from different participants"
-    searched = "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way"
+    heterogeneous = (
+        "VFNAS generates multiple heterogeneous networks with no consensus architecture from different participants"
+    )
+    searched = (
+        "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the "
+        "same way"
+    )
     search = data.cells.method != "hand_designed"
-    still = data.cells.assign(alpha_entropy_end=data.cells["alpha_entropy_start"].where(search, data.cells["alpha_entropy_end"]))
+    still = data.cells.assign(
+        alpha_entropy_end=data.cells["alpha_entropy_start"].where(search, data.cells["alpha_entropy_end"])
+    )
     none_moved = claims_table(dataclasses.replace(data, cells=still), params).set_index("finding (paper)")["verdict"]
     for finding in (federated, heterogeneous, searched):
         assert none_moved[finding].startswith("not testable here (α did not move in any of its ")
@@ -760,7 +1011,9 @@ def test_the_papers_overlap_federated_nas_and_transfer_claims_have_verdicts(tmp_
     federated = verdicts[verdicts.index.str.startswith("Federated NAS:")]
     assert federated.tolist() == ["holds"]  # searched 80% / 60% vs hand-designed 60% / 40%
     heterogeneous = verdicts[verdicts.index.str.contains("heterogeneous networks with no consensus")]
-    assert heterogeneous.tolist() == ["reversed (direction only: counts of derived genotypes)"]  # every fake party derives the same cell
+    assert heterogeneous.tolist() == [
+        "reversed (direction only: counts of derived genotypes)"
+    ]  # every fake party derives the same cell
     overlap = verdicts[verdicts.index.str.contains("insufficient overlapping")]
     transfer = verdicts[verdicts.index.str.contains("generalized well across tasks")]
     assert [v.split(" (")[0] for v in (*overlap, *transfer)] == ["not testable here", "not testable here"]
@@ -780,32 +1033,54 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
     fake_grid(tmp_path, params, diverged=(bad,), unconverged=(slow, alone))
     data = load_ssvfnas(tmp_path, params)
     health = data.cells.set_index("key")["health"]
-    assert (health[bad], health[slow]) == ("diverged", "not converged") and set(health.drop([bad, slow])) == {"converged"}
+    assert (health[bad], health[slow]) == ("diverged", "not converged") and set(health.drop([bad, slow])) == {
+        "converged"
+    }
     table = main_table(data, params).set_index(["dataset-K", "DP", "method"])
     accuracy = table["test accuracy (%)"]
     assert accuracy[("digits-k2", "no DP", "VFNAS-1")] == "80.00 †"
     assert accuracy[("digits-k4", "σ1 = 1, σ2 = 1", "hand-designed")] == "40.00 °"
     assert accuracy[("digits-k4", "nothing sent", "trivial: label party alone")] == "50.00 °"
     assert sum(value.endswith(("†", "°")) for value in accuracy) == 3
-    assert table.loc[("digits-k2", "no DP", "VFNAS-1"), "held-out valid accuracy (%)"] == "70.00"  # the held-out rows, not test
+    assert (
+        table.loc[("digits-k2", "no DP", "VFNAS-1"), "held-out valid accuracy (%)"] == "70.00"
+    )  # the held-out rows, not test
     flagged = health_table(data)
-    assert flagged["name"].tolist() == [bad, slow, alone] and flagged["health"].tolist() == ["diverged", "not converged", "not converged"]
+    assert flagged["name"].tolist() == [bad, slow, alone] and flagged["health"].tolist() == [
+        "diverged",
+        "not converged",
+        "not converged",
+    ]
     assert flagged["why"].iloc[0] == "training loss rose from 1 (round 1) to 2.5 (round 4)"
     verdicts = claims_table(data, params).set_index("finding (paper)")["verdict"]
     inconclusive = verdicts[verdicts.str.startswith("inconclusive (rests on") & verdicts.str.contains("diverged")]
     assert sorted(inconclusive.index) == [  # every accuracy claim VFNAS-1's no-DP digits-k2 cell enters, and no other
-        "Federated NAS: parties collaboratively search for an optimal architecture, releasing the burden of designing networks "
-        "manually; the searched architectures (every method pooled) beat the hand-designed network of similar size trained the same way",
+        "Federated NAS: parties collaboratively search for an optimal architecture, releasing the burden of designing "
+        "networks manually; the searched architectures (every method pooled) beat the hand-designed network of similar "
+        "size trained the same way",
         "Issue 8 check: DP costs VFNAS-1 accuracy (no DP vs each noisy level)",
-        "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the same way",
-        "Without DP, SS-VFNAS-1 is at least as accurate as VFNAS-1 (the paper's SS-VFNAS results sit at or above VFNAS's)"]
+        "Issue 8 check: the architecture VFNAS-1 searched beats the hand-designed network of similar size trained the "
+        "same way",
+        "Without DP, SS-VFNAS-1 is at least as accurate as VFNAS-1 (the paper's SS-VFNAS results sit at or above "
+        "VFNAS's)",
+    ]
     assert all(f"diverged: {bad}" in verdict for verdict in inconclusive)
     # an unconverged cell voids the claims it enters too: they would rest on where the budget stopped
-    assert verdicts["Issue 8 check: the architecture VFNAS-2 searched beats the hand-designed network of similar size trained "
-                    "the same way"] == f"inconclusive (rests on not converged: {slow})"
+    assert (
+        verdicts[
+            "Issue 8 check: the architecture VFNAS-2 searched beats the hand-designed network of similar size trained "
+            "the same way"
+        ]
+        == f"inconclusive (rests on not converged: {slow})"
+    )
     # the rest have one seed: their numbers stand, their verdict waits for 3 seeds
-    assert verdicts["Without DP, SS-VFNAS-2 is at least as accurate as VFNAS-2 (the paper's SS-VFNAS results sit at or above "
-                    "VFNAS's)"] == "inconclusive (1 seed; a seed-level test needs 3)"
+    assert (
+        verdicts[
+            "Without DP, SS-VFNAS-2 is at least as accurate as VFNAS-2 (the paper's SS-VFNAS results sit at or above "
+            "VFNAS's)"
+        ]
+        == "inconclusive (1 seed; a seed-level test needs 3)"
+    )
     report = render_report(params, data)
     assert RULE in report and "Cells flagged by that rule" in report and report.count(f"| {bad} ") == 1
     assert f"{len(verdicts[verdicts.str.startswith('inconclusive')])} inconclusive" in report
@@ -813,20 +1088,35 @@ def test_a_cell_whose_retraining_loss_rises_is_marked_diverged_and_no_accuracy_c
 
 # ----- the training-sanity protocol ---------------------------------------------------------------------------
 def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_test(toy_partition, tmp_path):
-    from fedrepro.ssvfnas.sanity import HELD_OUT, SanitySettings, majority_accuracy, sanity_data, sanity_partition, write_ssvfnas_sanity
+    from fedrepro.ssvfnas.sanity import (
+        HELD_OUT,
+        SanitySettings,
+        majority_accuracy,
+        sanity_data,
+        sanity_partition,
+        write_ssvfnas_sanity,
+    )
 
     params = tiny_params()
     data = phases.load_partition(toy_partition)
     held = sanity_data(data, 0.25, 0)
     test = set(data.splits["test"].tolist())
-    assert set(held.splits) == {"train", "valid", HELD_OUT} and not test & set(torch.cat(list(held.splits.values())).tolist())
-    assert set(held.splits["train"].tolist()) | set(held.splits[HELD_OUT].tolist()) == set(data.splits["train"].tolist())
+    assert set(held.splits) == {"train", "valid", HELD_OUT} and not test & set(
+        torch.cat(list(held.splits.values())).tolist()
+    )
+    assert set(held.splits["train"].tolist()) | set(held.splits[HELD_OUT].tolist()) == set(
+        data.splits["train"].tolist()
+    )
     assert not set(held.splits["train"].tolist()) & set(held.splits[HELD_OUT].tolist())
     counts = torch.bincount(data.labels[torch.cat([held.splits["train"], held.splits["valid"]])])
-    assert majority_accuracy(held) == pytest.approx(float((data.labels[held.splits[HELD_OUT]] == counts.argmax()).float().mean()))
+    assert majority_accuracy(held) == pytest.approx(
+        float((data.labels[held.splits[HELD_OUT]] == counts.argmax()).float().mean())
+    )
     for k in range(data.parties):  # the test rows are never read: poison them
         data.features[k][data.splits["test"]] = math.nan
-    settings = SanitySettings(lrs=(0.1,), arch_lrs=(3e-4, 0.3), search_steps=(2,), retrain_lrs=(0.1,), margin=0.01, eval_every=2)
+    settings = SanitySettings(
+        lrs=(0.1,), arch_lrs=(3e-4, 0.3), search_steps=(2,), retrain_lrs=(0.1,), margin=0.01, eval_every=2
+    )
     reference, sweep = sanity_partition(params, data, settings, tmp_path / "work")
     assert reference.settings == ["lr"] and list(reference.sweep["round"]) == [2, 4]  # retraining: 4 steps
     assert reference.sweep[["train_loss", "valid"]].notna().all().all()
@@ -840,7 +1130,9 @@ def test_sanity_protocol_scores_on_a_held_out_share_of_train_and_never_reads_tes
     assert any("arch lr 0.3, 2 steps" in note for note in sweep.notes)
     again, _ = sanity_partition(params, data, settings, tmp_path / "work")  # cached run by run
     assert again.sweep.equals(reference.sweep)
-    out = write_ssvfnas_sanity({"toy-k2": (reference, sweep)}, settings, (3e-4, 2, 0.1), 0.005, tmp_path / "out", "embedded")
+    out = write_ssvfnas_sanity(
+        {"toy-k2": (reference, sweep)}, settings, (3e-4, 2, 0.1), 0.005, tmp_path / "out", "embedded"
+    )
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"sanity.md", "sanity.csv", "sanity.json"}
     assert out["arch_choice"]["arch_lr"] in (3e-4, 0.3) and "toy-k2" in out["partitions"]
     assert "## SS-VFNAS (toy-k2): pooled reference" in (tmp_path / "out" / "sanity.md").read_text()
@@ -851,12 +1143,26 @@ def test_the_arch_choice_keeps_the_preset_unless_another_setting_is_clearly_bett
     from fedrepro.ssvfnas.sanity import arch_choice
 
     def sweep(scores):
-        rows = [{"arch_lr": a, "search_steps": s, "retrain_lr": lr, "round": r, "train_loss": 1.0,
-                 "valid": v - (0.1 if r == 1 else 0)} for (a, s, lr), v in scores.items() for r in (1, 2)]
-        return SanityResult("x", "accuracy", 0.01, pd.DataFrame(rows), ["arch_lr", "search_steps", "retrain_lr"], {"m": 0.1})
+        rows = [
+            {
+                "arch_lr": a,
+                "search_steps": s,
+                "retrain_lr": lr,
+                "round": r,
+                "train_loss": 1.0,
+                "valid": v - (0.1 if r == 1 else 0),
+            }
+            for (a, s, lr), v in scores.items()
+            for r in (1, 2)
+        ]
+        return SanityResult(
+            "x", "accuracy", 0.01, pd.DataFrame(rows), ["arch_lr", "search_steps", "retrain_lr"], {"m": 0.1}
+        )
 
-    close = {"a": sweep({(3e-4, 100, 0.05): 0.80, (3e-2, 100, 0.05): 0.803}),
-             "b": sweep({(3e-4, 100, 0.05): 0.70, (3e-2, 100, 0.05): 0.703})}
+    close = {
+        "a": sweep({(3e-4, 100, 0.05): 0.80, (3e-2, 100, 0.05): 0.803}),
+        "b": sweep({(3e-4, 100, 0.05): 0.70, (3e-2, 100, 0.05): 0.703}),
+    }
     assert arch_choice(close, (3e-4, 100, 0.05), 0.005)[1]["arch_lr"] == 3e-4  # within the tolerance: the preset stays
     clear = {"a": sweep({(3e-4, 100, 0.05): 0.80, (3e-2, 100, 0.2): 0.85, (3e-2, 200, 0.05): 0.85})}
     choice = arch_choice(clear, (3e-4, 100, 0.05), 0.005)[1]
@@ -889,7 +1195,9 @@ def test_every_accuracy_figure_draws_both_trivial_lines_in_their_own_styles_and_
         retrained = caught[f"accuracy_vs_epsilon_{point}.png"].axes[0]
         assert len(retrained.collections) == len(params.ssvfnas.methods) + 1  # a band per method and the baseline
     frame = pd.DataFrame({"bytes": [1e6, 2e6], "accuracy": [0.6, 0.7]})
-    accuracy_bytes_figure({"no DP": {"VFNAS-1": frame}}, "one seed", tmp_path / "one.png", None, {MAJORITY: None, ALONE: 0.5})
+    accuracy_bytes_figure(
+        {"no DP": {"VFNAS-1": frame}}, "one seed", tmp_path / "one.png", None, {MAJORITY: None, ALONE: 0.5}
+    )
     ax = caught["one.png"].axes[0]
     assert line(ax, ALONE).get_color() == styles[1][0] and not ax.collections  # one seed: no band
     assert MAJORITY not in [drawn.get_label() for drawn in ax.get_lines()]

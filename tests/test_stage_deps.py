@@ -41,7 +41,9 @@ def test_a_stages_fedrepro_deps_are_its_scripts_import_closure(name, stage):
     missing = sorted(str(f.relative_to(ROOT)) for f in closure - declared)
     extra = sorted(str(f.relative_to(ROOT)) for f in declared - closure)
     assert not missing, f"stage {name} imports {missing} without declaring them in dvc.yaml"
-    assert not extra, f"stage {name} declares {extra}, which its script never imports: an edit there reruns it for nothing"
+    assert not extra, (
+        f"stage {name} declares {extra}, which its script never imports: an edit there reruns it for nothing"
+    )
 
 
 def test_the_deps_script_finds_dvc_yaml_in_order():
@@ -61,7 +63,15 @@ def test_the_closure_follows_imports_inside_functions_and_packages_inits(tmp_pat
     (package / "entry.py").write_text("def run():\n    from fedrepro.sub.lazy import numpy\n    return numpy\n")
     monkeypatch.setattr(closure, "ROOT", tmp_path)
     found = closure.import_closure(package / "entry.py")
-    assert found == {package / "entry.py", package / "__init__.py", package / "sub" / "__init__.py", package / "sub" / "lazy.py"}
+    assert found == {
+        package / "entry.py",
+        package / "__init__.py",
+        package / "sub" / "__init__.py",
+        package / "sub" / "lazy.py",
+    }
     assert closure.runs_nothing(package / "__init__.py") and not closure.runs_nothing(package / "sub" / "__init__.py")
     assert "numpy" in closure.third_party(found)
-    assert closure.import_closure(package / "entry.py", leave_out=[package / "sub"]) == {package / "entry.py", package / "__init__.py"}
+    assert closure.import_closure(package / "entry.py", leave_out=[package / "sub"]) == {
+        package / "entry.py",
+        package / "__init__.py",
+    }

@@ -13,8 +13,15 @@ from fedrepro.vfl import spaces as S
 
 def _identity_moco(queue_size=3, temperature=0.5, **kw):
     """Encoder = identity on 2-d inputs, head set to identity matrices: q = normalize(view) for positive views."""
-    m = M.MoCo(nn.Identity(), feature_dim=2, projection_dim=2, queue_size=queue_size, temperature=temperature,
-               generator=torch.Generator().manual_seed(0), **kw)
+    m = M.MoCo(
+        nn.Identity(),
+        feature_dim=2,
+        projection_dim=2,
+        queue_size=queue_size,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(0),
+        **kw,
+    )
     with torch.no_grad():
         for head in (m.head_q, m.head_k):
             for layer in (head[0], head[2]):
@@ -62,8 +69,9 @@ def test_infonce_matches_hand_computation_and_stores_normalised_keys():
 
 def test_momentum_update_formula_and_key_encoder_without_gradients():
     torch.manual_seed(0)
-    m = M.MoCo(S.supernet("mlp", 6, 8, width=8, cells=1, nodes=2), feature_dim=8, projection_dim=4, queue_size=8,
-               momentum=0.75)
+    m = M.MoCo(
+        S.supernet("mlp", 6, 8, width=8, cells=1, nodes=2), feature_dim=8, projection_dim=4, queue_size=8, momentum=0.75
+    )
     q_params = list(m.encoder_q.parameters()) + list(m.head_q.parameters())
     k_params = list(m.encoder_k.parameters()) + list(m.head_k.parameters())
     assert len(q_params) == len(k_params) and all(not p.requires_grad for p in k_params)
@@ -87,8 +95,13 @@ def test_momentum_every_epoch_matches_released_code_schedule():
 
     def key_after(steps):
         torch.manual_seed(1)
-        m = M.MoCo(S.supernet("mlp", 6, 8, width=8, cells=1, nodes=2), 8, projection_dim=4, queue_size=8,
-                   momentum_every="epoch")
+        m = M.MoCo(
+            S.supernet("mlp", 6, 8, width=8, cells=1, nodes=2),
+            8,
+            projection_dim=4,
+            queue_size=8,
+            momentum_every="epoch",
+        )
         start = [p.clone() for p in m.encoder_k.parameters()]
         opt = torch.optim.SGD(list(m.encoder_q.parameters()) + list(m.head_q.parameters()), lr=0.1)
         M.pretrain(m, x, steps, 8, opt, torch.Generator().manual_seed(0))  # 4 steps per epoch
@@ -111,7 +124,7 @@ def test_image_views_are_shifted_noisy_erased_copies():
     # without noise and erasing, each view is x shifted by at most 1 pixel with zero padding
     v, _ = M.image_views(x, g, noise=0.0, erase_prob=0.0)
     padded = F.pad(x, (1, 1, 1, 1))
-    shifts = torch.stack([padded[:, :, 1 + dy:9 + dy, 1 + dx:5 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)])
+    shifts = torch.stack([padded[:, :, 1 + dy : 9 + dy, 1 + dx : 5 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)])
     assert all(any(torch.equal(v[i], shifts[s, i]) for s in range(9)) for i in range(6))
     # erasing only, always: exactly one 2x2 zero patch per image (x has no zeros)
     e, _ = M.image_views(x, g, max_shift=0, noise=0.0, erase_prob=1.0, erase_size=2)
@@ -151,8 +164,15 @@ def test_pretraining_decreases_the_loss_on_an_easy_table():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 8, generator=g)  # 64 well-separated instances
-    m = M.MoCo(S.supernet("mlp", 8, 16, width=16, cells=1, nodes=2), 16, projection_dim=16, queue_size=16,
-               momentum=0.9, temperature=0.2, generator=g)
+    m = M.MoCo(
+        S.supernet("mlp", 8, 16, width=16, cells=1, nodes=2),
+        16,
+        projection_dim=16,
+        queue_size=16,
+        momentum=0.9,
+        temperature=0.2,
+        generator=g,
+    )
     opt = torch.optim.Adam(list(m.encoder_q.parameters()) + list(m.head_q.parameters()), lr=1e-2)
     history = M.pretrain(m, x, 30, 16, opt, g, views=lambda b, gen: M.tabular_views(b, gen, 0.1, 0.05))
     assert len(history) == 30 and all(math.isfinite(v) for v in history)
@@ -168,8 +188,10 @@ def test_pretrain_conv_supernet_on_digit_halves_moves_weights_and_alphas():
     m = M.MoCo(enc, 8, projection_dim=8, queue_size=16, generator=g)
     alphas0 = enc.alphas.detach().clone()
     stem0 = enc.stem[0].weight.detach().clone()
-    opts = [torch.optim.SGD(enc.weight_parameters() + list(m.head_q.parameters()), lr=0.05, momentum=0.9),
-            torch.optim.Adam(enc.arch_parameters(), lr=3e-3)]
+    opts = [
+        torch.optim.SGD(enc.weight_parameters() + list(m.head_q.parameters()), lr=0.05, momentum=0.9),
+        torch.optim.Adam(enc.arch_parameters(), lr=3e-3),
+    ]
     history = M.pretrain(m, torch.rand(24, 1, 8, 4) * 16, 3, 8, opts, g)
     assert len(history) == 3
     assert not torch.equal(enc.alphas, alphas0) and not torch.equal(enc.stem[0].weight, stem0)

@@ -17,8 +17,20 @@ from fedrepro.errors import FederationError
 from fedrepro.vfl.nodes import BACKWARD, FORWARD, SAVE, SEQUENCE, LocalTransport, PartyWorker, VerticalHub
 from fedrepro.vfl.search import batch_at
 from loopback import run_on_loopback
-from vertical_cells import (BATCH, CASES, STEPS, TRAIN, VAL, drive, in_process, learning_rate, local_hub, local_nodes,
-                            local_outcome, tiny_recipe)
+from vertical_cells import (
+    BATCH,
+    CASES,
+    STEPS,
+    TRAIN,
+    VAL,
+    drive,
+    in_process,
+    learning_rate,
+    local_hub,
+    local_nodes,
+    local_outcome,
+    tiny_recipe,
+)
 
 HERE = Path(__file__).resolve().parent
 FLOWER_CASES = ("milenas-dp", "darts2")
@@ -47,8 +59,9 @@ def test_a_run_resumed_from_its_checkpoint_is_the_straight_run(tmp_path, case):
     first = local_hub(recipe, tmp_path / "resumed")
     for step in range(STEPS):
         seed = recipe.seed
-        first.run_step(batch_at(TRAIN, BATCH, step, seed, "train"), batch_at(VAL, BATCH, step, seed, "val"),
-                       lr=learning_rate(step))
+        first.run_step(
+            batch_at(TRAIN, BATCH, step, seed, "train"), batch_at(VAL, BATCH, step, seed, "val"), lr=learning_rate(step)
+        )
         if step < STEPS - 1:  # the last step's checkpoint never comes: the run is killed before it
             first.save_state(tmp_path / "hub")
     assert sorted(p.name for p in (tmp_path / "resumed" / "party_0").iterdir()) == ["step-000001", "step-000002"]
@@ -73,8 +86,20 @@ def test_a_party_gets_only_its_gradients_and_the_label_party_commands(tmp_path, 
         assert received == {f"gradient/party_{j}/train", f"gradient/party_{j}/val"} | total
         commands = {name for message in nodes["scalars"] if message[2] == f"party_{j}" for name in message[3]}
         update = {"update/updates"} if case.startswith("darts2") else set()
-        assert commands == {"forward/batches", "forward/grad", "forward/training", "forward/noise_key",
-                            "backward/splits", "backward/updates", "backward/slots", "backward/norm_of"} | update
+        assert (
+            commands
+            == {
+                "forward/batches",
+                "forward/grad",
+                "forward/training",
+                "forward/noise_key",
+                "backward/splits",
+                "backward/updates",
+                "backward/slots",
+                "backward/norm_of",
+            }
+            | update
+        )
     assert {message[2] for message in nodes["messages"] if message[1] != "party_1"} == {"party_1"}
 
 
@@ -125,8 +150,9 @@ class Counting(LocalTransport):
         self.ops = []
 
     def exchange(self, op, commands):
-        self.ops.append(op if op != SEQUENCE else "+".join(inner for inner, _ in
-                                                          next(iter(commands.values()))[0]["ops"]))
+        self.ops.append(
+            op if op != SEQUENCE else "+".join(inner for inner, _ in next(iter(commands.values()))[0]["ops"])
+        )
         return super().exchange(op, commands)
 
 
@@ -135,8 +161,9 @@ def test_a_backward_travels_with_the_next_message_to_its_party(tmp_path, case, p
     """A step of MiLeNAS or split training is one message to each party (each backward rides ahead of the next
     forward), DARTS first order two; the run, its logs and its ledger are the in-process run's."""
     recipe = tiny_recipe(case)
-    transport = Counting({j: PartyWorker(recipe, recipe.build_party(j), tmp_path / f"party_{j}")
-                          for j in recipe.others})
+    transport = Counting(
+        {j: PartyWorker(recipe, recipe.build_party(j), tmp_path / f"party_{j}") for j in recipe.others}
+    )
     hub = VerticalHub(recipe, recipe.build_party(recipe.label), transport)
     evaluation = drive(hub)  # STEPS steps, then an evaluation of TEST in batches of 5: two forwards
     hub.save_parties()
@@ -160,8 +187,19 @@ def test_parties_as_flower_nodes_give_the_in_process_run(tmp_path):
     party in the ServerApp; tensors cross as exact float32 bytes, so the runs are identical."""
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
     out = tmp_path / "results.json"
-    run_on_loopback([sys.executable, str(HERE / "vertical_cells.py"), "--out", str(out), "--work",
-                     str(tmp_path / "work"), "--only", *FLOWER_CASES], timeout=900)
+    run_on_loopback(
+        [
+            sys.executable,
+            str(HERE / "vertical_cells.py"),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--only",
+            *FLOWER_CASES,
+        ],
+        timeout=900,
+    )
     results = json.loads(out.read_text())
     for case in FLOWER_CASES:
         flower, reference = results[case]["flower-simulation"], results[case]["in-process"]
@@ -178,13 +216,32 @@ def test_an_ssvfnas_cell_with_its_parties_as_flower_nodes_writes_the_engines_out
     alphas' summary and network sizes)."""
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
     out = tmp_path / "results.json"
-    run_on_loopback([sys.executable, str(HERE / "vertical_cells.py"), "--out", str(out), "--work",
-                     str(tmp_path / "work"), "--ssvfnas-cell", "ss_vfnas1", "--runtime", runtime], timeout=900)
+    run_on_loopback(
+        [
+            sys.executable,
+            str(HERE / "vertical_cells.py"),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--ssvfnas-cell",
+            "ss_vfnas1",
+            "--runtime",
+            runtime,
+        ],
+        timeout=900,
+    )
     results = json.loads(out.read_text())
     assert results[runtime] == results["engine"] and "metrics.json" in results["engine"]
-    reports = {phase: [names for _, sender, receiver, names, _ in log if (sender, receiver) == ("party_1", "party_0")]
-               for phase, log in results["reports"].items()}
-    asked = [names for log in results["reports"].values() for _, sender, _, names, _ in log
-             if sender == "party_0" and not set(names) <= {"local/task", "local/presearch", "local/rows"}]
+    reports = {
+        phase: [names for _, sender, receiver, names, _ in log if (sender, receiver) == ("party_1", "party_0")]
+        for phase, log in results["reports"].items()
+    }
+    asked = [
+        names
+        for log in results["reports"].values()
+        for _, sender, _, names, _ in log
+        if sender == "party_0" and not set(names) <= {"local/task", "local/presearch", "local/rows"}
+    ]
     assert reports["search"] == [["begin/report"]] + [["alphas/report"]] * 3 + [["finish/report"]] and not asked
     assert reports["retrain"] == [["parameters/report"]]

@@ -8,7 +8,14 @@ import torch
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 
-from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger, compose_epsilon, epsilon_of, gaussian_epsilon, privacy_spent
+from fedrepro.vfl.privacy import (
+    GaussianMechanism,
+    PrivacyLedger,
+    compose_epsilon,
+    epsilon_of,
+    gaussian_epsilon,
+    privacy_spent,
+)
 from fedrepro.vfl.search import batch_at
 
 MNIST, BATCH, DELTA = 60000, 256, 1e-5
@@ -28,7 +35,9 @@ def test_per_sample_clipping_bounds_every_row_and_leaves_small_rows_alone():
     assert torch.equal(clipped[small], x[small])
     big = ~small
     assert torch.allclose(rows(clipped[big]), torch.ones(int(big.sum())), atol=1e-5)  # scaled onto the ball
-    assert torch.allclose(clipped[big] / rows(clipped[big]).reshape(-1, 1, 1, 1), x[big] / rows(x[big]).reshape(-1, 1, 1, 1), atol=1e-6)
+    assert torch.allclose(
+        clipped[big] / rows(clipped[big]).reshape(-1, 1, 1, 1), x[big] / rows(x[big]).reshape(-1, 1, 1, 1), atol=1e-6
+    )
     assert torch.equal(GaussianMechanism(1.0, 0.0).apply(x, g), clipped)  # sigma = 0: clipping only
 
 
@@ -92,7 +101,9 @@ def test_ledger_pools_one_batch_composes_steps_and_takes_the_max_over_disjoint_s
     assert ledger.epsilon_amplified("a", DELTA) == pytest.approx(pooled)  # max(train, val): train's is larger
     assert pooled > privacy_spent(1.2, 0.05, 20, DELTA)  # reusing a batch costs more than fresh batches
     # no amplification: each of `batch`'s samples took part in 20 releases at sigma 1.2
-    assert ledger.max_releases("a") == 20 and ledger.epsilon("a", DELTA) == pytest.approx(privacy_spent(1.2, 1.0, 20, DELTA))
+    assert ledger.max_releases("a") == 20 and ledger.epsilon("a", DELTA) == pytest.approx(
+        privacy_spent(1.2, 1.0, 20, DELTA)
+    )
     ledger.release("b", "train", batch, None, 0.05)  # no mechanism: nothing is guaranteed
     ledger.release("c", "train", batch, GaussianMechanism(1.0, 1.0, per_sample=False, released_code=True), 0.05)
     ledger.end_step()
@@ -106,8 +117,9 @@ def test_ledger_pools_one_batch_composes_steps_and_takes_the_max_over_disjoint_s
 
 def test_the_headline_epsilon_counts_each_samples_releases_without_amplification():
     """Fixed-size batches from seeded shuffles whose ids every party sees: no subsampling amplification. 64 rows in
-    batches of 16 for 10 steps: every sample is in 2 or 3 batches, so the headline is opacus' accountant at sample rate 1
-    over 3 releases, far above the Poisson-amplified figure at rate 1/4 over 10 steps (what the ledger used to report)."""
+    batches of 16 for 10 steps: every sample is in 2 or 3 batches, so the headline is opacus' accountant at sample rate
+    1 over 3 releases, far above the Poisson-amplified figure at rate 1/4 over 10 steps (what the ledger used to
+    report)."""
     rows_, batch, steps, sigma = torch.arange(64), 16, 10, GaussianMechanism(1.0, 2.0)
     ledger = PrivacyLedger()
     counts = torch.zeros(64, dtype=torch.long)
@@ -131,7 +143,9 @@ def test_the_headline_epsilon_counts_each_samples_releases_without_amplification
     assert gaussian_epsilon(3 / 2.0**2 + 1.0, DELTA) == pytest.approx(privacy_spent((3 / 4 + 1) ** -0.5, 1.0, 1, DELTA))
 
 
-@pytest.mark.parametrize("history", [[(1.0, 0.01, 1000)], [(0.7, 0.05, 40), (1.3, 0.02, 7), (0.7, 0.05, 3)], [(2.0, 1.0, 5)]])
+@pytest.mark.parametrize(
+    "history", [[(1.0, 0.01, 1000)], [(0.7, 0.05, 40), (1.3, 0.02, 7), (0.7, 0.05, 3)], [(2.0, 1.0, 5)]]
+)
 def test_cached_composition_is_opacus_rdp_accountant_exactly(history):
     accountant = RDPAccountant()
     accountant.history = list(history)

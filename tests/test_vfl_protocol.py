@@ -30,11 +30,23 @@ def build(k, label, seed=0, init_seed=0, forward=None, backward=None, dtype=torc
     y = torch.randint(0, CLASSES, (N,), generator=data)
     torch.manual_seed(init_seed)
     edges = [0, *torch.cumsum(torch.tensor(DIMS[:k]), 0).tolist()]
-    parties = [Party(j, x[:, edges[j]:edges[j + 1]].clone(), TinySearchable(DIMS[j], D_OUT).to(dtype),
-                     labels=y if j == label else None, top=nn.Linear(k * D_OUT, CLASSES).to(dtype) if j == label else None)
-               for j in range(k)]
-    return VerticalProtocol(parties, forward_mechanisms=forward, backward_mechanism=backward, seed=seed,
-                            split_sizes={"train": len(TRAIN), "val": len(VAL)})
+    parties = [
+        Party(
+            j,
+            x[:, edges[j] : edges[j + 1]].clone(),
+            TinySearchable(DIMS[j], D_OUT).to(dtype),
+            labels=y if j == label else None,
+            top=nn.Linear(k * D_OUT, CLASSES).to(dtype) if j == label else None,
+        )
+        for j in range(k)
+    ]
+    return VerticalProtocol(
+        parties,
+        forward_mechanisms=forward,
+        backward_mechanism=backward,
+        seed=seed,
+        split_sizes={"train": len(TRAIN), "val": len(VAL)},
+    )
 
 
 RULES = {
@@ -55,25 +67,36 @@ def test_bottoms_are_searchable_and_only_the_label_party_has_labels():
     assert all(isinstance(p.bottom, Searchable) for p in protocol.parties)
     parties = protocol.parties
     with pytest.raises(ValueError, match="exactly one party holds the labels"):
-        VerticalProtocol([parties[0], Party(1, parties[1].features, parties[1].bottom, labels=parties[0].labels), parties[2]])
+        VerticalProtocol(
+            [parties[0], Party(1, parties[1].features, parties[1].bottom, labels=parties[0].labels), parties[2]]
+        )
     with pytest.raises(ValueError, match="top network"):
-        VerticalProtocol([parties[0], Party(1, parties[1].features, parties[1].bottom, top=nn.Linear(2, 2)), parties[2]])
+        VerticalProtocol(
+            [parties[0], Party(1, parties[1].features, parties[1].bottom, top=nn.Linear(2, 2)), parties[2]]
+        )
 
 
 def test_parties_from_a_vertical_dataset_keep_their_own_columns():
     ids = pd.Series([7, 3, 5], name="sample_id")
-    frames = [pd.concat([ids, pd.DataFrame({"a": [1.0, 2.0, 3.0]})], axis=1),
-              pd.concat([ids, pd.DataFrame({"b": [4.0, 5.0, 6.0], "c": [0.0, 1.0, 0.0]})], axis=1)]
+    frames = [
+        pd.concat([ids, pd.DataFrame({"a": [1.0, 2.0, 3.0]})], axis=1),
+        pd.concat([ids, pd.DataFrame({"b": [4.0, 5.0, 6.0], "c": [0.0, 1.0, 0.0]})], axis=1),
+    ]
     ds = VerticalDataset("tiny", frames, np.array([0, 1, 1]), 1, "classification")
     parties = parties_from_vertical(ds, [nn.Linear(1, 2), nn.Linear(2, 2)], nn.Linear(4, 2))
     assert [p.features.shape for p in parties] == [(3, 1), (3, 2)]
     assert torch.equal(parties[1].features[:, 0], torch.tensor([4.0, 5.0, 6.0]))
-    assert parties[0].labels is None and parties[0].top is None and torch.equal(parties[1].labels, torch.tensor([0, 1, 1]))
+    assert (
+        parties[0].labels is None and parties[0].top is None and torch.equal(parties[1].labels, torch.tensor([0, 1, 1]))
+    )
     VerticalProtocol(parties)
     frames[1] = frames[1].iloc[[1, 0, 2]].reset_index(drop=True)
     with pytest.raises(DataError, match="not aligned"):
-        parties_from_vertical(VerticalDataset("tiny", frames, np.array([0, 1, 1]), 1, "classification"),
-                              [nn.Linear(1, 2), nn.Linear(2, 2)], nn.Linear(4, 2))
+        parties_from_vertical(
+            VerticalDataset("tiny", frames, np.array([0, 1, 1]), 1, "classification"),
+            [nn.Linear(1, 2), nn.Linear(2, 2)],
+            nn.Linear(4, 2),
+        )
 
 
 @pytest.mark.parametrize("k,label", SETUPS)
@@ -145,7 +168,9 @@ def test_delivered_activations_and_gradients_respect_the_clip(k, label):
         assert (q.received["train"][j].norm(dim=1) <= 0.3).all()
         assert (q.delivered_gradients["train"][j].norm(dim=1) <= 1e-3).all()
         # clipping rescales each row, it does not change its direction
-        assert torch.allclose(F.cosine_similarity(q.received["train"][j], p.received["train"][j]), torch.ones(BATCH), atol=1e-5)
+        assert torch.allclose(
+            F.cosine_similarity(q.received["train"][j], p.received["train"][j]), torch.ones(BATCH), atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("k,label", SETUPS)
@@ -156,8 +181,15 @@ def test_what_the_channel_delivers_is_the_clipped_value_plus_noise_of_std_sigma_
     protocol = build(k, label, forward=forward, backward=backward)
     rows = torch.arange(N)
     p = protocol.forward({"train": rows, "val": rows})
-    exact = {s: dict(zip(protocol.others, torch.autograd.grad(p.losses[s], [p.received[s][j] for j in protocol.others],
-                                                              retain_graph=True))) for s in p.batches}
+    exact = {
+        s: dict(
+            zip(
+                protocol.others,
+                torch.autograd.grad(p.losses[s], [p.received[s][j] for j in protocol.others], retain_graph=True),
+            )
+        )
+        for s in p.batches
+    }
     protocol.backward(p)
     noises = []
     for mechanism, delivered, clean in ((forward, p.received, p.outputs), (backward, p.delivered_gradients, exact)):
@@ -181,7 +213,7 @@ def test_the_label_party_alone_reads_only_its_own_rows_and_sends_nothing(k, labe
     with torch.no_grad():
         own = hub.bottom(hub.features[VAL])
         d = own.shape[1]
-        logits = own @ hub.top.weight[:, label * d:(label + 1) * d].T + hub.top.bias
+        logits = own @ hub.top.weight[:, label * d : (label + 1) * d].T + hub.top.bias
     expected = float((logits.argmax(dim=1) == hub.labels[VAL]).float().mean())
     for party in protocol.parties:  # the other parties' rows are never read
         if party.index != label:
@@ -195,8 +227,13 @@ def test_messages_per_step_match_the_stated_counts(k, label):
     """Per step, with S = K-1 senders: DARTS 1st order 4S msgs / 4 exchanges; 2nd order 12S / 12 (10S / 10
     with a fixed radius); MiLeNAS 2S / 2 (4S / 4 unbundled)."""
     s = k - 1
-    expected = {"darts1": (4 * s, 4), "darts2": (12 * s, 12), "darts2_fixed_r": (10 * s, 10),
-                "milenas": (2 * s, 2), "milenas_unbundled": (4 * s, 4)}
+    expected = {
+        "darts1": (4 * s, 4),
+        "darts2": (12 * s, 12),
+        "darts2_fixed_r": (10 * s, 10),
+        "milenas": (2 * s, 2),
+        "milenas_unbundled": (4 * s, 4),
+    }
     activation_bytes = BATCH * D_OUT * 4
     costs = {}
     for rule, (messages, exchanges) in expected.items():
@@ -207,7 +244,12 @@ def test_messages_per_step_match_the_stated_counts(k, label):
         for step in (0, 1):
             costs[rule] = protocol.step_cost(step)
             assert costs[rule]["messages"] == messages and costs[rule]["exchanges"] == exchanges, rule
-    assert costs["milenas"]["bytes"] == costs["milenas_unbundled"]["bytes"] == costs["darts1"]["bytes"] == 4 * s * activation_bytes
+    assert (
+        costs["milenas"]["bytes"]
+        == costs["milenas_unbundled"]["bytes"]
+        == costs["darts1"]["bytes"]
+        == 4 * s * activation_bytes
+    )
     assert costs["darts2"]["bytes"] == 10 * s * activation_bytes + 2 * s * 4
     assert costs["milenas"]["exchanges"] < costs["darts1"]["exchanges"] < costs["darts2"]["exchanges"]
 
@@ -231,10 +273,17 @@ def test_second_order_darts_matches_the_exact_unrolled_hypergradient():
     labels = protocol.parties[0].labels
 
     def loss(params, batch):
-        acts = [functional_call(model[f"b{p.index}"], {k[len(f'b{p.index}.'):]: v for k, v in params.items()
-                                                       if k.startswith(f"b{p.index}.")}, (p.features[batch],))
-                for p in protocol.parties]
-        top = functional_call(model["top"], {k[4:]: v for k, v in params.items() if k.startswith("top.")}, (torch.cat(acts, 1),))
+        acts = [
+            functional_call(
+                model[f"b{p.index}"],
+                {k[len(f"b{p.index}.") :]: v for k, v in params.items() if k.startswith(f"b{p.index}.")},
+                (p.features[batch],),
+            )
+            for p in protocol.parties
+        ]
+        top = functional_call(
+            model["top"], {k[4:]: v for k, v in params.items() if k.startswith("top.")}, (torch.cat(acts, 1),)
+        )
         return F.cross_entropy(top, labels[batch])
 
     params = dict(model.named_parameters())
@@ -257,7 +306,9 @@ def test_second_order_darts_matches_the_exact_unrolled_hypergradient():
 def _snapshot(search):
     protocol = search.protocol
     return {
-        "params": [{k: v.clone() for m in p.modules().values() for k, v in m.state_dict().items()} for p in protocol.parties],
+        "params": [
+            {k: v.clone() for m in p.modules().values() for k, v in m.state_dict().items()} for p in protocol.parties
+        ],
         "optimizers": [o.state_dict() for o in search.weight_optimizers + search.arch_optimizers],
         "messages": list(protocol.channel.messages),
         "eval_messages": list(protocol.eval_channel.messages),
@@ -360,7 +411,9 @@ def test_evaluate_can_leave_test_rows_out_of_the_ledger_and_return_predictions()
     assert (measured["predicted"] == labels).float().mean().item() == pytest.approx(measured["accuracy"])
     protocol.evaluate(VAL, batch_size=20, split="test")
     assert protocol.ledger.history["party_0"]["test"] == [[1.0, 1.0, 1]]
-    assert protocol.ledger.max_releases("party_0") == 1 and set(protocol.ledger.participation["party_0"]) == set(VAL.tolist())
+    assert protocol.ledger.max_releases("party_0") == 1 and set(protocol.ledger.participation["party_0"]) == set(
+        VAL.tolist()
+    )
 
 
 def test_split_training_of_fixed_networks_costs_one_pass_a_step_and_resumes(tmp_path):

@@ -117,8 +117,10 @@ def test_hand_designed_baseline_has_similar_size(make, kind, feats):
 def test_sizing_the_baseline_counts_without_building_so_its_weights_are_the_first_draw(kind, feats):
     """The width search counts parameters on meta tensors (the real network's count, at any width), so the sized
     network's weights are the very ones a network of that width draws first from the same seed."""
-    assert all(S.hand_designed_parameters(kind, feats, 12, w) == S.count_parameters(S.HandDesigned(kind, feats, 12, w))
-               for w in (1, 7, 300))
+    assert all(
+        S.hand_designed_parameters(kind, feats, 12, w) == S.count_parameters(S.HandDesigned(kind, feats, 12, w))
+        for w in (1, 7, 300)
+    )
     torch.manual_seed(5)
     sized = S.hand_designed(kind, feats, 12, target_params=5000)
     torch.manual_seed(5)

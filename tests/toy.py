@@ -51,7 +51,7 @@ class ToyTask(FederatedTask):
         y = torch.cat([self.data[c][1][16:] for c in client_ids])
         order = torch.randperm(len(x), generator=generator)
         for start in range(0, len(x), self.batch_size):
-            index = order[start:start + self.batch_size]
+            index = order[start : start + self.batch_size]
             yield x[index], y[index]
 
     def forward(self, model: nn.Module, batch) -> TaskOutput:
@@ -82,8 +82,14 @@ class ToyQATask(FederatedTask):
 
         from fedrepro.models.cross_encoder import CrossEncoder
 
-        config = BertConfig(vocab_size=self.vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=32, max_position_embeddings=32)
+        config = BertConfig(
+            vocab_size=self.vocab,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+        )
         return CrossEncoder(BertModel(config, add_pooling_layer=False))
 
     def num_train_samples(self, client_ids: Sequence[str]) -> int:
@@ -98,7 +104,7 @@ class ToyQATask(FederatedTask):
         q, pos, neg = (torch.cat([self.data[c][i] for c in client_ids]) for i in range(3))
         order = torch.randperm(len(q), generator=generator)
         for start in range(0, len(q), self.batch_size):
-            index = order[start:start + self.batch_size]
+            index = order[start : start + self.batch_size]
             yield self._pairs(torch.cat([q[index], q[index]]), torch.cat([pos[index], neg[index]]))
 
     def forward(self, model: nn.Module, batch) -> TaskOutput:
@@ -109,7 +115,7 @@ class ToyQATask(FederatedTask):
     def evaluate(self, model: nn.Module, client_id: str, split: str) -> dict[str, float]:
         q, pos, neg = self.data[client_id]
         scores, _ = model(**self._pairs(torch.cat([q, q]), torch.cat([pos, neg])))
-        return {"accuracy": float((scores[: len(q)] > scores[len(q):]).float().mean())}
+        return {"accuracy": float((scores[: len(q)] > scores[len(q) :]).float().mean())}
 
 
 def relation_parts(clients: int = 3, sentences: int = 120):
@@ -141,8 +147,16 @@ def relation_task(clients: int = 3, sentences: int = 120, batch_size: int = 8):
     from fedrepro.tasks.relation import RelationTask
 
     corpus, assignment, tokenizer = relation_parts(clients, sentences)
-    return RelationTask(corpus.table, assignment, corpus.classes, (), tokenizer,
-                        relation_model(tokenizer, corpus.classes), 64, batch_size)
+    return RelationTask(
+        corpus.table,
+        assignment,
+        corpus.classes,
+        (),
+        tokenizer,
+        relation_model(tokenizer, corpus.classes),
+        64,
+        batch_size,
+    )
 
 
 def write_relation_silos(root, clients: int = 3, sentences: int = 120):
@@ -153,8 +167,9 @@ def write_relation_silos(root, clients: int = 3, sentences: int = 120):
     corpus, assignment, _ = relation_parts(clients, sentences)
     train = assignment[assignment["split"] == "train"]
     tables = silo_tables(corpus.table, assignment)
-    return write_silos(root, tables, {c: int((train["client"] == c).sum()) for c in tables},
-                       told={"classes": corpus.classes})
+    return write_silos(
+        root, tables, {c: int((train["client"] == c).sum()) for c in tables}, told={"classes": corpus.classes}
+    )
 
 
 def relation_silo_task(data_dir, batch_size: int = 8):
@@ -165,8 +180,16 @@ def relation_silo_task(data_dir, batch_size: int = 8):
     silo = read_silo(data_dir)
     rows, classes = silo.tables[SENTENCES], silo.told["classes"]
     _, _, tokenizer = relation_parts()
-    return RelationTask(rows[["sentence_id", "text"]], rows.drop(columns="text"), classes, (), tokenizer,
-                        relation_model(tokenizer, classes), 64, batch_size)
+    return RelationTask(
+        rows[["sentence_id", "text"]],
+        rows.drop(columns="text"),
+        classes,
+        (),
+        tokenizer,
+        relation_model(tokenizer, classes),
+        64,
+        batch_size,
+    )
 
 
 def relation_server_view(silos_dir):
@@ -177,10 +200,12 @@ def relation_server_view(silos_dir):
     from fedrepro.tasks.relation import scores_from_counts, similarity_diagnostics
 
     corpus, _, tokenizer = relation_parts()
-    return ServerTaskView(read_manifest(silos_dir), relation_model(tokenizer, corpus.classes),
-                          diagnose=similarity_diagnostics,
-                          score_counts=functools.partial(scores_from_counts, classes=corpus.classes,
-                                                         positive=list(corpus.classes)))
+    return ServerTaskView(
+        read_manifest(silos_dir),
+        relation_model(tokenizer, corpus.classes),
+        diagnose=similarity_diagnostics,
+        score_counts=functools.partial(scores_from_counts, classes=corpus.classes, positive=list(corpus.classes)),
+    )
 
 
 class FaultyNodesTask(ToyTask):

@@ -74,15 +74,23 @@ def check_declared(vertical_sets: Mapping[str, Sequence[str] | None], declared: 
     for name, hosts in vertical_sets.items():
         needed = fate_files(name, hosts, declared)
         if hosts is None and len(needed) == 1:
-            raise DataError(f"params: data.vertical_sets.{name} = null, and no host file of it is declared; list its host "
-                            f"tags (for example {name}: [host]) and declare each file in data.own_files")
+            raise DataError(
+                f"params: data.vertical_sets.{name} = null, and no host file of it is declared; list its host "
+                f"tags (for example {name}: [host]) and declare each file in data.own_files"
+            )
         for rel in needed:
             if rel in declared:
                 continue
             found = mirror is not None and (Path(mirror) / rel).is_file()
-            seen = f"; the copy in {mirror} has sha256 {sha256_of(Path(mirror) / rel)}" if found else f", and it is not in {mirror}"
-            raise DataError(f"params: data.vertical_sets.{name} needs {rel}, which has no checksum: declare it in "
-                            f"data.own_files as `{rel}: <sha256>` (sha256sum of your copy){seen}")
+            seen = (
+                f"; the copy in {mirror} has sha256 {sha256_of(Path(mirror) / rel)}"
+                if found
+                else f", and it is not in {mirror}"
+            )
+            raise DataError(
+                f"params: data.vertical_sets.{name} needs {rel}, which has no checksum: declare it in "
+                f"data.own_files as `{rel}: <sha256>` (sha256sum of your copy){seen}"
+            )
 
 
 def _mirror_dir(mirror: str | os.PathLike | None, why: str) -> Path:
@@ -117,13 +125,21 @@ def _manifest_entry(rel: str, meta: dict[str, Any], path: Path) -> dict[str, Any
     return {**entry, "own": True} if meta.get("own") else entry
 
 
-def acquire_own(own_files: Mapping[str, str], vertical_sets: Mapping[str, Sequence[str] | None],
-                mirror: str | os.PathLike | None, staging: Path, checksums: dict | None = None) -> list[dict[str, Any]]:
+def acquire_own(
+    own_files: Mapping[str, str],
+    vertical_sets: Mapping[str, Sequence[str] | None],
+    mirror: str | os.PathLike | None,
+    staging: Path,
+    checksums: dict | None = None,
+) -> list[dict[str, Any]]:
     """The user's own files into ``staging`` at the embedded source, verified. A vertical set the package does not
     know, or whose guest the user declared, must be wholly declared. Returns the files' manifest entries."""
     known = {rel for files in (load_checksums() if checksums is None else checksums).values() for rel in files}
-    users = {name: hosts for name, hosts in vertical_sets.items()
-             if name in own_vertical_sets(vertical_sets, own_files) or fate_files(name, hosts, set())[0] not in known}
+    users = {
+        name: hosts
+        for name, hosts in vertical_sets.items()
+        if name in own_vertical_sets(vertical_sets, own_files) or fate_files(name, hosts, set())[0] not in known
+    }
     if not own_files and not users:
         return []
     root = _mirror_dir(mirror, "data.own_files")
@@ -150,8 +166,10 @@ def _fetch_official(rel: str, entry: dict[str, Any] | None, dest: Path, cache: d
         raise DataError(f"{rel}: no official URL in sources.json; use data.source=mirror")
     url = entry["url"]
     if entry.get("repacked"):
-        raise DataError(f"{rel}: re-packed from {url} ({entry['repacked']}); it cannot be verified against "
-                        "the manifest checksum when rebuilt, use data.source=mirror")
+        raise DataError(
+            f"{rel}: re-packed from {url} ({entry['repacked']}); it cannot be verified against "
+            "the manifest checksum when rebuilt, use data.source=mirror"
+        )
     if "member" not in entry:
         _download(url, dest)
         return
@@ -201,8 +219,10 @@ def acquire(
     declared = own_checksums(own_files or {})
     for collection in own_collections:
         if collection not in declared:
-            raise DataError(f"params: {collection!r} is a collection or corpus of your own (data.qa_layouts / "
-                            f"data.re_layouts), but data.own_files declares no file under {collection}/")
+            raise DataError(
+                f"params: {collection!r} is a collection or corpus of your own (data.qa_layouts / "
+                f"data.re_layouts), but data.own_files declares no file under {collection}/"
+            )
     for collection, files in declared.items():
         checksums.setdefault(collection, {}).update(files)
         collections = list(dict.fromkeys([*collections, collection]))
@@ -267,7 +287,9 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike) -> list[st
             for m in members:
                 target = check_name(m.name)
                 if m.issym():
-                    if PurePosixPath(m.linkname).is_absolute() or not _inside(root, (target.parent / m.linkname).resolve()):
+                    if PurePosixPath(m.linkname).is_absolute() or not _inside(
+                        root, (target.parent / m.linkname).resolve()
+                    ):
                         refuse(m.name, f"symlink to {m.linkname!r} outside the destination")
                 elif m.islnk():
                     if PurePosixPath(m.linkname).is_absolute() or not _inside(root, (root / m.linkname).resolve()):

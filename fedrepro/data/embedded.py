@@ -33,7 +33,9 @@ COLLECTION = "insuranceqa"
 def package_dir() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise DataError("data.source = 'embedded' needs the package insuranceqa-data==1.0 (pip install insuranceqa-data==1.0)")
+        raise DataError(
+            "data.source = 'embedded' needs the package insuranceqa-data==1.0 (pip install insuranceqa-data==1.0)"
+        )
     return Path(spec.origin).parent
 
 

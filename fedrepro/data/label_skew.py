@@ -41,8 +41,9 @@ def _check_partition_args(n_clients: int, scheme: str, alpha: float) -> None:
         raise DataError(f"label skew: alpha={alpha!r}; must be a finite number > 0")
 
 
-def _draw_proportions(rng: np.random.Generator, counts: np.ndarray, n_clients: int, scheme: str, alpha: float,
-                      balance: bool) -> np.ndarray:
+def _draw_proportions(
+    rng: np.random.Generator, counts: np.ndarray, n_clients: int, scheme: str, alpha: float, balance: bool
+) -> np.ndarray:
     """One draw: a clients x classes array whose columns sum to 1 (classes in the order of ``counts``)."""
     if scheme == "iid":
         return np.full((n_clients, len(counts)), 1.0 / n_clients)
@@ -65,8 +66,16 @@ def _draw_proportions(rng: np.random.Generator, counts: np.ndarray, n_clients: i
     return out
 
 
-def client_proportions(class_counts: dict[str, int], n_clients: int, scheme: str, alpha: float, seed: int,
-                       min_size: int = 1, balance: bool = False, max_tries: int = 100) -> pd.DataFrame:
+def client_proportions(
+    class_counts: dict[str, int],
+    n_clients: int,
+    scheme: str,
+    alpha: float,
+    seed: int,
+    min_size: int = 1,
+    balance: bool = False,
+    max_tries: int = 100,
+) -> pd.DataFrame:
     """Clients x classes table of shares: column c says which share of class c each client gets (sums to 1).
 
     ``dirichlet``: per class p_c ~ Dir_K(alpha), the per-class label skew of FedCMC and NIID-Bench.
@@ -86,16 +95,19 @@ def client_proportions(class_counts: dict[str, int], n_clients: int, scheme: str
     classes = sorted(str(c) for c in class_counts)
     counts = np.array([class_counts[c] for c in sorted(class_counts, key=str)])
     if len(set(classes)) < len(classes) or (counts < 0).any() or not np.issubdtype(counts.dtype, np.integer):
-        raise DataError(f"client_proportions: class_counts={class_counts}; need distinct class names and "
-                        "integer counts >= 0")
+        raise DataError(
+            f"client_proportions: class_counts={class_counts}; need distinct class names and integer counts >= 0"
+        )
     if min_size < 0 or max_tries < 1:
         raise DataError(f"client_proportions: min_size={min_size}, max_tries={max_tries}; need >= 0 and >= 1")
     total = int(counts.sum())
     shown = dict(zip(classes, counts.tolist()))
     if min_size * n_clients > total:
-        raise DataError(f"client_proportions: min_size={min_size} x K=n_clients={n_clients} = {min_size * n_clients} "
-                        f"exceeds the {total} training samples (class counts {shown}); lower min_size or use "
-                        "fewer clients")
+        raise DataError(
+            f"client_proportions: min_size={min_size} x K=n_clients={n_clients} = {min_size * n_clients} "
+            f"exceeds the {total} training samples (class counts {shown}); lower min_size or use "
+            "fewer clients"
+        )
     rng = np.random.default_rng(seed)
     tries = 1 if scheme == "iid" else max_tries  # iid has nothing random to redraw
     for _ in range(tries):
@@ -105,9 +117,11 @@ def client_proportions(class_counts: dict[str, int], n_clients: int, scheme: str
             table = pd.DataFrame(shares, index=pd.Index(client_names(n_clients), name="client"), columns=classes)
             table.columns.name = None
             return table
-    raise DataError(f"client_proportions: no draw out of max_tries={tries} gave every client >= min_size={min_size} "
-                    f"training samples (scheme={scheme!r}, alpha={alpha}, K=n_clients={n_clients}, class counts "
-                    f"{shown}); raise alpha, lower min_size or use fewer clients")
+    raise DataError(
+        f"client_proportions: no draw out of max_tries={tries} gave every client >= min_size={min_size} "
+        f"training samples (scheme={scheme!r}, alpha={alpha}, K=n_clients={n_clients}, class counts "
+        f"{shown}); raise alpha, lower min_size or use fewer clients"
+    )
 
 
 def split_by_proportions(labels: pd.Series | np.ndarray, proportions: pd.DataFrame, seed: int) -> np.ndarray:
@@ -116,8 +130,10 @@ def split_by_proportions(labels: pd.Series | np.ndarray, proportions: pd.DataFra
     labels = pd.Series(np.asarray(labels, dtype=object)).astype(str).to_numpy()
     missing = sorted(set(labels) - set(map(str, proportions.columns)))
     if missing:
-        raise DataError(f"split_by_proportions: class(es) {missing} in labels have no column in proportions "
-                        f"(columns {list(proportions.columns)})")
+        raise DataError(
+            f"split_by_proportions: class(es) {missing} in labels have no column in proportions "
+            f"(columns {list(proportions.columns)})"
+        )
     values = proportions.to_numpy(dtype=float)
     if (values < 0).any() or not np.allclose(values.sum(axis=0), 1.0, atol=1e-6):
         raise DataError("split_by_proportions: every proportions column must be >= 0 and sum to 1")
@@ -130,8 +146,16 @@ def split_by_proportions(labels: pd.Series | np.ndarray, proportions: pd.DataFra
     return out
 
 
-def partition_corpus(table: pd.DataFrame, n_clients: int, scheme: str, alpha: float, seed: int, min_size: int = 1,
-                     balance: bool = False, max_tries: int = 100) -> tuple[pd.DataFrame, pd.DataFrame]:
+def partition_corpus(
+    table: pd.DataFrame,
+    n_clients: int,
+    scheme: str,
+    alpha: float,
+    seed: int,
+    min_size: int = 1,
+    balance: bool = False,
+    max_tries: int = 100,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Client of every sentence: shares drawn from the TRAIN class counts, then applied to train, valid and test
     separately (own seed per split), so each client's local valid/test follow its own label distribution and
     their union is still the corpus's global valid/test.
@@ -184,8 +208,9 @@ def subsample_train(table: pd.DataFrame, size: int, mode: str, seed: int) -> pd.
         want = {c: size // len(classes) for c in classes}
         short = {c: have[c] for c in classes if have[c] < want[c]}
         if short:
-            raise DataError(f"subsample_train: balanced needs {size // len(classes)} train samples per class; "
-                            f"too few for {short}")
+            raise DataError(
+                f"subsample_train: balanced needs {size // len(classes)} train samples per class; too few for {short}"
+            )
     else:
         exact = {c: size * have[c] / n_train for c in classes}
         want = {c: int(np.floor(exact[c])) for c in classes}

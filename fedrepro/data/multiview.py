@@ -30,9 +30,22 @@ from fedrepro.io import read_csv
 
 MODELNET_VIEWS = 12
 MODELNET_FILE = re.compile(r"^(?P<cls>.+)_(?P<obj>\d{4})_(?P<view>\d{3})\.png$")
-CHEXPERT_OBSERVATIONS = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion",
-                         "Edema", "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion",
-                         "Pleural Other", "Fracture", "Support Devices")
+CHEXPERT_OBSERVATIONS = (
+    "No Finding",
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Opacity",
+    "Lung Lesion",
+    "Edema",
+    "Consolidation",
+    "Pneumonia",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Fracture",
+    "Support Devices",
+)
 CHEXPERT_PATIENT = re.compile(r"patient(?P<patient>\d+)")
 # how an uncertain (-1) CheXpert label is read: the CheXpert paper's U-Zeros and U-Ones policies
 UNCERTAIN_POLICIES = {"zeros": 0.0, "ones": 1.0}
@@ -63,8 +76,13 @@ def _pixel_frame(ids: list[str], images: list[np.ndarray], image_size: int) -> p
     return pd.concat([pd.Series(ids, name="sample_id"), pd.DataFrame(pixels, columns=columns)], axis=1)
 
 
-def load_modelnet40(root: Path | str, parties: int, image_size: int = 32, max_objects_per_class: int = 0,
-                    splits: tuple[str, ...] = ("train", "test")) -> VerticalDataset:
+def load_modelnet40(
+    root: Path | str,
+    parties: int,
+    image_size: int = 32,
+    max_objects_per_class: int = 0,
+    splits: tuple[str, ...] = ("train", "test"),
+) -> VerticalDataset:
     """ModelNet40v1png as K parties, one rendered view each (see ``modelnet_view_groups``), over the publisher's
     ``splits``; every sample remembers its object (``groups``) and its split (``release_split``).
 
@@ -78,8 +96,10 @@ def load_modelnet40(root: Path | str, parties: int, image_size: int = 32, max_ob
     classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for split in splits:
         if not classes or not all((root / name / split).is_dir() for name in classes):
-            raise DataError(f"ModelNet40: no <class>/{split}/ folder for every class under {root} (expected the "
-                            "modelnet40v1png layout <class>/<train|test>/<class>_<object>_<view>.png)")
+            raise DataError(
+                f"ModelNet40: no <class>/{split}/ folder for every class under {root} (expected the "
+                "modelnet40v1png layout <class>/<train|test>/<class>_<object>_<view>.png)"
+            )
     groups = modelnet_view_groups(parties)
     ids: list[str] = []
     objects_of: list[str] = []
@@ -109,16 +129,29 @@ def load_modelnet40(root: Path | str, parties: int, image_size: int = 32, max_ob
                     for party, view in enumerate(group):
                         views[party].append(_grayscale_pixels(rendered[view], image_size))
     if not ids:
-        raise DataError(f"ModelNet40: no object under {root} has all views {sorted({v + 1 for g in groups for v in g})}")
+        raise DataError(
+            f"ModelNet40: no object under {root} has all views {sorted({v + 1 for g in groups for v in g})}"
+        )
     frames = [_pixel_frame(ids, party_views, image_size) for party_views in views]
     counts = {split: release.count(split) for split in splits}
-    notes = [f"ModelNet40v1png {'+'.join(splits)}: {len(classes)} classes, {len(ids) // len(groups)} objects x "
-             f"{len(groups)} view groups {[[v + 1 for v in g] for g in groups]} = {len(ids)} samples {counts}; "
-             f"grayscale {image_size}x{image_size}; party j holds view j of a group, the last party also the labels",
-             f"objects dropped for a missing view: {incomplete}"]
-    return VerticalDataset(f"modelnet40-k{parties}", frames, np.asarray(labels, dtype=np.int64), parties - 1,
-                           "classification", notes, [(1, image_size, image_size)] * parties, [incomplete] * parties,
-                           groups=np.asarray(objects_of), release_split=np.asarray(release))
+    notes = [
+        f"ModelNet40v1png {'+'.join(splits)}: {len(classes)} classes, {len(ids) // len(groups)} objects x "
+        f"{len(groups)} view groups {[[v + 1 for v in g] for g in groups]} = {len(ids)} samples {counts}; "
+        f"grayscale {image_size}x{image_size}; party j holds view j of a group, the last party also the labels",
+        f"objects dropped for a missing view: {incomplete}",
+    ]
+    return VerticalDataset(
+        f"modelnet40-k{parties}",
+        frames,
+        np.asarray(labels, dtype=np.int64),
+        parties - 1,
+        "classification",
+        notes,
+        [(1, image_size, image_size)] * parties,
+        [incomplete] * parties,
+        groups=np.asarray(objects_of),
+        release_split=np.asarray(release),
+    )
 
 
 def _chexpert_table(root: Path, split: str) -> tuple[pd.DataFrame, Path]:
@@ -133,8 +166,14 @@ def _chexpert_table(root: Path, split: str) -> tuple[pd.DataFrame, Path]:
     return table, found
 
 
-def load_chexpert(root: Path | str, parties: int, split: str = "train", image_size: int = 32,
-                  uncertain: str = "zeros", max_patients: int = 0) -> VerticalDataset:
+def load_chexpert(
+    root: Path | str,
+    parties: int,
+    split: str = "train",
+    image_size: int = 32,
+    uncertain: str = "zeros",
+    max_patients: int = 0,
+) -> VerticalDataset:
     """CheXpert's ``split`` as K parties, each holding one image of the same patient (the patient's first K
     images in file order); patients with fewer than K images are dropped and counted. Labels are the 14
     observations as a multi-label 0/1 matrix: blank -> 0, uncertain -> ``uncertain`` ('zeros' | 'ones')."""
@@ -165,9 +204,19 @@ def load_chexpert(root: Path | str, parties: int, split: str = "train", image_si
     ids = [f"patient{pid}" for pid, _ in kept]
     frames = [_pixel_frame(ids, party_views, image_size) for party_views in views]
     dropped = len(grouped) - len(kept)
-    notes = [f"CheXpert {found.name}: {len(kept)} patients with >= {parties} images (party j: the patient's image j; "
-             f"labels from the first image's study), grayscale {image_size}x{image_size}",
-             f"patients dropped (fewer than {parties} images, or past max_patients): {dropped}",
-             f"14 observations multi-label: blank -> 0, uncertain -> {UNCERTAIN_POLICIES[uncertain]:g} (U-{uncertain})"]
-    return VerticalDataset(f"chexpert-k{parties}", frames, np.stack(targets).astype(np.float32), parties - 1,
-                           "multilabel", notes, [(1, image_size, image_size)] * parties, [dropped] * parties)
+    notes = [
+        f"CheXpert {found.name}: {len(kept)} patients with >= {parties} images (party j: the patient's image j; "
+        f"labels from the first image's study), grayscale {image_size}x{image_size}",
+        f"patients dropped (fewer than {parties} images, or past max_patients): {dropped}",
+        f"14 observations multi-label: blank -> 0, uncertain -> {UNCERTAIN_POLICIES[uncertain]:g} (U-{uncertain})",
+    ]
+    return VerticalDataset(
+        f"chexpert-k{parties}",
+        frames,
+        np.stack(targets).astype(np.float32),
+        parties - 1,
+        "multilabel",
+        notes,
+        [(1, image_size, image_size)] * parties,
+        [dropped] * parties,
+    )

@@ -15,8 +15,9 @@ from fedrepro.io import read_table, write_table
 from fedrepro.seeding import derive_seed
 
 
-def skew_preserving_caps(train_sizes: dict[str, int], largest: int, smallest: int,
-                         named: dict[str, int] | None = None) -> dict[str, int]:
+def skew_preserving_caps(
+    train_sizes: dict[str, int], largest: int, smallest: int, named: dict[str, int] | None = None
+) -> dict[str, int]:
     """Scale every client's train-question count so the largest has ``largest`` and the ratios stay the same.
 
     ``largest == 0`` keeps everything; no client is cut below ``smallest`` (or its full size if smaller). A client in
@@ -63,13 +64,19 @@ def same_text_gold(capped: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     answer (1,405 question texts under 3,457 ids). Mining must not use it as a negative or a non-relevant candidate,
     and only this stage still sees the twins that the caps drop.
     """
+
     def texts(frame: pd.DataFrame) -> pd.DataFrame:
         return frame.assign(text=frame["question"].str.lower().map(normalise_space))
 
     kept = texts(capped.drop_duplicates("question_id")[["question_id", "question"]])
     twins = kept.merge(texts(pairs[["question_id", "question", "answer_id"]]), on="text", suffixes=("", "_twin"))
     twins = twins[twins["question_id"] != twins["question_id_twin"]]
-    return twins[["question_id", "answer_id"]].drop_duplicates().sort_values(["question_id", "answer_id"]).reset_index(drop=True)
+    return (
+        twins[["question_id", "answer_id"]]
+        .drop_duplicates()
+        .sort_values(["question_id", "answer_id"])
+        .reset_index(drop=True)
+    )
 
 
 @dataclass
@@ -104,17 +111,28 @@ def clients_by_domain(prepared: Path, collection: str, domains: list[str]) -> di
     for domain in domains:
         own = pairs[pairs["domain"] == domain]
         if own.empty:
-            raise DataError(f"params: partition.embedded_domains has {domain!r}, not a domain of {collection}; "
-                            f"allowed {sorted(pairs['domain'].unique())}")
+            raise DataError(
+                f"params: partition.embedded_domains has {domain!r}, not a domain of {collection}; "
+                f"allowed {sorted(pairs['domain'].unique())}"
+            )
         clients[domain] = QAClient(own, answers[answers["answer_id"].isin(set(own["answer_id"]))], pools, answers)
     return clients
 
 
-def write_clients(clients: dict[str, QAClient], out: Path, largest: int, smallest: int, eval_questions: int, seed: int,
-                  named: dict[str, int] | None = None) -> dict:
+def write_clients(
+    clients: dict[str, QAClient],
+    out: Path,
+    largest: int,
+    smallest: int,
+    eval_questions: int,
+    seed: int,
+    named: dict[str, int] | None = None,
+) -> dict:
     """Cap every client (keeping the size skew; ``named`` clients to their own number of train questions, 0 = all)
     and write its tables under ``out/qa/<client>/``; return a summary."""
-    train_sizes = {c: client.pairs.loc[client.pairs["split"] == "train", "question_id"].nunique() for c, client in clients.items()}
+    train_sizes = {
+        c: client.pairs.loc[client.pairs["split"] == "train", "question_id"].nunique() for c, client in clients.items()
+    }
     caps = skew_preserving_caps(train_sizes, largest, smallest, named)
     summary = {}
     for name, client in clients.items():

@@ -20,8 +20,14 @@ from fedrepro.data.embedded import COLLECTION as EMBEDDED_QA, load_insuranceqa_p
 from fedrepro.data.qa_collections import QACollection, collection_statistics, load_collection
 from fedrepro.data.relation import RECorpus, load_chemprot, load_i2b2, load_pgr, re_statistics, synthetic_relations
 from fedrepro.data.multiview import load_modelnet40
-from fedrepro.data.vertical import (MODELNET40_VIEWS, VerticalDataset, digits_halves, digits_quarters, load_fate,
-                                   vertical_statistics)
+from fedrepro.data.vertical import (
+    MODELNET40_VIEWS,
+    VerticalDataset,
+    digits_halves,
+    digits_quarters,
+    load_fate,
+    vertical_statistics,
+)
 from fedrepro.errors import DataError
 from fedrepro.io import write_json, write_table
 
@@ -65,11 +71,21 @@ def write_vertical(out: Path, dataset: VerticalDataset, stats: dict) -> None:
     if dataset.release_split is not None:
         labels["release_split"] = dataset.release_split
     write_table(folder / "labels.parquet", labels)
-    write_json(folder / "meta.json", {
-        "label_party": dataset.label_party, "task": dataset.task,
-        "shapes": [None if dataset.shape(k) is None else list(dataset.shape(k)) for k in range(len(dataset.parties))],
-        "alignment": {"method": "plain inner join on the id column (not a private set intersection)",
-                      "rows": len(dataset.labels), "dropped_per_party": list(dataset.dropped)}})
+    write_json(
+        folder / "meta.json",
+        {
+            "label_party": dataset.label_party,
+            "task": dataset.task,
+            "shapes": [
+                None if dataset.shape(k) is None else list(dataset.shape(k)) for k in range(len(dataset.parties))
+            ],
+            "alignment": {
+                "method": "plain inner join on the id column (not a private set intersection)",
+                "rows": len(dataset.labels),
+                "dropped_per_party": list(dataset.dropped),
+            },
+        },
+    )
     stats["vertical"][dataset.name] = _records(vertical_statistics(dataset))
     stats["notes"][dataset.name] = list(dataset.notes)
 
@@ -113,9 +129,17 @@ def re_folder(name: str, re_layouts: dict[str, str]) -> str:
     return name if name in re_layouts else name.split("_")[0]
 
 
-def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list[str], vertical: dict[str, list[str] | None],
-                i2b2_dir: str | None, qa_layouts: dict[str, str] | None = None,
-                re_layouts: dict[str, str] | None = None) -> dict[str, Any]:
+def prepare_raw(
+    raw: Path,
+    out: Path,
+    seed: int,
+    qa: list[str],
+    re_corpora: list[str],
+    vertical: dict[str, list[str] | None],
+    i2b2_dir: str | None,
+    qa_layouts: dict[str, str] | None = None,
+    re_layouts: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Real collections from the acquired raw files (mirror or official); the user's own are read with the layout
     of the public collection or corpus they follow (``qa_layouts``, ``re_layouts``)."""
     qa_layouts, re_layouts = qa_layouts or {}, re_layouts or {}
@@ -125,7 +149,10 @@ def prepare_raw(raw: Path, out: Path, seed: int, qa: list[str], re_corpora: list
     for name in re_corpora:
         if name == "i2b2":
             if i2b2_dir is None:
-                stats["skipped"].append("i2b2: data.i2b2_dir is not set (the corpus is distributed only under the n2c2 DUA); its cells are skipped")
+                stats["skipped"].append(
+                    "i2b2: data.i2b2_dir is not set (the corpus is distributed only under the n2c2 DUA); "
+                    "its cells are skipped"
+                )
                 continue
             try:
                 corpus = load_i2b2(i2b2_dir, seed=seed)

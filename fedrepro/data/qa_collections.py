@@ -37,13 +37,18 @@ class QACollection:
 
 # ----------------------------------------------------------------------------- helpers
 
+
 def text_id(text: str, prefix: str = "") -> str:
     """Stable id from content, so the same snippet/sentence gets the same id in every run."""
     return prefix + hashlib.sha1(normalise_space(text).encode("utf-8")).hexdigest()[:16]
 
 
-def seeded_split(question_ids: Iterable[str], seed: int, fractions: Sequence[float] = SPLIT_FRACTIONS,
-                 texts: dict[str, str] | None = None) -> dict[str, str]:
+def seeded_split(
+    question_ids: Iterable[str],
+    seed: int,
+    fractions: Sequence[float] = SPLIT_FRACTIONS,
+    texts: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Assign each question to train/valid/test; sorting first makes it independent of input order.
 
     With ``texts`` (question id -> question), questions asked with the same text (case and spaces aside) under
@@ -65,8 +70,9 @@ def seeded_split(question_ids: Iterable[str], seed: int, fractions: Sequence[flo
     return split
 
 
-def _finish(name: str, rows: list[tuple], answers: dict[str, str], notes: list[str],
-            pools: pd.DataFrame | None = None) -> QACollection:
+def _finish(
+    name: str, rows: list[tuple], answers: dict[str, str], notes: list[str], pools: pd.DataFrame | None = None
+) -> QACollection:
     """Build, de-duplicate and validate the tables (one place, so every loader obeys the schema)."""
     pairs = pd.DataFrame(rows, columns=list(schema.QA_PAIR_COLUMNS))
     for col in ("question", "answer"):
@@ -77,7 +83,9 @@ def _finish(name: str, rows: list[tuple], answers: dict[str, str], notes: list[s
     ans = schema.check_columns(ans[ans["answer"] != ""], schema.ANSWER_COLUMNS, name)
     missing = set(pairs["answer_id"]) - set(ans["answer_id"])
     if missing:
-        raise DataError(f"{name}: {len(missing)} gold answer id(s) lack a text in the answer pool, e.g. {sorted(missing)[0]}")
+        raise DataError(
+            f"{name}: {len(missing)} gold answer id(s) lack a text in the answer pool, e.g. {sorted(missing)[0]}"
+        )
     ans = ans.sort_values("answer_id").reset_index(drop=True)
     if pools is not None:
         pools = schema.check_columns(pools, schema.POOL_COLUMNS, name).reset_index(drop=True)
@@ -85,6 +93,7 @@ def _finish(name: str, rows: list[tuple], answers: dict[str, str], notes: list[s
 
 
 # ----------------------------------------------------------------------------- InsuranceQA
+
 
 def read_vocabulary(path: Path) -> dict[str, str]:
     """``idx_N<TAB>word`` lines -> {idx_N: word}."""
@@ -126,14 +135,19 @@ def load_insuranceqa(raw_dir: Path, seed: int = 0, folder: str = "insuranceqa") 
                 in_pool += bool(set(gold) & set(pool))
                 if split != "train":
                     pool_rows += [(qid, a) for a in pool]
-        notes.append(f"{split}: {n} questions from {path.name}; the 100-candidate pool holds a gold answer for {in_pool}")
+        notes.append(
+            f"{split}: {n} questions from {path.name}; the 100-candidate pool holds a gold answer for {in_pool}"
+        )
     notes.append(f"answer pool: all {len(answers)} V2 answers ('en' field of answers.json.gz)")
-    notes.append("pools kept for valid/test as published (gold answers not injected); V1 files unused (no V1 answer texts)")
+    notes.append(
+        "pools kept for valid/test as published (gold answers not injected); V1 files unused (no V1 answer texts)"
+    )
     pools = pd.DataFrame(pool_rows, columns=list(schema.POOL_COLUMNS))
     return _finish(folder, rows, answers, notes, pools)
 
 
 # ----------------------------------------------------------------------------- MedQuAD
+
 
 def iter_tar_xml(archive: Path) -> Iterable[tuple[str, bytes]]:
     """Yield (member name, bytes) of regular .xml members, read in memory: nothing touches disk."""
@@ -171,21 +185,26 @@ def load_medquad(raw_dir: Path, seed: int = 0, folder: str = "medquad") -> QACol
             rows.append((qid, question, aid, answer, None, source))
     split = seeded_split((r[0] for r in rows), seed, texts={r[0]: r[1] for r in rows})
     rows = [r[:4] + (split[r[0]],) + r[5:] for r in rows]
-    notes = [f"{docs} XML documents, {len(rows) + sum(removed.values())} QA pairs; kept {len(rows)} with answer text",
-             f"skipped {sum(removed.values())} pairs without answer text (MedlinePlus answers removed by the authors; "
-             "per folder: "
-             + ", ".join(f"{k} {v}" for k, v in sorted(removed.items())) + ")",
-             f"seeded 80/10/10 split by question (seed={seed}; a question text asked under several ids in one split); domain = source folder; "
-             "answer ids hash the text, so identical answers share one id"]
+    notes = [
+        f"{docs} XML documents, {len(rows) + sum(removed.values())} QA pairs; kept {len(rows)} with answer text",
+        f"skipped {sum(removed.values())} pairs without answer text (MedlinePlus answers removed by the authors; "
+        "per folder: " + ", ".join(f"{k} {v}" for k, v in sorted(removed.items())) + ")",
+        f"seeded 80/10/10 split by question (seed={seed}; a question text asked under several ids in one split); "
+        "domain = source folder; "
+        "answer ids hash the text, so identical answers share one id",
+    ]
     return _finish(folder, rows, answers, notes)
 
 
 # ----------------------------------------------------------------------------- BioASQ
 
+
 def load_bioasq(raw_dir: Path, seed: int = 0, folder: str = "bioasq") -> QACollection:
     """BioASQ golden batches 4B-11B (+ BioBERT train-factoid-7b); gold snippets are the answers."""
     base = Path(raw_dir) / folder
-    files = sorted(base.glob("Task*BGoldenEnriched/*_golden.json")) + sorted(base.glob("biobert_datasets_QA_BioASQ/*_golden.json"))
+    files = sorted(base.glob("Task*BGoldenEnriched/*_golden.json")) + sorted(
+        base.glob("biobert_datasets_QA_BioASQ/*_golden.json")
+    )
     if not files:
         raise DataError(f"missing raw files {base}/Task*BGoldenEnriched/*_golden.json")
     questions: dict[str, tuple[str, str]] = {}
@@ -200,7 +219,9 @@ def load_bioasq(raw_dir: Path, seed: int = 0, folder: str = "bioasq") -> QAColle
                 for s in q.get("snippets", []):
                     if normalise_space(s.get("text", "")):
                         snippets.setdefault(q["id"], {})[text_id(s["text"], "bq-")] = s["text"]
-    notes = [f"{len(files)} golden files, {len(questions)} distinct questions ({duplicates} repeats across batches dropped)"]
+    notes = [
+        f"{len(files)} golden files, {len(questions)} distinct questions ({duplicates} repeats across batches dropped)"
+    ]
     squad = base / "biobert_datasets_QA_BioASQ" / "BioASQ-train-factoid-7b.json"
     if squad.is_file():
         new = set()
@@ -225,13 +246,16 @@ def load_bioasq(raw_dir: Path, seed: int = 0, folder: str = "bioasq") -> QAColle
             rows.append((qid, body, aid, text, None, qtype))
     split = seeded_split((r[0] for r in rows), seed, texts={r[0]: r[1] for r in rows})
     rows = [r[:4] + (split[r[0]],) + r[5:] for r in rows]
-    notes.append(f"no natural train/valid/test split (golden files are all test batches): seeded 80/10/10 by question "
-                 f"(seed={seed}; a question text asked under several ids in one split); domain = question type; answer pool = "
-                 "all gold snippets")
+    notes.append(
+        f"no natural train/valid/test split (golden files are all test batches): seeded 80/10/10 by question "
+        f"(seed={seed}; a question text asked under several ids in one split); domain = question type; answer pool = "
+        "all gold snippets"
+    )
     return _finish(folder, rows, answers, notes)
 
 
 # ----------------------------------------------------------------------------- FiQA
+
 
 def load_fiqa(raw_dir: Path, seed: int = 0, folder: str = "fiqa") -> QACollection:
     """FiQA task 2: keep a question only if one of its gold answers has text (most texts are absent)."""
@@ -269,11 +293,16 @@ def load_fiqa(raw_dir: Path, seed: int = 0, folder: str = "fiqa") -> QACollectio
                 added += 1
                 texts[aid] = text
                 rows.append((qid, qtext[qid], aid, text, None, "finance"))
-        notes.append(f"{extra.name}: {added} docid-less pairs added by exact question match ({mapped} mapped to the "
-                     f"question's only qrel docid, the rest get a text-hash id); {unmatched} unmatched questions dropped")
+        notes.append(
+            f"{extra.name}: {added} docid-less pairs added by exact question match ({mapped} mapped to the "
+            f"question's only qrel docid, the rest get a text-hash id); {unmatched} unmatched questions dropped"
+        )
     kept = {r[0] for r in rows}
     notes.append(f"kept {len(kept)} questions with at least one gold answer text; dropped {len(qtext) - len(kept)}")
-    notes.append(f"no official split in these files: seeded 80/10/10 by question (seed={seed}; a question text asked under several ids in one split)")
+    notes.append(
+        f"no official split in these files: seeded 80/10/10 by question (seed={seed}; "
+        "a question text asked under several ids in one split)"
+    )
     split = seeded_split(kept, seed, texts={r[0]: r[1] for r in rows})
     rows = [r[:4] + (split[r[0]],) + r[5:] for r in rows]
     return _finish(folder, rows, texts, notes)
@@ -291,8 +320,9 @@ def load_privacyqa_original_csv(paths: Path | Sequence[Path], name: str = "priva
     rows, answers, notes = [], {}, []
     for path in paths:
         frame = read_csv(need_file(path), sep="\t", dtype=str, keep_default_na=False, quoting=3)
-        frame = schema.check_columns(frame, ("DocID", "QueryID", "SentID", "Split", "Query", "Segment"), str(path)).join(
-            frame[[c for c in frame.columns if c in ("Label", "Any_Relevant") or c.startswith("Ann")]])
+        frame = schema.check_columns(
+            frame, ("DocID", "QueryID", "SentID", "Split", "Query", "Segment"), str(path)
+        ).join(frame[[c for c in frame.columns if c in ("Label", "Any_Relevant") or c.startswith("Ann")]])
         if "Label" in frame:
             relevant = frame["Label"].str.strip().str.lower().isin(TRUE_VALUES)
         elif "Any_Relevant" in frame:
@@ -333,15 +363,21 @@ def load_privacyqa(raw_dir: Path, seed: int = 0, folder: str = "privacyqa") -> Q
             questions.add(qid)
             if str(item["answer"]).strip().lower() in TRUE_VALUES:
                 docs = policies.get(question, set())
-                rows.append((qid, question, aid, sentence, None, next(iter(docs)) if len(docs) == 1 else "unknown-policy"))
+                rows.append(
+                    (qid, question, aid, sentence, None, next(iter(docs)) if len(docs) == 1 else "unknown-policy")
+                )
     kept = {r[0] for r in rows}
     split = seeded_split(kept, seed, texts={r[0]: r[1] for r in rows})
     rows = [r[:4] + (split[r[0]],) + r[5:] for r in rows]
-    notes = ["original policy_{train,test}_data.csv absent (Git LFS): used the LegalBench test split (test side of PrivacyQA only)",
-             f"{len(questions)} questions, {len(answers)} distinct sentences (all form the answer pool); "
-             f"dropped {len(questions) - len(kept)} questions without a relevant sentence",
-             f"seeded 80/10/10 split by question (seed={seed}; a question text asked under several ids in one split); domain = policy DocID by exact question match "
-             "with test_opp_annotations.csv ('unknown-policy' when absent or ambiguous)"]
+    notes = [
+        "original policy_{train,test}_data.csv absent (Git LFS): used the LegalBench test split "
+        "(test side of PrivacyQA only)",
+        f"{len(questions)} questions, {len(answers)} distinct sentences (all form the answer pool); "
+        f"dropped {len(questions) - len(kept)} questions without a relevant sentence",
+        f"seeded 80/10/10 split by question (seed={seed}; a question text asked under several ids in one split); "
+        "domain = policy DocID by exact question match "
+        "with test_opp_annotations.csv ('unknown-policy' when absent or ambiguous)",
+    ]
     return _finish(folder, rows, answers, notes)
 
 
@@ -360,8 +396,9 @@ def load_collection(name: str, raw_dir: Path, seed: int = 0, layout: str | None 
     """A public collection, or the user's own ``name`` read from ``raw_dir/name`` as ``layout`` (data.qa_layouts)."""
     layout = layout or name
     if layout not in LOADERS:
-        raise DataError(f"unknown QA collection {name!r}; allowed {sorted(LOADERS)}, or one of your own named in "
-                        "data.qa_layouts")
+        raise DataError(
+            f"unknown QA collection {name!r}; allowed {sorted(LOADERS)}, or one of your own named in data.qa_layouts"
+        )
     return LOADERS[layout](Path(raw_dir), seed, folder=name)
 
 
@@ -372,7 +409,14 @@ def collection_statistics(coll: QACollection) -> pd.DataFrame:
         part = coll.pairs[coll.pairs["split"] == split]
         qs = part.drop_duplicates("question_id")["question"].str.split().str.len()
         ans = part.drop_duplicates("answer_id")["answer"].str.split().str.len()
-        out.append({"split": split, "questions": len(qs), "answers": len(ans), "pairs": len(part),
-                    "mean_question_tokens": float(qs.mean()) if len(qs) else 0.0,
-                    "mean_answer_tokens": float(ans.mean()) if len(ans) else 0.0})
+        out.append(
+            {
+                "split": split,
+                "questions": len(qs),
+                "answers": len(ans),
+                "pairs": len(part),
+                "mean_question_tokens": float(qs.mean()) if len(qs) else 0.0,
+                "mean_answer_tokens": float(ans.mean()) if len(ans) else 0.0,
+            }
+        )
     return pd.DataFrame(out)

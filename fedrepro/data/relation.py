@@ -35,6 +35,7 @@ class RECorpus:
 
 # ----------------------------------------------------------------------------- helpers
 
+
 def _subdir(raw_dir: Path | str, name: str) -> Path:
     """Accept either the mirror root (holding ``name/``) or the dataset folder itself."""
     raw_dir = Path(raw_dir)
@@ -57,7 +58,9 @@ def _finish(name: str, rows: list[tuple], notes: list[str]) -> RECorpus:
     if bad:
         raise DataError(f"{name}: field 'split' has {bad}; allowed {list(schema.SPLITS)}")
     if table["sentence_id"].duplicated().any():
-        raise DataError(f"{name}: duplicate sentence_id, e.g. {table.loc[table['sentence_id'].duplicated(), 'sentence_id'].iloc[0]}")
+        raise DataError(
+            f"{name}: duplicate sentence_id, e.g. {table.loc[table['sentence_id'].duplicated(), 'sentence_id'].iloc[0]}"
+        )
     table = schema.check_re_table(table, name)
     return RECorpus(name, table, sorted(table["label"].unique().tolist()), notes)
 
@@ -71,6 +74,7 @@ def carve_valid(groups: list[str], seed: int, fraction: float = VALID_FRACTION) 
 
 
 # ----------------------------------------------------------------------------- PGR
+
 
 def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0, folder: str = "pgr") -> RECorpus:
     """PGR TSV (gene = e1, phenotype = e2) from the character offsets; labels lower-cased to true/false.
@@ -89,8 +93,10 @@ def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0, fol
         for i, rec in enumerate(records):
             text = rec["SENTENCE"]
             spans = []
-            for ent, start, end in (("GENE", "GENE_START_POSITION", "GENE_END_POSITION"),
-                                    ("PHENOTYPE", "PHENOTYPE_START_POSITION", "PHENOTYPE_END_POSITION")):
+            for ent, start, end in (
+                ("GENE", "GENE_START_POSITION", "GENE_END_POSITION"),
+                ("PHENOTYPE", "PHENOTYPE_START_POSITION", "PHENOTYPE_END_POSITION"),
+            ):
                 s, e = int(rec[start]), int(rec[end])
                 if text[s:e].lower() != rec[ent].lower():  # offset points elsewhere: take the nearest mention
                     hits = [m.start() for m in re.finditer(re.escape(rec[ent]), text)]
@@ -113,11 +119,15 @@ def load_pgr(raw_dir: Path | str, corpus: str = "10_12_2018", seed: int = 0, fol
     if not rows:
         raise DataError(f"PGR: no instances read under {base}")
     valid_docs = carve_valid([r[4] for r in rows if r[3] == "train"], seed)
-    rows = [(sid, text, label, "valid" if split == "train" and doc in valid_docs else split)
-            for sid, text, label, split, doc in rows]
+    rows = [
+        (sid, text, label, "valid" if split == "train" and doc in valid_docs else split)
+        for sid, text, label, split, doc in rows
+    ]
     notes.append(f"PGR {corpus} corpus; e1 = gene, e2 = phenotype (from the TSV character offsets); labels true/false")
-    notes.append(f"no validation split in PGR: {len(valid_docs)} train abstracts ({VALID_FRACTION:.0%}, seed={seed}) "
-                 "moved to valid")
+    notes.append(
+        f"no validation split in PGR: {len(valid_docs)} train abstracts ({VALID_FRACTION:.0%}, seed={seed}) "
+        "moved to valid"
+    )
     if fixed:
         notes.append(f"{fixed} entity offset(s) did not match the entity text: nearest exact mention used")
     for why, n in dropped.items():
@@ -131,11 +141,19 @@ CPR_FILES = {"train": "training.txt", "valid": "development.txt", "test": "test.
 SCIBERT_FILES = {"train": "train.txt", "valid": "dev.txt", "test": "test.txt"}
 # The BioCreative VI guidelines' grouping of the fine-grained relation types into the five evaluated CPR groups
 CPR_GROUP_OF = {
-    "UPREGULATOR": "CPR:3", "ACTIVATOR": "CPR:3", "INDIRECT-UPREGULATOR": "CPR:3",
-    "DOWNREGULATOR": "CPR:4", "INHIBITOR": "CPR:4", "INDIRECT-DOWNREGULATOR": "CPR:4",
-    "AGONIST": "CPR:5", "AGONIST-ACTIVATOR": "CPR:5", "AGONIST-INHIBITOR": "CPR:5",
+    "UPREGULATOR": "CPR:3",
+    "ACTIVATOR": "CPR:3",
+    "INDIRECT-UPREGULATOR": "CPR:3",
+    "DOWNREGULATOR": "CPR:4",
+    "INHIBITOR": "CPR:4",
+    "INDIRECT-DOWNREGULATOR": "CPR:4",
+    "AGONIST": "CPR:5",
+    "AGONIST-ACTIVATOR": "CPR:5",
+    "AGONIST-INHIBITOR": "CPR:5",
     "ANTAGONIST": "CPR:6",
-    "SUBSTRATE": "CPR:9", "PRODUCT-OF": "CPR:9", "SUBSTRATE_PRODUCT-OF": "CPR:9",
+    "SUBSTRATE": "CPR:9",
+    "PRODUCT-OF": "CPR:9",
+    "SUBSTRATE_PRODUCT-OF": "CPR:9",
 }
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
@@ -178,11 +196,15 @@ def _load_cpr_groups(base: Path) -> tuple[list[tuple], list[str]]:
             tokens[g] = f"{E2_OPEN} {tokens[g]} {E2_CLOSE}"
             rows.append((f"chemprot-{split}-{i:05d}", " ".join(tokens), label, split))
         notes.append(f"{fname}: {len(records)} candidate pairs")
-    notes.append("CPR-group version (Liu et al. 2018 preprocessing): labels CPR:3/4/5/6/9 + NA; mentions are "
-                 "anonymised to the words 'chemical'/'gene'; e1 = chemical, e2 = gene")
-    notes.append(f"published token index not on a 'chemical'/'gene' word: nearest such word used for "
-                 f"{moved['chemical']} chemical and {moved['gene']} gene argument(s); {dropped} pair(s) dropped "
-                 "(both arguments on one token)")
+    notes.append(
+        "CPR-group version (Liu et al. 2018 preprocessing): labels CPR:3/4/5/6/9 + NA; mentions are "
+        "anonymised to the words 'chemical'/'gene'; e1 = chemical, e2 = gene"
+    )
+    notes.append(
+        f"published token index not on a 'chemical'/'gene' word: nearest such word used for "
+        f"{moved['chemical']} chemical and {moved['gene']} gene argument(s); {dropped} pair(s) dropped "
+        "(both arguments on one token)"
+    )
     return rows, notes
 
 
@@ -198,8 +220,9 @@ def _entity_types(base: Path) -> dict[str, list[tuple[list[str], Counter]]]:
     return out
 
 
-def _align_types(tokens: list[str], e1: tuple[int, int], e2: tuple[int, int],
-                 anon: list[str]) -> tuple[str, str] | None:
+def _align_types(
+    tokens: list[str], e1: tuple[int, int], e2: tuple[int, int], anon: list[str]
+) -> tuple[str, str] | None:
     """Types of the two marked token runs, read from the aligned anonymised sentence (None if unclear)."""
     seq, where = [], {}
     i = 0
@@ -250,7 +273,7 @@ def _load_scibert(base: Path, cpr_base: Path) -> tuple[list[tuple], list[str]]:
             a_end = text.index(" >>", a + 3)
             b = text.index("[[ ", a_end)
             b_end = text.index(" ]]", b + 3)
-            plain = text[:a] + text[a + 3:a_end] + text[a_end + 3:b] + text[b + 3:b_end] + text[b_end + 3:]
+            plain = text[:a] + text[a + 3 : a_end] + text[a_end + 3 : b] + text[b + 3 : b_end] + text[b_end + 3 :]
             span_a = (a, a_end - 3)
             span_b = (b - 6, b_end - 9)
             kinds = None
@@ -268,11 +291,13 @@ def _load_scibert(base: Path, cpr_base: Path) -> tuple[list[tuple], list[str]]:
                         kinds = _align_types(tokens, (ra[0], ra[-1] + 1), (rb[0], rb[-1] + 1), candidates[j])
                     if kinds:
                         break
-            names = (plain[span_a[0]:span_a[1]].lower(), plain[span_b[0]:span_b[1]].lower())
+            names = (plain[span_a[0] : span_a[1]].lower(), plain[span_b[0] : span_b[1]].lower())
             if kinds:
                 for name, kind in zip(names, kinds):
                     lexicon[name][kind] += 1
-            pending.append((f"chemprot-scibert-{split}-{i:05d}", plain, span_a, span_b, names, kinds, rec["label"], split))
+            pending.append(
+                (f"chemprot-scibert-{split}-{i:05d}", plain, span_a, span_b, names, kinds, rec["label"], split)
+            )
         notes.append(f"{fname}: {len(records)} relation instances (positives only)")
     for sid, plain, span_a, span_b, names, kinds, label, split in pending:
         how = "aligned"
@@ -289,10 +314,14 @@ def _load_scibert(base: Path, cpr_base: Path) -> tuple[list[tuple], list[str]]:
             span_a, span_b = span_b, span_a
         stats[how] += 1
         rows.append((sid, mark(plain, span_a, span_b), label, split))
-    notes.append("SciBERT version: 13 fine-grained labels; '<< >>' / '[[ ]]' mark argument order, not type: "
-                 "types taken from the aligned CPR-group sentence, then e1 = chemical, e2 = gene")
-    notes.append(f"entity types: {stats['aligned']} from the aligned sentence, {stats['lexicon']} from the same mention "
-                 f"typed elsewhere, {stats['unresolved']} unresolved (kept in text order: e1 = '<<' argument)")
+    notes.append(
+        "SciBERT version: 13 fine-grained labels; '<< >>' / '[[ ]]' mark argument order, not type: "
+        "types taken from the aligned CPR-group sentence, then e1 = chemical, e2 = gene"
+    )
+    notes.append(
+        f"entity types: {stats['aligned']} from the aligned sentence, {stats['lexicon']} from the same mention "
+        f"typed elsewhere, {stats['unresolved']} unresolved (kept in text order: e1 = '<<' argument)"
+    )
     return rows, notes
 
 
@@ -302,9 +331,14 @@ def _group_cpr5(rows: list[tuple], notes: list[str], folder: Path) -> tuple[list
     unknown = sorted({label for *_, label, _ in rows} - set(CPR_GROUP_OF))
     if unknown:
         raise DataError(f"{folder}: field 'label' has {unknown}; expected one of {sorted(CPR_GROUP_OF)}")
-    grouped = [(sid.replace("chemprot-scibert-", "chemprot-cpr5-"), text, CPR_GROUP_OF[label], split)
-               for sid, text, label, split in rows]
-    return grouped, [*notes, "fine-grained labels grouped into CPR:3/4/5/6/9 (BioCreative VI guidelines), positives only"]
+    grouped = [
+        (sid.replace("chemprot-scibert-", "chemprot-cpr5-"), text, CPR_GROUP_OF[label], split)
+        for sid, text, label, split in rows
+    ]
+    return grouped, [
+        *notes,
+        "fine-grained labels grouped into CPR:3/4/5/6/9 (BioCreative VI guidelines), positives only",
+    ]
 
 
 def load_chemprot(raw_dir: Path | str, version: str = "cpr_groups", folder: str = "chemprot") -> RECorpus:
@@ -339,7 +373,7 @@ def _i2b2_docs(folder: Path, split: str, rows: list, dropped: Counter) -> int:
                 continue
             m = _I2B2.match(line)
             if not m:
-                raise DataError(f"{rel}: line {k + 1} is not 'c=\"..\" L:T L:T||r=\"..\"||c=\"..\" L:T L:T'")
+                raise DataError(f'{rel}: line {k + 1} is not \'c=".." L:T L:T||r=".."||c=".." L:T L:T\'')
             _, l1, s1, l1e, e1, label, _, l2, s2, l2e, e2 = m.groups()
             if len({l1, l1e, l2, l2e}) != 1:
                 dropped["concepts on different lines"] += 1
@@ -352,7 +386,7 @@ def _i2b2_docs(folder: Path, split: str, rows: list, dropped: Counter) -> int:
             while i < len(tokens):
                 if i in spans:
                     open_, end, close = spans[i]
-                    out += [open_, *tokens[i:end + 1], close]
+                    out += [open_, *tokens[i : end + 1], close]
                     i = end + 1
                 else:
                     out.append(tokens[i])
@@ -383,7 +417,9 @@ def load_i2b2(dir: Path | str, seed: int = 0) -> RECorpus:
     for split in carve:  # whole documents, seeded, so no note leaks into two splits
         docs = carve_valid([r[4] for r in rows if r[3] == "train"], seed + (split == "test"))
         rows = [(a, b, c, split if d == "train" and doc in docs else d, doc) for a, b, c, d, doc in rows]
-        notes.append(f"no {split} folder: {len(docs)} train documents ({VALID_FRACTION:.0%}, seed={seed}) moved to {split}")
+        notes.append(
+            f"no {split} folder: {len(docs)} train documents ({VALID_FRACTION:.0%}, seed={seed}) moved to {split}"
+        )
     for why, n in dropped.items():
         notes.append(f"dropped {n} relation(s): {why}")
     notes.append("positive pairs only (negatives would need the concept files)")
@@ -406,8 +442,9 @@ def _words(rng: np.random.Generator, n: int) -> list[str]:
     return words
 
 
-def synthetic_relations(n_sentences: int = 2000, n_classes: int = 5, seed: int = 0, vocab_size: int = 400,
-                        signal: float = 0.85) -> RECorpus:
+def synthetic_relations(
+    n_sentences: int = 2000, n_classes: int = 5, seed: int = 0, vocab_size: int = 400, signal: float = 0.85
+) -> RECorpus:
     """Seeded, learnable but not trivial relation corpus (no real RE corpus ships with a package).
 
     Each class owns 3 trigger words; the text between the entities holds one trigger of the true class with
@@ -418,9 +455,9 @@ def synthetic_relations(n_sentences: int = 2000, n_classes: int = 5, seed: int =
         raise DataError(f"synthetic_relations: n_classes={n_classes}, n_sentences={n_sentences}; need >= 2 and >= 10")
     rng = np.random.default_rng(seed)
     words = _words(rng, vocab_size + 3 * n_classes + 8)
-    triggers = [words[3 * c:3 * c + 3] for c in range(n_classes)]
-    distract = words[3 * n_classes:3 * n_classes + 8]
-    vocab = words[3 * n_classes + 8:]
+    triggers = [words[3 * c : 3 * c + 3] for c in range(n_classes)]
+    distract = words[3 * n_classes : 3 * n_classes + 8]
+    vocab = words[3 * n_classes + 8 :]
     entities = vocab[: max(20, vocab_size // 5)]
     classes = [f"rel{c}" for c in range(n_classes)]
     probs = 1.0 / np.arange(1, n_classes + 1)
@@ -429,7 +466,7 @@ def synthetic_relations(n_sentences: int = 2000, n_classes: int = 5, seed: int =
     splits = np.array(["train"] * n_sentences, dtype=object)
     order = rng.permutation(n_sentences)
     splits[order[: n_sentences // 10]] = "valid"
-    splits[order[n_sentences // 10: n_sentences // 5]] = "test"
+    splits[order[n_sentences // 10 : n_sentences // 5]] = "test"
     rows = []
     for i, c in enumerate(labels):
         source = c if rng.random() < signal else rng.choice([k for k in range(n_classes) if k != c])
@@ -442,13 +479,16 @@ def synthetic_relations(n_sentences: int = 2000, n_classes: int = 5, seed: int =
         post = " ".join(rng.choice(vocab, size=int(rng.integers(0, 6))))
         text = normalise_space(f"{pre} {E1_OPEN} {e1} {E1_CLOSE} {' '.join(middle)} {E2_OPEN} {e2} {E2_CLOSE} {post}")
         rows.append((f"syn-{i:06d}", text, classes[c], str(splits[i])))
-    notes = [f"synthetic relation corpus (seed={seed}): {n_sentences} sentences, {n_classes} Zipf-skewed classes, "
-             f"vocabulary {vocab_size} invented words; one class trigger word between <e1> and <e2> "
-             f"(true class with p={signal}, else another class), plus shared distractors and noise; split 80/10/10"]
+    notes = [
+        f"synthetic relation corpus (seed={seed}): {n_sentences} sentences, {n_classes} Zipf-skewed classes, "
+        f"vocabulary {vocab_size} invented words; one class trigger word between <e1> and <e2> "
+        f"(true class with p={signal}, else another class), plus shared distractors and noise; split 80/10/10"
+    ]
     return _finish("synthetic-re", rows, notes)
 
 
 # ----------------------------------------------------------------------------- statistics
+
 
 def re_statistics(corpus: RECorpus) -> pd.DataFrame:
     """One row per split: sentence and class counts, then one column per class."""

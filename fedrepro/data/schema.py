@@ -45,7 +45,9 @@ def check_qa_pairs(pairs: pd.DataFrame, where: str) -> pd.DataFrame:
         empty = pairs[column].isna() | (pairs[column].astype(str).str.strip() == "")
         if empty.any():
             example = pairs.loc[empty, "question_id"].iloc[0]
-            raise DataError(f"{where}: field '{column}' is empty for {int(empty.sum())} row(s), e.g. question_id={example}")
+            raise DataError(
+                f"{where}: field '{column}' is empty for {int(empty.sum())} row(s), e.g. question_id={example}"
+            )
     splits_per_question = pairs.groupby("question_id")["split"].nunique()
     leaked = splits_per_question[splits_per_question > 1]
     if len(leaked):
@@ -60,7 +62,9 @@ def check_re_table(table: pd.DataFrame, where: str) -> pd.DataFrame:
         missing = ~table["text"].str.contains(marker, regex=False)
         if missing.any():
             example = table.loc[missing, "sentence_id"].iloc[0]
-            raise DataError(f"{where}: {int(missing.sum())} sentence(s) lack the marker {marker}, e.g. sentence_id={example}")
+            raise DataError(
+                f"{where}: {int(missing.sum())} sentence(s) lack the marker {marker}, e.g. sentence_id={example}"
+            )
     return table.reset_index(drop=True)
 
 
@@ -77,6 +81,8 @@ def bm25_tokens(text: str) -> list[str]:
 def need_file(path: Path) -> Path:
     """A raw file a loader cannot do without: its absence names the file and how each kind of file gets there."""
     if not path.is_file():
-        raise DataError(f"missing raw file {path}: a public one comes with acquire (data.source); one of your own must be "
-                        "under data.mirror and declared in data.own_files as `<path under the mirror>: <sha256>`")
+        raise DataError(
+            f"missing raw file {path}: a public one comes with acquire (data.source); one of your own must be "
+            "under data.mirror and declared in data.own_files as `<path under the mirror>: <sha256>`"
+        )
     return path

@@ -23,8 +23,16 @@ ID_COLUMNS = ("id", "sid", "idx")
 # FATE runs these as regression (continuous targets / counts, see MANIFEST); everything else is classification.
 REGRESSION_SETS = {"motor", "motor_mini", "student", "dvisits"}
 # host files of each mirrored FATE set (MANIFEST): the parties K = guest + hosts when every host file is taken
-FATE_HOSTS = {"breast": 1, "breast_mini": 1, "default_credit": 1, "dvisits": 1, "ionosphere_scale": 1, "motor": 3,
-              "motor_mini": 1, "student": 1}
+FATE_HOSTS = {
+    "breast": 1,
+    "breast_mini": 1,
+    "default_credit": 1,
+    "dvisits": 1,
+    "ionosphere_scale": 1,
+    "motor": 3,
+    "motor_mini": 1,
+    "student": 1,
+}
 # SS-VFNAS's digits: the prepared set for each number of parties
 DIGITS = "digits"
 DIGITS_VIEWS = {2: "digits-halves", 4: "digits-quarters"}
@@ -86,8 +94,7 @@ def fate_files(name: str, hosts: Sequence[str] | None, declared: set[str]) -> li
 def own_vertical_sets(vertical_sets: Mapping[str, Sequence[str] | None], own_files: Mapping[str, str]) -> dict:
     """The sets of ``data.vertical_sets`` whose guest file the user declared in ``data.own_files``: prepared at any
     source, the embedded one included (the public FATE sets need the mirror or the internet)."""
-    return {name: hosts for name, hosts in vertical_sets.items()
-            if fate_files(name, hosts, set())[0] in own_files}
+    return {name: hosts for name, hosts in vertical_sets.items() if fate_files(name, hosts, set())[0] in own_files}
 
 
 def _read(path: Path) -> tuple[pd.DataFrame, str]:
@@ -100,12 +107,15 @@ def _read(path: Path) -> tuple[pd.DataFrame, str]:
     if key not in ID_COLUMNS:
         raise DataError(f"{path}: first column is {key!r}; expected one of {list(ID_COLUMNS)}")
     if frame[key].duplicated().any():
-        raise DataError(f"{path}: duplicate ids in column {key!r}, e.g. {frame.loc[frame[key].duplicated(), key].iloc[0]}")
+        raise DataError(
+            f"{path}: duplicate ids in column {key!r}, e.g. {frame.loc[frame[key].duplicated(), key].iloc[0]}"
+        )
     return frame.rename(columns={key: "sample_id"}), key
 
 
-def load_fate(raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None,
-              task: str | None = None) -> VerticalDataset:
+def load_fate(
+    raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None, task: str | None = None
+) -> VerticalDataset:
     """A FATE hetero set: guest (party 0, labels) + the chosen hosts (default: every ``*_hetero_host*.csv``).
 
     ``hosts`` are file tags such as ``["host", "host_1"]``. Rows are the inner join on the id column, in guest
@@ -130,8 +140,10 @@ def load_fate(raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None
     common = set(guest["sample_id"])
     for frame in frames[1:]:
         common &= set(frame["sample_id"])
-    notes = [f"FATE {prefix}: guest {guest_path.name} (id column {key!r}, label {label_col!r}) + hosts "
-             f"{[p.name for p in host_paths]}; inner join on id keeps {len(common)} rows"]
+    notes = [
+        f"FATE {prefix}: guest {guest_path.name} (id column {key!r}, label {label_col!r}) + hosts "
+        f"{[p.name for p in host_paths]}; inner join on id keeps {len(common)} rows"
+    ]
     dropped = []
     for path, frame in zip([guest_path, *host_paths], frames):
         only = len(set(frame["sample_id"]) - common)
@@ -153,7 +165,9 @@ def load_fate(raw_dir: Path | str, name: str, hosts: Sequence[str] | None = None
         task = "regression" if name in REGRESSION_SETS or not np.all(np.mod(y, 1) == 0) else "classification"
     if task == "classification":
         values, y = np.unique(y, return_inverse=True)
-        notes.append(f"classification: {len(values)} classes, label values {values.tolist()} coded 0..{len(values) - 1}")
+        notes.append(
+            f"classification: {len(values)} classes, label values {values.tolist()} coded 0..{len(values) - 1}"
+        )
     elif task == "regression":
         y = y.astype(np.float64)
         notes.append(f"regression target {label_col!r}: {len(np.unique(y))} distinct values")
@@ -174,29 +188,49 @@ def _digits_views(name: str, views: list[tuple[range, range]], description: str)
     for rows, cols in views:
         feats = {f"px_{r}_{c}": images[:, r, c] for r in rows for c in cols}
         parties.append(pd.concat([ids, pd.DataFrame(feats)], axis=1))
-    notes = [f"scikit-learn load_digits: {len(images)} 8x8 images, 10 classes; {description}; the last party also holds "
-             "the labels; pixel values 0-16, unscaled"]
+    notes = [
+        f"scikit-learn load_digits: {len(images)} 8x8 images, 10 classes; {description}; the last party also holds "
+        "the labels; pixel values 0-16, unscaled"
+    ]
     shapes: list[tuple[int, ...] | None] = [(1, len(rows), len(cols)) for rows, cols in views]
-    return VerticalDataset(name, parties, digits.target.astype(np.int64), len(views) - 1, "classification", notes,
-                           shapes, [0] * len(views))
+    return VerticalDataset(
+        name, parties, digits.target.astype(np.int64), len(views) - 1, "classification", notes, shapes, [0] * len(views)
+    )
 
 
 def digits_halves() -> VerticalDataset:
     """scikit-learn's bundled 8x8 digits: party 0 sees columns 0-3, party 1 columns 4-7 and holds the labels."""
-    return _digits_views("digits-halves", [(range(0, 8), range(0, 4)), (range(0, 8), range(4, 8))],
-                         "party 0 = left half (columns 0-3), party 1 = right half (columns 4-7)")
+    return _digits_views(
+        "digits-halves",
+        [(range(0, 8), range(0, 4)), (range(0, 8), range(4, 8))],
+        "party 0 = left half (columns 0-3), party 1 = right half (columns 4-7)",
+    )
 
 
 def digits_quarters() -> VerticalDataset:
     """The same digits in four 4x4 quadrants: party 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right
     (and the labels)."""
     low, high = range(0, 4), range(4, 8)
-    return _digits_views("digits-quarters", [(low, low), (low, high), (high, low), (high, high)],
-                         "party 0 = top-left, 1 = top-right, 2 = bottom-left, 3 = bottom-right 4x4 quadrant")
+    return _digits_views(
+        "digits-quarters",
+        [(low, low), (low, high), (high, low), (high, high)],
+        "party 0 = top-left, 1 = top-right, 2 = bottom-left, 3 = bottom-right 4x4 quadrant",
+    )
 
 
 def vertical_statistics(ds: VerticalDataset) -> pd.DataFrame:
     """One row per party: rows, feature count, whether it holds the labels, and the class count."""
     classes = len(np.unique(ds.labels)) if ds.task == "classification" else 0
-    return pd.DataFrame([{"party": k, "rows": len(p), "features": p.shape[1] - 1, "label_party": k == ds.label_party,
-                          "classes": classes, "task": ds.task} for k, p in enumerate(ds.parties)])
+    return pd.DataFrame(
+        [
+            {
+                "party": k,
+                "rows": len(p),
+                "features": p.shape[1] - 1,
+                "label_party": k == ds.label_party,
+                "classes": classes,
+                "task": ds.task,
+            }
+            for k, p in enumerate(ds.parties)
+        ]
+    )

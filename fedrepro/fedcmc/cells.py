@@ -42,26 +42,40 @@ class Cell:
 
 def table_cells(params: Params) -> list[Cell]:
     fedcmc, settings = params.fedcmc, params.fedcmc.settings
-    return [Cell(method, dataset, alpha, settings.clients, settings.local_epochs, seed)
-            for method in fedcmc.methods for dataset in fedcmc.datasets for alpha in fedcmc.alphas for seed in fedcmc.seeds]
+    return [
+        Cell(method, dataset, alpha, settings.clients, settings.local_epochs, seed)
+        for method in fedcmc.methods
+        for dataset in fedcmc.datasets
+        for alpha in fedcmc.alphas
+        for seed in fedcmc.seeds
+    ]
 
 
 def sweep_points(params: Params, sweep: str) -> list[Cell]:
     """Every point of a sweep, as the report shows it (some may be main-table cells)."""
     sweeps, settings = params.fedcmc.sweeps, params.fedcmc.settings
     check_names("fedcmc.sweeps.vectors", sweeps.vectors, VECTORS)
-    base = dict(dataset=sweeps.dataset, alpha=sweeps.alpha, clients=settings.clients, local_epochs=settings.local_epochs)
+    base = dict(
+        dataset=sweeps.dataset, alpha=sweeps.alpha, clients=settings.clients, local_epochs=settings.local_epochs
+    )
     cells = []
     for seed in sweeps.seeds:
         if sweep == "clients":
             cells += [Cell(m, **{**base, "clients": k}, seed=seed) for k in sweeps.clients for m in sweeps.methods]
         elif sweep == "local_epochs":
-            cells += [Cell(m, **{**base, "local_epochs": e}, seed=seed) for e in sweeps.local_epochs for m in sweeps.methods]
+            cells += [
+                Cell(m, **{**base, "local_epochs": e}, seed=seed) for e in sweeps.local_epochs for m in sweeps.methods
+            ]
         elif sweep == "vectors":
-            cells += [Cell("fedcmc", **{**base, "alpha": sweeps.vectors_alpha}, seed=seed, vectors=v) for v in sweeps.vectors]
+            cells += [
+                Cell("fedcmc", **{**base, "alpha": sweeps.vectors_alpha}, seed=seed, vectors=v) for v in sweeps.vectors
+            ]
         elif sweep == "subsets":
-            cells += [Cell(m, **{**base, "dataset": sweeps.subset_dataset}, seed=seed, subset=mode)
-                      for mode in sweeps.subset_modes for m in sweeps.subset_methods]
+            cells += [
+                Cell(m, **{**base, "dataset": sweeps.subset_dataset}, seed=seed, subset=mode)
+                for mode in sweeps.subset_modes
+                for m in sweeps.subset_methods
+            ]
         else:
             raise ValueError(f"FedCMC sweep {sweep!r}: allowed {sorted(SWEEPS)}")
     return cells

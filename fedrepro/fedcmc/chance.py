@@ -16,8 +16,9 @@ CHANCE_MARGIN = 0.01
 """a cell less than this (micro-F1) above the best trivial baseline learned little beyond the prior."""
 
 
-def chance_scores(data: FedCMCResults, dataset: str, partition: str,
-                  scored_on: str | None = None) -> dict[str, dict[str, float]]:
+def chance_scores(
+    data: FedCMCResults, dataset: str, partition: str, scored_on: str | None = None
+) -> dict[str, dict[str, float]]:
     """The trivial baselines (``fedrepro.metrics.classification``) of a model that learned only ``partition``'s
     training prior: always its most frequent positive training class, and stratified random guessing from the prior;
     scored on the test set of ``scored_on``'s cells (the partition's own by default), the test set the cells a table
@@ -43,5 +44,7 @@ def identical_predictions(data: FedCMCResults, params: Params) -> list[str]:
             alike: dict[tuple, list[str]] = {}
             for key, method in zip(cells["key"], cells["method"]):
                 alike.setdefault(tuple(data.predictions[key]["predicted"]), []).append(method_label(method))
-            groups += [f"{point_name(dataset, alpha)} seed {seed}: {', '.join(m)}" for m in alike.values() if len(m) > 1]
+            groups += [
+                f"{point_name(dataset, alpha)} seed {seed}: {', '.join(m)}" for m in alike.values() if len(m) > 1
+            ]
     return groups

@@ -12,9 +12,24 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedrepro.costs import (ALGORITHM_STATE, AlgorithmState, CellCost, Memory, ModelShape, cap, cell_gpu_memory,
-                            encoder_config, evaluated_rounds, fit_sequences, forward_flops, meta_encoder, model_shape,
-                            text_memory, training_flops, transformer_activation_bytes)
+from fedrepro.costs import (
+    ALGORITHM_STATE,
+    AlgorithmState,
+    CellCost,
+    Memory,
+    ModelShape,
+    cap,
+    cell_gpu_memory,
+    encoder_config,
+    evaluated_rounds,
+    fit_sequences,
+    forward_flops,
+    meta_encoder,
+    model_shape,
+    text_memory,
+    training_flops,
+    transformer_activation_bytes,
+)
 
 I2B2_STATED = {"train": 3120, "test": 6293, "classes": 8}
 """The 2010 i2b2/VA relations as the FedCMC paper states them (section 4.1, "Datasets": 9,413 sentences, 3,120 in the
@@ -43,20 +58,32 @@ def re_corpus_size(params, name: str, mirror: Path) -> RECorpusSize:
 
     if name == "i2b2" and params.data.i2b2_dir is None:
         valid = round(I2B2_STATED["train"] * VALID_FRACTION)
-        return RECorpusSize(name, {"train": I2B2_STATED["train"] - valid, "valid": valid, "test": I2B2_STATED["test"]},
-                            I2B2_STATED["classes"], None, "the FedCMC paper's statistics (section 4.1)")
+        return RECorpusSize(
+            name,
+            {"train": I2B2_STATED["train"] - valid, "valid": valid, "test": I2B2_STATED["test"]},
+            I2B2_STATED["classes"],
+            None,
+            "the FedCMC paper's statistics (section 4.1)",
+        )
     if name == "i2b2":
         corpus, source = load_i2b2(params.data.i2b2_dir, seed=params.data.seed), f"counted from {params.data.i2b2_dir}"
     else:
         folder = re_folder(name, params.data.re_layouts)
         if not (Path(mirror) / folder).is_dir():
-            raise DataError(f"costs: the relation corpus {name!r} is not in the mirror {mirror} ({folder}/): its sizes are "
-                            "counted there (the shared copy of the FedCMC paper states split sizes for i2b2 only)")
+            raise DataError(
+                f"costs: the relation corpus {name!r} is not in the mirror {mirror} ({folder}/): its sizes are "
+                "counted there (the shared copy of the FedCMC paper states split sizes for i2b2 only)"
+            )
         corpus = RE_LOADERS[params.data.re_layouts.get(name, name)](Path(mirror), params.data.seed, folder)
         source = f"counted from {mirror}"
     table = corpus.table
-    return RECorpusSize(name, table.groupby("split").size().reindex(["train", "valid", "test"], fill_value=0).to_dict(),
-                        table["label"].nunique(), table, source)
+    return RECorpusSize(
+        name,
+        table.groupby("split").size().reindex(["train", "valid", "test"], fill_value=0).to_dict(),
+        table["label"].nunique(),
+        table,
+        source,
+    )
 
 
 class FedCMCCosts:
@@ -67,9 +94,14 @@ class FedCMCCosts:
         self.params, self.corpora, self.precision = params, corpora, precision
         self._partitions: dict[str, tuple[list[int], int, int]] = {}
         self._shapes: dict[str, ModelShape] = {}
-        self.notes = ["corpora: " + "; ".join(f"{c.name} {c.sentences['train']:,} / {c.sentences['valid']:,} / "
-                                              f"{c.sentences['test']:,} train / valid / test sentences, {c.source}"
-                                              for c in corpora.values())]
+        self.notes = [
+            "corpora: "
+            + "; ".join(
+                f"{c.name} {c.sentences['train']:,} / {c.sentences['valid']:,} / "
+                f"{c.sentences['test']:,} train / valid / test sentences, {c.source}"
+                for c in corpora.values()
+            )
+        ]
 
     @classmethod
     def from_mirror(cls, params, mirror: Path, precision: str) -> "FedCMCCosts":
@@ -89,11 +121,17 @@ class FedCMCCosts:
                 counts = assignment.groupby(["split", "client"], observed=False).size()
                 sizes = (counts["train"].tolist(), int(counts["valid"].sum()), int(counts["test"].sum()))
             else:
-                train = self.params.fedcmc.sweeps.subset_size if cell.subset else cap(corpus.sentences["train"],
-                                                                                      settings.max_train_sentences)
+                train = (
+                    self.params.fedcmc.sweeps.subset_size
+                    if cell.subset
+                    else cap(corpus.sentences["train"], settings.max_train_sentences)
+                )
                 shares = [train // cell.clients + (k < train % cell.clients) for k in range(cell.clients)]
-                sizes = (shares, cap(corpus.sentences["valid"], settings.max_eval_sentences),
-                         cap(corpus.sentences["test"], settings.max_eval_sentences))
+                sizes = (
+                    shares,
+                    cap(corpus.sentences["valid"], settings.max_eval_sentences),
+                    cap(corpus.sentences["test"], settings.max_eval_sentences),
+                )
             self._partitions[cell.partition] = sizes
         return self._partitions[cell.partition]
 
@@ -110,8 +148,9 @@ class FedCMCCosts:
             settings, tiny = self.params.fedcmc.settings, self.params.model.tiny.model_dump()
             param = "fedcmc.settings.backbone"
             vocab = encoder_config(settings.backbone, tiny, param).vocab_size + len(ENTITY_MARKERS)
-            algorithm = build_algorithm(cell.method, algorithm_settings(self.params, cell),
-                                        CommonSettings(weighting="size", seed=cell.seed))
+            algorithm = build_algorithm(
+                cell.method, algorithm_settings(self.params, cell), CommonSettings(weighting="size", seed=cell.seed)
+            )
             with torch.device("meta"):
                 encoder = meta_encoder(settings.backbone, vocab, tiny, settings.max_length, settings.keep_layers, param)
                 model = algorithm.adapt_model(RelationClassifier(encoder, self.corpora[cell.dataset].classes))
@@ -121,8 +160,9 @@ class FedCMCCosts:
     def memory(self, cell) -> Memory:
         """The cell's bytes on its device: its model, batch, length, precision and clients, not its corpus's size."""
         settings, shape = self.params.fedcmc.settings, self.shape(cell)
-        activations = transformer_activation_bytes(shape.transformer, settings.max_length, settings.batch_size,
-                                                   self.precision)
+        activations = transformer_activation_bytes(
+            shape.transformer, settings.max_length, settings.batch_size, self.precision
+        )
         return text_memory(shape, cell.method, self.precision, activations, cell.clients, cell.clients, False)
 
     def __call__(self, cell) -> CellCost:
@@ -130,16 +170,27 @@ class FedCMCCosts:
         length, shape = settings.max_length, self.shape(cell)
         clients, valid, test = self.partition(cell)
         epochs = settings.rounds * cell.local_epochs
-        per_epoch = [min(n, 1) * settings.steps_per_epoch * settings.batch_size if settings.steps_per_epoch else n
-                     for n in clients]
+        per_epoch = [
+            min(n, 1) * settings.steps_per_epoch * settings.batch_size if settings.steps_per_epoch else n
+            for n in clients
+        ]
         sequences = {f"client {k}": n * epochs for k, n in enumerate(per_epoch)}
         state = ALGORITHM_STATE.get(cell.method, AlgorithmState())
         step = training_flops(shape, length) + state.extra_forwards * forward_flops(shape, length)
         evaluated = evaluated_rounds(settings.rounds, settings.eval_every)
         scored = evaluated * (fit_sequences(train.fit_samples, settings.batch_size, sum(clients)) + valid + test) + test
         memory = self.memory(cell)
-        return CellCost(cell.name, cell.name, shape.total, shape.trained, {c: n * length for c, n in sequences.items()},
-                        scored * length, sum(sequences.values()) * step, scored * forward_flops(shape, length), memory)
+        return CellCost(
+            cell.name,
+            cell.name,
+            shape.total,
+            shape.trained,
+            {c: n * length for c, n in sequences.items()},
+            scored * length,
+            sum(sequences.values()) * step,
+            scored * forward_flops(shape, length),
+            memory,
+        )
 
 
 # ----- placing cells on GPUs ----------------------------------------------------------------------------------------
@@ -155,7 +206,9 @@ def largest_cell_gpu_memory(params, cells: list) -> int | None:
     precision and how many clients the federation keeps state for, never on how much data a client holds, so the
     data's sizes are left at zero here."""
     precision = params.train.precision
-    corpora = {cell.dataset: RECorpusSize(cell.dataset, {"train": 0, "valid": 0, "test": 0}, HEAD_CLASSES, None, "")
-               for cell in cells}
+    corpora = {
+        cell.dataset: RECorpusSize(cell.dataset, {"train": 0, "valid": 0, "test": 0}, HEAD_CLASSES, None, "")
+        for cell in cells
+    }
     costs = FedCMCCosts(params, corpora, precision)
     return max((cell_gpu_memory(costs.memory(cell)) for cell in cells), default=None)

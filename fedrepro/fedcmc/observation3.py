@@ -46,12 +46,17 @@ def figure1_cells(data: FedCMCResults, params: Params) -> tuple[str | None, str 
     note = ""
     if wanted.empty:
         wanted = selected(data, TABLE, method="fedavg").head(1)
-        note = (f" (the sweeps' point {point_name(fc.sweeps.dataset, fc.sweeps.alpha)} is not in the main table, so the first "
-                "FedAvg cell stands in)")
+        note = (
+            f" (the sweeps' point {point_name(fc.sweeps.dataset, fc.sweeps.alpha)} is not in the main table, "
+            "so the first FedAvg cell stands in)"
+        )
     row = wanted.iloc[0]
     other = selected(data, TABLE, method="fedcmc", dataset=row.dataset, alpha=row.alpha, seed=row.seed)
-    text = f"FedAvg cell `{row['name']}`{note}; FedCMC's picks from `{other['name'].iloc[0]}`." if not other.empty else \
-        f"FedAvg cell `{row['name']}`{note}; no FedCMC cell at this point."
+    text = (
+        f"FedAvg cell `{row['name']}`{note}; FedCMC's picks from `{other['name'].iloc[0]}`."
+        if not other.empty
+        else f"FedAvg cell `{row['name']}`{note}; no FedCMC cell at this point."
+    )
     return row["key"], (other["key"].iloc[0] if not other.empty else None), text
 
 
@@ -70,8 +75,10 @@ def observation3_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     rows = {}
     for record in data.diagnostics[fedavg]:
         share, chance, counted = largest_holder_share(argmin_clients(record["similarity"], record["clients"]), counts)
-        rows[record["round"]] = {"FedAvg: argmin_k d = largest holder": f"{share:.0%} of {counted}",
-                                 "chance (1 / holders)": f"{chance:.0%}"}
+        rows[record["round"]] = {
+            "FedAvg: argmin_k d = largest holder": f"{share:.0%} of {counted}",
+            "chance (1 / holders)": f"{chance:.0%}",
+        }
     for record in data.diagnostics.get(fedcmc, []) if fedcmc else []:
         if record["vector_clients"]:
             share, _, counted = largest_holder_share(record["vector_clients"], counts)
@@ -81,10 +88,14 @@ def observation3_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     return frame
 
 
-def observation3_numbers(data: FedCMCResults, key: str, counts: pd.DataFrame, picks: str) -> dict[int, tuple[float, float, int]]:
+def observation3_numbers(
+    data: FedCMCResults, key: str, counts: pd.DataFrame, picks: str
+) -> dict[int, tuple[float, float, int]]:
     out = {}
     for record in data.diagnostics.get(key, []):
-        picked = argmin_clients(record["similarity"], record["clients"]) if picks == "argmin" else record["vector_clients"]
+        picked = (
+            argmin_clients(record["similarity"], record["clients"]) if picks == "argmin" else record["vector_clients"]
+        )
         if picked:
             out[record["round"]] = largest_holder_share(picked, counts)
     return out

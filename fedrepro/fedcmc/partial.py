@@ -29,8 +29,9 @@ from fedrepro.report.health import LEGEND, mark_of
 def cell_label(metrics: Mapping) -> str:
     """A held cell's health label by the shared rule, read from its metrics' history as the report stage reads it."""
     history = metrics["history"]
-    return cell_health(training_losses(history),
-                       [r["valid"]["global"]["micro_f1"] for r in history if r.get("valid")]).label
+    return cell_health(
+        training_losses(history), [r["valid"]["global"]["micro_f1"] for r in history if r.get("valid")]
+    ).label
 
 
 def partial_table2(params: Params, held: Mapping[str, Mapping], partitions: Path) -> pd.DataFrame:
@@ -46,7 +47,10 @@ def partial_table2(params: Params, held: Mapping[str, Mapping], partitions: Path
             got = [held[c.name] for c in wanted if c.name in held]
             row[point_name(dataset, alpha)] = (
                 f"{mean_std_percent([m['test']['micro_f1'] for m in got])}{mark_of(cell_label(m) for m in got)} "
-                f"({len(got)} of {len(wanted)} seeds)" if got else f"missing (0 of {len(wanted)} seeds)")
+                f"({len(got)} of {len(wanted)} seeds)"
+                if got
+                else f"missing (0 of {len(wanted)} seeds)"
+            )
     negative = params.fedcmc.settings.negative_labels
     for dataset, alpha in main_points(params):
         partition = next(c.partition for c in cells if (c.dataset, c.alpha) == (dataset, alpha))
@@ -67,22 +71,37 @@ def render_partial(params: Params, held: Mapping[str, Mapping], partitions: Path
     """PARTIAL.md: Table 2 as the ledger holds it at ``commit``, and why it has no verdicts yet."""
     cells = table_cells(params)
     have = sum(c.name in held for c in cells)
-    per_seed = ", ".join(f"seed {seed}: {sum(c.name in held for c in cells if c.seed == seed)} of "
-                         f"{sum(c.seed == seed for c in cells)}" for seed in sorted({c.seed for c in cells}))
-    machines = sorted({f"{m['hardware'].get('cpu', '?')} ({m['hardware'].get('torch_cpu_capability', '?')})"
-                       for m in held.values() if m.get("hardware")})
-    return "\n".join([
-        "# FedCMC at CPU scale: Table 2 so far (partial, from the results ledger)", "",
-        f"Written by `python scripts/cpu_snapshot.py partial fedcmc` at commit {commit[:7]} from the entries of "
-        f"`cells/` that hold HEAD's runs: **{have} of {len(cells)} Table 2 cells** ({per_seed}); the clients table, "
-        "Table 3 and the figures have none yet. This is not the report: no claim is tested here and no verdict given, "
-        "because every claim needs all of its cells (`python scripts/cpu_snapshot.py run fedcmc` writes the report "
-        "once the ledger is complete). Test micro-F1 in %, mean ± std over the seeds in (the mean alone for one); "
-        f"the trivial rows are the partition's (its training prior, its test sentences). {LEGEND} "
-        "(the shared health rule, `docs/reproducibility.md`). Cells trained on: "
-        f"{', '.join(machines) or '-'} (each entry's `stamp.json` names its machine class).", "",
-        partial_table2(params, held, partitions).to_markdown(disable_numparse=True), "",
-        f"Spread over the seeds in: {_spread(params, held)}", ""])
+    per_seed = ", ".join(
+        f"seed {seed}: {sum(c.name in held for c in cells if c.seed == seed)} of {sum(c.seed == seed for c in cells)}"
+        for seed in sorted({c.seed for c in cells})
+    )
+    machines = sorted(
+        {
+            f"{m['hardware'].get('cpu', '?')} ({m['hardware'].get('torch_cpu_capability', '?')})"
+            for m in held.values()
+            if m.get("hardware")
+        }
+    )
+    return "\n".join(
+        [
+            "# FedCMC at CPU scale: Table 2 so far (partial, from the results ledger)",
+            "",
+            f"Written by `python scripts/cpu_snapshot.py partial fedcmc` at commit {commit[:7]} from the entries of "
+            f"`cells/` that hold HEAD's runs: **{have} of {len(cells)} Table 2 cells** ({per_seed}); "
+            "the clients table, Table 3 and the figures have none yet. This is not the report: "
+            "no claim is tested here and no verdict given, because every claim needs all of its cells "
+            "(`python scripts/cpu_snapshot.py run fedcmc` writes the report "
+            "once the ledger is complete). Test micro-F1 in %, mean ± std over the seeds in (the mean alone for one); "
+            f"the trivial rows are the partition's (its training prior, its test sentences). {LEGEND} "
+            "(the shared health rule, `docs/reproducibility.md`). Cells trained on: "
+            f"{', '.join(machines) or '-'} (each entry's `stamp.json` names its machine class).",
+            "",
+            partial_table2(params, held, partitions).to_markdown(disable_numparse=True),
+            "",
+            f"Spread over the seeds in: {_spread(params, held)}",
+            "",
+        ]
+    )
 
 
 def _spread(params: Params, held: Mapping[str, Mapping]) -> str:
@@ -90,8 +109,11 @@ def _spread(params: Params, held: Mapping[str, Mapping]) -> str:
     ranges = []
     for method in params.fedcmc.methods:
         for dataset, alpha in main_points(params):
-            values = [held[c.name]["test"]["micro_f1"] for c in table_cells(params)
-                      if (c.method, c.dataset, c.alpha) == (method, dataset, alpha) and c.name in held]
+            values = [
+                held[c.name]["test"]["micro_f1"]
+                for c in table_cells(params)
+                if (c.method, c.dataset, c.alpha) == (method, dataset, alpha) and c.name in held
+            ]
             if len(values) > 1:
                 ranges.append((float(np.ptp(values)), f"{method_label(method)} at {point_name(dataset, alpha)}"))
     if not ranges:

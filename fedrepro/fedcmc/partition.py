@@ -1,4 +1,5 @@
-"""FedCMC's client splits, one per partition some cell trains on (``Cell.partition``), and the tiny backbone's vocabulary.
+"""FedCMC's client splits, one per partition some cell trains on (``Cell.partition``), and the tiny backbone's
+vocabulary.
 
 * A partition's corpus is capped to the scale's size (a seeded sample that keeps the label mix) or, for Table 3, is
   the subset drawn from the whole training split; then the label-skew partition assigns every training sentence to
@@ -41,13 +42,17 @@ def load_corpus(prepared_dir: Path, dataset: str) -> pd.DataFrame:
     if not path.exists():
         available = sorted(p.name for p in Path(prepared_dir).iterdir()) if Path(prepared_dir).exists() else []
         hint = " (i2b2 is prepared only when data.i2b2_dir points at the n2c2 files)" if dataset == "i2b2" else ""
-        raise DataError(f"params: fedcmc names dataset {dataset!r}, but {path} does not exist{hint}; prepared corpora: "
-                        f"{available}; change whichever of fedcmc.datasets, fedcmc.sweeps.dataset and "
-                        "fedcmc.sweeps.subset_dataset names it (or data.re_corpora / data.source)")
+        raise DataError(
+            f"params: fedcmc names dataset {dataset!r}, but {path} does not exist{hint}; prepared corpora: "
+            f"{available}; change whichever of fedcmc.datasets, fedcmc.sweeps.dataset and "
+            "fedcmc.sweeps.subset_dataset names it (or data.re_corpora / data.source)"
+        )
     return read_table(path)
 
 
-def build_partition(params: Params, cell: Cell, corpus: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def build_partition(
+    params: Params, cell: Cell, corpus: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(the corpus as the cell's partition caps it, each sentence's client, the drawn proportions)."""
     settings, seed = params.fedcmc.settings, params.data.seed
     if cell.subset is None:
@@ -57,16 +62,20 @@ def build_partition(params: Params, cell: Cell, corpus: pd.DataFrame) -> tuple[p
         try:
             subset = subsample_train(corpus, params.fedcmc.sweeps.subset_size, cell.subset, seed)
         except DataError as error:  # the library speaks of its arguments; the user set them as params
-            raise DataError(f"params: fedcmc.sweeps.subset_size = {params.fedcmc.sweeps.subset_size} with subset mode "
-                            f"{cell.subset!r} on {cell.dataset}: {str(error).removeprefix('subsample_train: ')}") from None
+            raise DataError(
+                f"params: fedcmc.sweeps.subset_size = {params.fedcmc.sweeps.subset_size} with subset mode "
+                f"{cell.subset!r} on {cell.dataset}: {str(error).removeprefix('subsample_train: ')}"
+            ) from None
         table = cap_splits(subset, 0, settings.max_eval_sentences, seed)
-    assignment, proportions = partition_corpus(table, cell.clients, settings.partition, cell.alpha, seed,
-                                               settings.min_client_size, settings.balance)
+    assignment, proportions = partition_corpus(
+        table, cell.clients, settings.partition, cell.alpha, seed, settings.min_client_size, settings.balance
+    )
     return table, assignment, proportions
 
 
-def write_partition(folder: Path, params: Params, cell: Cell, table: pd.DataFrame, assignment: pd.DataFrame,
-                    proportions: pd.DataFrame) -> pd.DataFrame:
+def write_partition(
+    folder: Path, params: Params, cell: Cell, table: pd.DataFrame, assignment: pd.DataFrame, proportions: pd.DataFrame
+) -> pd.DataFrame:
     """The partition's files in ``folder`` (created); returns its clients x classes training counts."""
     settings = params.fedcmc.settings
     counts = client_class_counts(assignment, "train")
@@ -74,11 +83,21 @@ def write_partition(folder: Path, params: Params, cell: Cell, table: pd.DataFram
     write_table(folder / "assignment.parquet", assignment)
     counts.to_csv(folder / "counts.csv")
     proportions.to_csv(folder / "proportions.csv", float_format="%.6f")
-    write_json(folder / "partition.json", {
-        "dataset": cell.dataset, "alpha": cell.alpha, "clients": cell.clients, "subset": cell.subset,
-        "scheme": settings.partition, "balance": settings.balance, "seed": params.data.seed,
-        "classes": sorted(table["label"].unique().tolist()), "sentences": assignment.groupby("split").size().to_dict(),
-        "skew": skew_statistic(counts)})
+    write_json(
+        folder / "partition.json",
+        {
+            "dataset": cell.dataset,
+            "alpha": cell.alpha,
+            "clients": cell.clients,
+            "subset": cell.subset,
+            "scheme": settings.partition,
+            "balance": settings.balance,
+            "seed": params.data.seed,
+            "classes": sorted(table["label"].unique().tolist()),
+            "sentences": assignment.groupby("split").size().to_dict(),
+            "skew": skew_statistic(counts),
+        },
+    )
     return counts
 
 

@@ -60,19 +60,39 @@ def _local_epochs_selections(params: Params) -> tuple[dict[str, dict], dict[str,
     return selections, styles
 
 
-def _curves_figure(data: FedCMCResults, group: str, selections: dict[str, dict], labels: dict[str, str], title: str,
-                   path: Path, target: float, styles: dict[str, dict] | None = None) -> None:
+def _curves_figure(
+    data: FedCMCResults,
+    group: str,
+    selections: dict[str, dict],
+    labels: dict[str, str],
+    title: str,
+    path: Path,
+    target: float,
+    styles: dict[str, dict] | None = None,
+) -> None:
     """Fig 3a or 3b: each curve (``selections``, legend ``labels``) marked with its cells' health (``health_mark``),
     crossed at its end where one of them diverged (its end is no result), over the trivial baselines (Table 2's) of
     the cells' partition on their test set, which a curve must clear to have learned more than the prior."""
     marked = {name: labels[name] + health_mark(data, group, **fields) for name, fields in selections.items()}
-    diverged = [marked[name] for name, fields in selections.items()
-                if "diverged" in set(selected(data, group, **fields)["health"])]
+    diverged = [
+        marked[name]
+        for name, fields in selections.items()
+        if "diverged" in set(selected(data, group, **fields)["health"])
+    ]
     first = selected(data, group, **next(iter(selections.values()))).iloc[0]
-    references = {f"{CHANCE}: {name}": scores["micro_f1"]
-                  for name, scores in chance_scores(data, first.dataset, first.partition).items()}
-    f1_curves_figure(_curves(data, group, selections).rename(columns=marked), title, path, target,
-                     {marked[name]: style for name, style in (styles or {}).items()}, references, diverged)
+    references = {
+        f"{CHANCE}: {name}": scores["micro_f1"]
+        for name, scores in chance_scores(data, first.dataset, first.partition).items()
+    }
+    f1_curves_figure(
+        _curves(data, group, selections).rename(columns=marked),
+        title,
+        path,
+        target,
+        {marked[name]: style for name, style in (styles or {}).items()},
+        references,
+        diverged,
+    )
 
 
 def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
@@ -86,32 +106,66 @@ def write_figures(data: FedCMCResults, params: Params, folder: Path) -> None:
         classes = data.classes[row.dataset]
         tables = [pd.DataFrame(r["similarity"], index=r["clients"], columns=classes) for r in (records[0], records[-1])]
         counts = cell_counts(data, fedavg).reindex(index=records[0]["clients"], fill_value=0)
-        similarity_figure(tables[0], tables[1], counts,
-                          (f"d_(k,c), round {records[0]['round']}", f"d_(k,c), round {records[-1]['round']}",
-                           f"training samples ({row.partition})"), folder / "fig1_similarity.png")
+        similarity_figure(
+            tables[0],
+            tables[1],
+            counts,
+            (
+                f"d_(k,c), round {records[0]['round']}",
+                f"d_(k,c), round {records[-1]['round']}",
+                f"training samples ({row.partition})",
+            ),
+            folder / "fig1_similarity.png",
+        )
     convergence = _convergence_selections(params)
     if convergence:
-        _curves_figure(data, TABLE, convergence, {m: method_label(m) for m in convergence},
-                       f"Fig 3a: {point_name(*figure_point(params))}, test micro-F1 ({over_seeds(len(fc.seeds))})",
-                       folder / "fig3a_convergence.png", fc.target_f1)
+        _curves_figure(
+            data,
+            TABLE,
+            convergence,
+            {m: method_label(m) for m in convergence},
+            f"Fig 3a: {point_name(*figure_point(params))}, test micro-F1 ({over_seeds(len(fc.seeds))})",
+            folder / "fig3a_convergence.png",
+            fc.target_f1,
+        )
     _curves(data, TABLE, convergence).reindex(columns=list(fc.methods)).reset_index().to_csv(
-        folder / "fig3a_convergence.csv", index=False, float_format="%.6f")
+        folder / "fig3a_convergence.csv", index=False, float_format="%.6f"
+    )
     if fc.sweeps.local_epochs:
         epochs, styles = _local_epochs_selections(params)
-        _curves_figure(data, "local_epochs", epochs, {name: name for name in epochs},
-                       f"Fig 3b: {point_name(fc.sweeps.dataset, fc.sweeps.alpha)}, local epochs E",
-                       folder / "fig3b_local_epochs.png", fc.target_f1, styles)
-        _curves(data, "local_epochs", epochs).reset_index().to_csv(folder / "fig3b_local_epochs.csv", index=False,
-                                                                   float_format="%.6f")
+        _curves_figure(
+            data,
+            "local_epochs",
+            epochs,
+            {name: name for name in epochs},
+            f"Fig 3b: {point_name(fc.sweeps.dataset, fc.sweeps.alpha)}, local epochs E",
+            folder / "fig3b_local_epochs.png",
+            fc.target_f1,
+            styles,
+        )
+        _curves(data, "local_epochs", epochs).reset_index().to_csv(
+            folder / "fig3b_local_epochs.csv", index=False, float_format="%.6f"
+        )
     vectors = vectors_table(data, params)
     if not vectors.empty:
         partition = selected(data, "vectors", method="fedcmc")["partition"].iloc[0]
-        trivial = {f"{CHANCE}: {name}": 100 * scores["micro_f1"]
-                   for name, scores in chance_scores(data, fc.sweeps.dataset, partition).items()}
+        trivial = {
+            f"{CHANCE}: {name}": 100 * scores["micro_f1"]
+            for name, scores in chance_scores(data, fc.sweeps.dataset, partition).items()
+        }
         marks = {rule: health_mark(data, "vectors", method="fedcmc", vectors=rule) for rule in vectors.index}
-        bar_figure(vectors, f"Fig 4: FedCMC's vectors, {point_name(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}", "test micro-F1 (%)",
-                   folder / "fig4_vectors.png", len(fc.sweeps.seeds), trivial, marks)
-    (vectors / 100).rename(columns={"mean": "micro_f1"}).reset_index().to_csv(folder / "fig4_vectors.csv", index=False, float_format="%.6f")
+        bar_figure(
+            vectors,
+            f"Fig 4: FedCMC's vectors, {point_name(fc.sweeps.dataset, fc.sweeps.vectors_alpha)}",
+            "test micro-F1 (%)",
+            folder / "fig4_vectors.png",
+            len(fc.sweeps.seeds),
+            trivial,
+            marks,
+        )
+    (vectors / 100).rename(columns={"mean": "micro_f1"}).reset_index().to_csv(
+        folder / "fig4_vectors.csv", index=False, float_format="%.6f"
+    )
     (folder / "partitions").mkdir(exist_ok=True)
     for name, part in sorted(data.partitions.items()):
         shutil.copyfile(part.heatmap, folder / "partitions" / f"{name}.png")

@@ -21,7 +21,18 @@ from fedrepro.report.statistics import micro_f1
 
 
 TABLE = "table"
-CELL_FIELDS = ["method", "dataset", "alpha", "clients", "local_epochs", "seed", "vectors", "subset", "name", "partition"]
+CELL_FIELDS = [
+    "method",
+    "dataset",
+    "alpha",
+    "clients",
+    "local_epochs",
+    "seed",
+    "vectors",
+    "subset",
+    "name",
+    "partition",
+]
 
 
 @dataclass
@@ -91,12 +102,17 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
         """The group whose stage trained the cell: a sweep point equal to a main-table cell is that cell."""
         return TABLE if cell in in_table else group
 
-    missing = [(g, c) for g, c in cells
-               if not all((cell_folder(root, owner(g, c), c) / f).exists() for f in ("metrics.json", "predictions.csv"))]
+    missing = [
+        (g, c)
+        for g, c in cells
+        if not all((cell_folder(root, owner(g, c), c) / f).exists() for f in ("metrics.json", "predictions.csv"))
+    ]
     if missing:
         group, cell = missing[0]
-        raise DataError(f"{cell_folder(root, owner(group, cell), cell)} is missing ({len(missing)} of {len(cells)} FedCMC "
-                        f"cells are): run `dvc repro {_stage(owner(group, cell))}`")
+        raise DataError(
+            f"{cell_folder(root, owner(group, cell), cell)} is missing ({len(missing)} of {len(cells)} FedCMC "
+            f"cells are): run `dvc repro {_stage(owner(group, cell))}`"
+        )
     partitions = {}
     for name in sorted({c.partition for _, c in cells}):
         folder = root / "partitions" / name
@@ -104,59 +120,102 @@ def load_fedcmc(root: Path, params: Params) -> FedCMCResults:
             raise DataError(f"{folder} is missing or incomplete: run `dvc repro fedcmc_partition`")
         counts = pd.read_csv(folder / "counts.csv", index_col=0, dtype={"client": str}, keep_default_na=False)
         counts.columns = [str(c) for c in counts.columns]
-        partitions[name] = Partition(name, counts.drop(columns="total", errors="ignore"), read_json(folder / "partition.json"),
-                                     folder / "heatmap.png")
+        partitions[name] = Partition(
+            name,
+            counts.drop(columns="total", errors="ignore"),
+            read_json(folder / "partition.json"),
+            folder / "heatmap.png",
+        )
     classes = {}
     for part in partitions.values():
         own = [str(c) for c in part.info["classes"]]
         first = classes.setdefault(part.info["dataset"], own)
         if own != first:
-            raise DataError(f"{root / 'partitions' / part.name}: classes {own}, where another partition of {part.info['dataset']} has "
-                            f"{first}: the main table, Table 3 and the figures read a corpus one way (one class set); rerun "
-                            "`dvc repro fedcmc_partition`")
+            raise DataError(
+                f"{root / 'partitions' / part.name}: classes {own}, "
+                f"where another partition of {part.info['dataset']} has "
+                f"{first}: the main table, Table 3 and the figures read a corpus one way (one class set); rerun "
+                "`dvc repro fedcmc_partition`"
+            )
     negative = params.fedcmc.settings.negative_labels
     positive = {d: positive_labels(c, negative) for d, c in classes.items()}
     rows, rounds, predictions, diagnostics, info, missed = [], [], {}, {}, {}, []
     for group, cell in cells:
-        folder, key, stage = cell_folder(root, owner(group, cell), cell), cell_key(group, cell), _stage(owner(group, cell))
+        folder, key, stage = (
+            cell_folder(root, owner(group, cell), cell),
+            cell_key(group, cell),
+            _stage(owner(group, cell)),
+        )
         metrics = read_json(folder / "metrics.json")
         if metrics.get("cell", {}).get("name") != cell.name:
-            raise DataError(f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
-                            f"rerun `dvc repro {stage}`")
+            raise DataError(
+                f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
+                f"rerun `dvc repro {stage}`"
+            )
         frame = pd.read_csv(folder / "predictions.csv", dtype=str, keep_default_na=False)
         frame = frame.sort_values("sentence_id", kind="stable").reset_index(drop=True)
         recomputed = micro_f1(frame["label"], frame["predicted"], positive[cell.dataset])
         if abs(recomputed - metrics["test"]["micro_f1"]) > 1e-6:
-            raise DataError(f"{folder}: predictions.csv gives micro-F1 {recomputed:.6f}, metrics.json {metrics['test']['micro_f1']:.6f}; "
-                            f"rerun `dvc repro {stage}`")
+            raise DataError(
+                f"{folder}: predictions.csv gives micro-F1 {recomputed:.6f}, "
+                f"metrics.json {metrics['test']['micro_f1']:.6f}; "
+                f"rerun `dvc repro {stage}`"
+            )
         if len(metrics["history"]) != params.fedcmc.settings.rounds:
-            raise DataError(f"{folder}/metrics.json has {len(metrics['history'])} rounds, params fedcmc.settings.rounds = "
-                            f"{params.fedcmc.settings.rounds}: rerun `dvc repro {stage}`")
+            raise DataError(
+                f"{folder}/metrics.json has {len(metrics['history'])} rounds, params fedcmc.settings.rounds = "
+                f"{params.fedcmc.settings.rounds}: rerun `dvc repro {stage}`"
+            )
         counts = partitions[cell.partition].counts
         holders = sorted(str(c) for c in counts.index[counts.sum(axis=1) > 0])
         if metrics["history"] and sorted(metrics["history"][0].get("clients", holders)) != holders:
-            raise DataError(f"{folder}: its clients are not the partition's non-empty clients ({cell.partition} changed since "
-                            f"the cell ran): rerun `dvc repro {stage}`")
+            raise DataError(
+                f"{folder}: its clients are not the partition's non-empty clients ({cell.partition} changed since "
+                f"the cell ran): rerun `dvc repro {stage}`"
+            )
         predictions[key] = frame
-        health = cell_health(training_losses(metrics["history"]),
-                             [r["valid"]["global"]["micro_f1"] for r in metrics["history"] if r.get("valid")])
-        rows.append({"key": key, "group": group, **{f: getattr(cell, f) for f in CELL_FIELDS},
-                     **{m: metrics["test"][m] for m in ("micro_f1", "macro_f1", "accuracy")},
-                     "health": health.label, "health_why": health.why})
+        health = cell_health(
+            training_losses(metrics["history"]),
+            [r["valid"]["global"]["micro_f1"] for r in metrics["history"] if r.get("valid")],
+        )
+        rows.append(
+            {
+                "key": key,
+                "group": group,
+                **{f: getattr(cell, f) for f in CELL_FIELDS},
+                **{m: metrics["test"][m] for m in ("micro_f1", "macro_f1", "accuracy")},
+                "health": health.label,
+                "health_why": health.why,
+            }
+        )
         diagnostics[key] = []
         for record in metrics["history"]:
             test = (record.get("test") or {}).get("global", {})
-            rounds.append({"key": key, "round": record["round"], "clients": len(record.get("clients", [])),
-                           "train_loss": record.get("train_loss", np.nan),
-                           "fit_loss": record.get("fit_loss", np.nan), "bytes_up": record.get("bytes_up", 0),
-                           "bytes_down": record.get("bytes_down", 0), "micro_f1": test.get("micro_f1", np.nan),
-                           "macro_f1": test.get("macro_f1", np.nan)})
+            rounds.append(
+                {
+                    "key": key,
+                    "round": record["round"],
+                    "clients": len(record.get("clients", [])),
+                    "train_loss": record.get("train_loss", np.nan),
+                    "fit_loss": record.get("fit_loss", np.nan),
+                    "bytes_up": record.get("bytes_up", 0),
+                    "bytes_down": record.get("bytes_down", 0),
+                    "micro_f1": test.get("micro_f1", np.nan),
+                    "macro_f1": test.get("macro_f1", np.nan),
+                }
+            )
             diag = record.get("diagnostics") or {}
             if diag.get("local_similarity"):
-                diagnostics[key].append({"round": record["round"], "clients": list(diag["clients"]),
-                                         "similarity": np.asarray(diag["local_similarity"], dtype=float),
-                                         "vector_clients": list(record.get("vector_clients") or [])})
+                diagnostics[key].append(
+                    {
+                        "round": record["round"],
+                        "clients": list(diag["clients"]),
+                        "similarity": np.asarray(diag["local_similarity"], dtype=float),
+                        "vector_clients": list(record.get("vector_clients") or []),
+                    }
+                )
         info[key] = {k: v for k, v in metrics.items() if k != "history"}
         missed += missed_clients(key, metrics["history"])
-    return FedCMCResults(pd.DataFrame(rows), pd.DataFrame(rounds), predictions, diagnostics, info, partitions, classes, positive,
-                         missed)
+    return FedCMCResults(
+        pd.DataFrame(rows), pd.DataFrame(rounds), predictions, diagnostics, info, partitions, classes, positive, missed
+    )

@@ -11,8 +11,22 @@ from fedrepro.fedcmc.cells import Cell
 from fedrepro.fedcmc.chance import CHANCE, chance_scores
 from fedrepro.fedcmc.paper import PAPER_GAINS, PAPER_ROUNDS
 from fedrepro.fedcmc.results import TABLE, FedCMCResults
-from fedrepro.fedcmc.selection import (curve_of, figure_point, health_mark, main_points, mean_of, mean_std_percent, method_label,
-                                       percent, point_name, points_text, rounds_text, rounds_to_target, selected, values_of)
+from fedrepro.fedcmc.selection import (
+    curve_of,
+    figure_point,
+    health_mark,
+    main_points,
+    mean_of,
+    mean_std_percent,
+    method_label,
+    percent,
+    point_name,
+    points_text,
+    rounds_text,
+    rounds_to_target,
+    selected,
+    values_of,
+)
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.health import flagged_cells
 
@@ -23,29 +37,42 @@ def main_table(data: FedCMCResults, params: Params, metric: str) -> pd.DataFrame
     fc = params.fedcmc
     table = {}
     for method in fc.methods:
-        table[method_label(method)] = {point_name(d, a): mean_std_percent(values_of(data, TABLE, metric, method=method, dataset=d, alpha=a))
-                                 + health_mark(data, TABLE, method=method, dataset=d, alpha=a) for d, a in main_points(params)}
+        table[method_label(method)] = {
+            point_name(d, a): mean_std_percent(values_of(data, TABLE, metric, method=method, dataset=d, alpha=a))
+            + health_mark(data, TABLE, method=method, dataset=d, alpha=a)
+            for d, a in main_points(params)
+        }
     part = lambda d, a: Cell("fedavg", d, a, fc.settings.clients, fc.settings.local_epochs, 0).partition  # noqa: E731
     for d, a in main_points(params):
         for name, scores in chance_scores(data, d, part(d, a)).items():
             table.setdefault(f"{CHANCE}: {name}", {})[point_name(d, a)] = percent(scores[metric])
     if metric == "micro_f1" and {"fedavg", "fedcmc"} <= set(fc.methods):
         table["FedCMC − FedAvg (measured, points)"] = {
-            point_name(d, a): points_text(mean_of(data, TABLE, method="fedcmc", dataset=d, alpha=a) - mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a))
-            for d, a in main_points(params)}
-        table["FedCMC − FedAvg (paper)"] = {point_name(d, a): (f"+{PAPER_GAINS[a][d]:.2f}" if d in PAPER_GAINS.get(a, {}) else "-")
-                                            for d, a in main_points(params)}
+            point_name(d, a): points_text(
+                mean_of(data, TABLE, method="fedcmc", dataset=d, alpha=a)
+                - mean_of(data, TABLE, method="fedavg", dataset=d, alpha=a)
+            )
+            for d, a in main_points(params)
+        }
+        table["FedCMC − FedAvg (paper)"] = {
+            point_name(d, a): (f"+{PAPER_GAINS[a][d]:.2f}" if d in PAPER_GAINS.get(a, {}) else "-")
+            for d, a in main_points(params)
+        }
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method"
     return frame
 
 
-def sweep_table(data: FedCMCResults, sweep: str, rows: list[str], column: str, values: list, metric: str = "micro_f1",
-                **fixed) -> pd.DataFrame:
+def sweep_table(
+    data: FedCMCResults, sweep: str, rows: list[str], column: str, values: list, metric: str = "micro_f1", **fixed
+) -> pd.DataFrame:
     """Methods x sweep points, 'mean ± std' over the sweep's seeds of test ``metric`` in %."""
     table = {}
     for method in rows:
-        table[method_label(method)] = {str(v): mean_std_percent(values_of(data, sweep, metric, method=method, **{column: v}, **fixed)) for v in values}
+        table[method_label(method)] = {
+            str(v): mean_std_percent(values_of(data, sweep, metric, method=method, **{column: v}, **fixed))
+            for v in values
+        }
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method"
     return frame
@@ -93,10 +120,12 @@ def convergence_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     for method in fc.methods:
         curve = curve_of(data, TABLE, method=method, dataset=point[0], alpha=point[1])
         reached = rounds_to_target(curve, fc.target_f1)
-        rows[method_label(method)] = {f"rounds to {100 * fc.target_f1:g}% micro-F1": rounds_text(reached, fc.settings.rounds),
-                                "paper (i2b2, α=0.05)": str(PAPER_ROUNDS.get(method, "-")),
-                                "best round micro-F1": percent(curve.max()) if len(curve) else "-",
-                                "last round micro-F1": percent(curve.iloc[-1]) if len(curve) else "-"}
+        rows[method_label(method)] = {
+            f"rounds to {100 * fc.target_f1:g}% micro-F1": rounds_text(reached, fc.settings.rounds),
+            "paper (i2b2, α=0.05)": str(PAPER_ROUNDS.get(method, "-")),
+            "best round micro-F1": percent(curve.max()) if len(curve) else "-",
+            "last round micro-F1": percent(curve.iloc[-1]) if len(curve) else "-",
+        }
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "method"
     return frame
@@ -109,9 +138,13 @@ def local_epochs_tables(data: FedCMCResults, params: Params) -> tuple[pd.DataFra
     final.columns = [f"E={e}" for e in final.columns]
     speed = {}
     for method in sw.methods:
-        speed[method_label(method)] = {f"E={e}": rounds_text(rounds_to_target(curve_of(data, "local_epochs", method=method, local_epochs=e),
-                                                                           fc.target_f1), fc.settings.rounds)
-                                 for e in sw.local_epochs}
+        speed[method_label(method)] = {
+            f"E={e}": rounds_text(
+                rounds_to_target(curve_of(data, "local_epochs", method=method, local_epochs=e), fc.target_f1),
+                fc.settings.rounds,
+            )
+            for e in sw.local_epochs
+        }
     speed_frame = pd.DataFrame.from_dict(speed, orient="index")
     speed_frame.index.name = "method"
     return final, speed_frame
@@ -149,7 +182,10 @@ def communication_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
         rounds = data.rounds[data.rounds.key == key].sort_values("round")
         info = data.info[key]
         later = rounds[rounds["round"] > 1]
-        up, down = float(rounds.bytes_up.mean()), float(later.bytes_down.mean() if len(later) else rounds.bytes_down.mean())
+        up, down = (
+            float(rounds.bytes_up.mean()),
+            float(later.bytes_down.mean() if len(later) else rounds.bytes_down.mean()),
+        )
         if method == "fedavg":
             base = (up, down)
         table[method_label(method)] = {
@@ -161,7 +197,9 @@ def communication_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
             "params uploaded": info["parameters"]["uploaded"],
             "private state / client max (B)": info["memory_bytes"]["private_per_client_max"],
             "private state, all clients (B)": info["memory_bytes"]["private_all_clients"],
-            "loss on the training data, first -> last round": f"{rounds.fit_loss.iloc[0]:.3f} -> {rounds.fit_loss.iloc[-1]:.3f}",
+            "loss on the training data, first -> last round": (
+                f"{rounds.fit_loss.iloc[0]:.3f} -> {rounds.fit_loss.iloc[-1]:.3f}"
+            ),
         }
     frame = pd.DataFrame.from_dict(table, orient="index")
     if base is not None and not frame.empty:
@@ -183,9 +221,11 @@ def fedcmc_extra_download(data: FedCMCResults, params: Params) -> str:
     row = data.cells.set_index("key").loc[ours]
     clients, classes = int(a.clients.iloc[0]), len(data.classes[row.dataset])
     extra = (a.bytes_down.mean() - b.bytes_down.mean()) / max(clients, 1)
-    return (f"Measured: FedCMC downloads {extra:,.0f} bytes more than FedAvg per client per round from round 2 "
-            f"({clients} clients); with C = {classes} classes that is {extra / classes:,.0f} bytes per class vector, "
-            f"i.e. {extra / classes / 4:,.0f} float32 values = 2d.")
+    return (
+        f"Measured: FedCMC downloads {extra:,.0f} bytes more than FedAvg per client per round from round 2 "
+        f"({clients} clients); with C = {classes} classes that is {extra / classes:,.0f} bytes per class vector, "
+        f"i.e. {extra / classes / 4:,.0f} float32 values = 2d."
+    )
 
 
 def partitions_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
@@ -197,13 +237,19 @@ def partitions_table(data: FedCMCResults, params: Params) -> pd.DataFrame:
     for name, part in sorted(data.partitions.items()):
         totals = part.counts.sum(axis=1)
         sentences = part.info.get("sentences", {})
-        rows[name] = {"dataset": part.info["dataset"], "alpha": f"{part.info['alpha']:g}", "clients": part.info["clients"],
-                      "subset": part.info.get("subset") or "-",
-                      "train / valid / test": f"{sentences.get('train', 0)} / {sentences.get('valid', 0)} / {sentences.get('test', 0)}",
-                      "skew (JS distance)": f"{part.info['skew']:.3f}",
-                      "clients without training sentences": int((totals == 0).sum()),
-                      "smallest non-empty client": int(totals[totals > 0].min()) if (totals > 0).any() else 0,
-                      "used by": ", ".join(sorted(users.get(name, set())))}
+        rows[name] = {
+            "dataset": part.info["dataset"],
+            "alpha": f"{part.info['alpha']:g}",
+            "clients": part.info["clients"],
+            "subset": part.info.get("subset") or "-",
+            "train / valid / test": (
+                f"{sentences.get('train', 0)} / {sentences.get('valid', 0)} / {sentences.get('test', 0)}"
+            ),
+            "skew (JS distance)": f"{part.info['skew']:.3f}",
+            "clients without training sentences": int((totals == 0).sum()),
+            "smallest non-empty client": int(totals[totals > 0].min()) if (totals > 0).any() else 0,
+            "used by": ", ".join(sorted(users.get(name, set()))),
+        }
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "partition"
     return frame

@@ -78,7 +78,11 @@ def aggregation_epochs(params: Params) -> int:
     """Fig 7's budget of local epochs, the same at every point: the smallest multiple of every period E of the
     sweep that is at least ``train.rounds`` (4 rounds, E in 1-3: 6 epochs). Shrinking the rounds to ceil(rounds / E)
     instead gave E = 3 six epochs against E = 1's four, so the figure mixed the period with the training length."""
-    periods = math.lcm(*(int(e) for e in params.fedmatch.sweeps.aggregate_every)) if params.fedmatch.sweeps.aggregate_every else 1
+    periods = (
+        math.lcm(*(int(e) for e in params.fedmatch.sweeps.aggregate_every))
+        if params.fedmatch.sweeps.aggregate_every
+        else 1
+    )
     return periods * math.ceil(params.train.rounds / periods)
 
 

@@ -22,10 +22,27 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fedrepro.costs import (ALGORITHM_STATE, DTYPE_BYTES, FP32, AlgorithmState, CellCost, Memory, ModelShape,
-                            cell_gpu_memory, encoder_config, evaluated_rounds, fit_sequences, forward_flops,
-                            meta_encoder, model_shape, saved_bytes, text_memory, training_flops,
-                            transformer_activation_bytes)
+from fedrepro.costs import (
+    ALGORITHM_STATE,
+    DTYPE_BYTES,
+    FP32,
+    AlgorithmState,
+    CellCost,
+    Memory,
+    ModelShape,
+    cell_gpu_memory,
+    encoder_config,
+    evaluated_rounds,
+    fit_sequences,
+    forward_flops,
+    meta_encoder,
+    model_shape,
+    saved_bytes,
+    text_memory,
+    training_flops,
+    transformer_activation_bytes,
+)
+
 
 @dataclass(frozen=True)
 class QAClientSize:
@@ -68,19 +85,27 @@ def qa_client_sizes(params, mirror: Path) -> dict[str, QAClientSize]:
     whole = {}
     for name in params.partition.collections:
         if not (Path(mirror) / name).is_dir():
-            raise DataError(f"costs: the FedQA collection {name!r} is not in the mirror {mirror}: its sizes are counted "
-                            "there (the shared copy of the FedMatch paper lacks its Table 1, so no stated sizes stand in)")
+            raise DataError(
+                f"costs: the FedQA collection {name!r} is not in the mirror {mirror}: its sizes are counted "
+                "there (the shared copy of the FedMatch paper lacks its Table 1, so no stated sizes stand in)"
+            )
         collection = load_collection(name, Path(mirror), params.data.seed, params.data.qa_layouts.get(name))
         official = params.mine.eval_pool == "official" and collection.pools is not None
         whole[name] = qa_collection_size(collection, official, params.mine.eval_negatives)
     data = params.data
-    caps = skew_preserving_caps({c: s.train_questions for c, s in whole.items()}, data.max_questions_per_client,
-                                data.min_questions_per_client, data.client_train_questions)
+    caps = skew_preserving_caps(
+        {c: s.train_questions for c, s in whole.items()},
+        data.max_questions_per_client,
+        data.min_questions_per_client,
+        data.client_train_questions,
+    )
     sizes = {}
     for name, size in whole.items():
         questions = {split: min(n, data.max_eval_questions_per_client or n) for split, n in size.eval_questions.items()}
-        candidates = {split: round(size.eval_candidates[split] * questions[split] / n) if n else 0
-                      for split, n in size.eval_questions.items()}
+        candidates = {
+            split: round(size.eval_candidates[split] * questions[split] / n) if n else 0
+            for split, n in size.eval_questions.items()
+        }
         pairs = round(size.train_pairs * caps[name] / size.train_questions) if size.train_questions else 0
         sizes[name] = QAClientSize(caps[name], pairs, questions, candidates)
     return sizes
@@ -95,12 +120,17 @@ class FedMatchCosts:
         self.params, self.clients, self.precision = params, clients, precision
         self._shapes: dict[str, ModelShape] = {}
         self._pair_activations: dict[str, int] = {}
-        self.notes = [f"clients {source}: " + ", ".join(f"{c} {s.train_pairs:,} training pairs" for c, s in clients.items())
-                      + f"; x {params.mine.negatives_per_question} BM25 negatives, 2 sequences a triple"]
+        self.notes = [
+            f"clients {source}: "
+            + ", ".join(f"{c} {s.train_pairs:,} training pairs" for c, s in clients.items())
+            + f"; x {params.mine.negatives_per_question} BM25 negatives, 2 sequences a triple"
+        ]
 
     @classmethod
     def from_mirror(cls, params, mirror: Path, precision: str) -> "FedMatchCosts":
-        return cls(params, qa_client_sizes(params, mirror), precision, f"counted from {mirror} with the pipeline's loaders")
+        return cls(
+            params, qa_client_sizes(params, mirror), precision, f"counted from {mirror} with the pipeline's loaders"
+        )
 
     def triples(self, client: str) -> int:
         """Training triples of a client: every (question, gold answer) pair with each of its mined negatives, capped."""
@@ -122,13 +152,22 @@ class FedMatchCosts:
             recipe, model_params = METHODS[method], params.model
             tiny = model_params.tiny.model_dump()
             vocab = encoder_config(model_params.backbone, tiny, "model.backbone").vocab_size
-            algorithm = build_algorithm(recipe.algorithm, algorithm_settings(params, method),
-                                        CommonSettings(weighting=params.train.weighting))
+            algorithm = build_algorithm(
+                recipe.algorithm, algorithm_settings(params, method), CommonSettings(weighting=params.train.weighting)
+            )
             with torch.device("meta"):
                 if recipe.model == "bert":
-                    model = CrossEncoder(meta_encoder(model_params.backbone, vocab, tiny, model_params.max_length,
-                                                      model_params.keep_layers, "model.backbone"),
-                                         params.fedmatch.settings.pooling)
+                    model = CrossEncoder(
+                        meta_encoder(
+                            model_params.backbone,
+                            vocab,
+                            tiny,
+                            model_params.max_length,
+                            model_params.keep_layers,
+                            "model.backbone",
+                        ),
+                        params.fedmatch.settings.pooling,
+                    )
                 else:
                     model = matcher(recipe.model, vocab, params.fedmatch.settings.matcher_dim)
                 model = algorithm.adapt_model(model)
@@ -149,9 +188,10 @@ class FedMatchCosts:
                 words = torch.randint(3, 3 + 1000, (1, length))
             words[0, 0], words[0, 1 + half], words[0, -1] = 1, 2, 2
             types = torch.zeros_like(words)
-            types[0, 2 + half:] = 1
-            self._pair_activations[key] = saved_bytes(lambda: model(input_ids=words, attention_mask=torch.ones_like(words),
-                                                                     token_type_ids=types))
+            types[0, 2 + half :] = 1
+            self._pair_activations[key] = saved_bytes(
+                lambda: model(input_ids=words, attention_mask=torch.ones_like(words), token_type_ids=types)
+            )
         return self._pair_activations[key]
 
     def memory(self, cell) -> Memory:
@@ -164,16 +204,20 @@ class FedMatchCosts:
         params = cell_params(self.params, cell)
         recipe, train, length = METHODS[cell.method], params.train, params.model.max_length
         shape, algorithm = self.shape(params, cell.method), REGISTRY[recipe.algorithm]
-        per_round = (params.fedmatch.settings.clients_sampled if recipe.client_sampling
-                     else train.clients_per_round or len(self.clients))
+        per_round = (
+            params.fedmatch.settings.clients_sampled
+            if recipe.client_sampling
+            else train.clients_per_round or len(self.clients)
+        )
         batch = 2 * train.batch_size  # a batch of B triples is B positive and B negative pairs
         if shape.transformer is not None:
             activations = transformer_activation_bytes(shape.transformer, length, batch, self.precision)
         else:
             pair = self.matcher_activations(recipe.model, params.fedmatch.settings.matcher_dim, length)
             activations = pair * batch * DTYPE_BYTES[self.precision] // FP32
-        return text_memory(shape, recipe.algorithm, self.precision, activations, len(self.clients), per_round,
-                           algorithm.pooled)
+        return text_memory(
+            shape, recipe.algorithm, self.precision, activations, len(self.clients), per_round, algorithm.pooled
+        )
 
     def __call__(self, cell) -> CellCost:
         from fedrepro.fedmatch.cells import cell_params
@@ -185,8 +229,11 @@ class FedMatchCosts:
         recipe, train, length = METHODS[cell.method], params.train, params.model.max_length
         shape, algorithm = self.shape(params, cell.method), REGISTRY[recipe.algorithm]
         clients = list(self.clients)
-        per_round = (params.fedmatch.settings.clients_sampled if recipe.client_sampling
-                     else train.clients_per_round or len(clients))
+        per_round = (
+            params.fedmatch.settings.clients_sampled
+            if recipe.client_sampling
+            else train.clients_per_round or len(clients)
+        )
         share = 1.0 if algorithm.pooled else per_round / len(clients)  # each client's chance to train in a round
         covers = 1 + params.algorithms["coverquery"]["cover_queries"] if recipe.algorithm == "coverquery" else 1
         epochs = train.rounds * train.local_epochs
@@ -194,29 +241,47 @@ class FedMatchCosts:
         state = ALGORITHM_STATE.get(recipe.algorithm, AlgorithmState())
         step = training_flops(shape, length) + state.extra_forwards * forward_flops(shape, length)
         evaluated = evaluated_rounds(train.rounds, train.eval_every)
-        scored = sum(evaluated * (2 * fit_sequences(train.fit_samples, train.batch_size, self.triples(c))
-                                  + self.clients[c].eval_candidates["valid"]) + self.clients[c].eval_candidates["test"]
-                     for c in clients)
+        scored = sum(
+            evaluated
+            * (
+                2 * fit_sequences(train.fit_samples, train.batch_size, self.triples(c))
+                + self.clients[c].eval_candidates["valid"]
+            )
+            + self.clients[c].eval_candidates["test"]
+            for c in clients
+        )
         memory = self.memory(cell)
         settings = params.fedmatch.settings
         if shape.transformer is not None and (settings.shared_layers or 0) >= shape.transformer.layers:
             settings = settings.model_copy(update={"shared_layers": None})  # every layer shared is all shared (as the
             # run fingerprint has it: fedrepro.fedmatch.runs), so Fig 5's top point is the table's cell
-        run = json.dumps([cell.method, cell.seed, data_ratio(cell), train.model_dump(mode="json"),
-                          settings.model_dump(mode="json")])
-        return CellCost(cell.name, run, shape.total, shape.trained, {c: round(n * length) for c, n in sequences.items()},
-                        scored * length, sum(sequences.values()) * step, scored * forward_flops(shape, length), memory)
+        run = json.dumps(
+            [cell.method, cell.seed, data_ratio(cell), train.model_dump(mode="json"), settings.model_dump(mode="json")]
+        )
+        return CellCost(
+            cell.name,
+            run,
+            shape.total,
+            shape.trained,
+            {c: round(n * length) for c, n in sequences.items()},
+            scored * length,
+            sum(sequences.values()) * step,
+            scored * forward_flops(shape, length),
+            memory,
+        )
 
 
 def matcher(name: str, vocab_size: int, dim: int) -> nn.Module:
     """FedMatch's RE2 or ESIM as ``fedrepro.fedmatch.runs`` builds it (padding, [CLS] and [SEP] ids 0, 1 and 2)."""
     from fedrepro.models.matchers import MatcherSpec, build_matcher
 
-    return build_matcher(name, MatcherSpec(vocab_size=vocab_size, pad_id=0, cls_id=1, sep_id=2, embedding_dim=dim,
-                                           hidden=dim))
+    return build_matcher(
+        name, MatcherSpec(vocab_size=vocab_size, pad_id=0, cls_id=1, sep_id=2, embedding_dim=dim, hidden=dim)
+    )
 
 
 # ----- placing cells on GPUs ----------------------------------------------------------------------------------------
+
 
 def largest_cell_gpu_memory(params, cells: list) -> int | None:
     """Bytes to reserve on a GPU for the largest of a FedMatch stage's ``cells`` (``cell_gpu_memory``; None for no

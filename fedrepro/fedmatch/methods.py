@@ -29,8 +29,12 @@ class Method:
 
 def _fedmatch_variants() -> dict[str, Method]:
     return {
-        f"fedmatch_{initial}_{structure}": Method("fedmatch", f"FedMatch {initial.upper()}+{STRUCTURE_NAMES[structure]}",
-                                                  insertion=insertion, structure=structure)
+        f"fedmatch_{initial}_{structure}": Method(
+            "fedmatch",
+            f"FedMatch {initial.upper()}+{STRUCTURE_NAMES[structure]}",
+            insertion=insertion,
+            structure=structure,
+        )
         for initial, insertion in INSERTION_NAMES.items()
         for structure in STRUCTURE_NAMES
     }
@@ -48,7 +52,9 @@ METHODS: dict[str, Method] = {
     "fedper": Method("fedper", "FedPer"),
     **_fedmatch_variants(),
     "fedavg_cs": Method("fedavg", "FedAvg_CS", client_sampling=True),
-    "fedmatch_cs": Method("fedmatch", "FedMatch_CS (H+LR)", insertion="horizontal", structure="lr", client_sampling=True),
+    "fedmatch_cs": Method(
+        "fedmatch", "FedMatch_CS (H+LR)", insertion="horizontal", structure="lr", client_sampling=True
+    ),
 }
 
 FIGURE_METHOD = "fedmatch_h_lr"

@@ -64,12 +64,20 @@ def load_fedmatch(root: Path, params: Params) -> FedMatchResults:
             results += [{**base, "client": client, "metric": m, "value": v} for m, v in values.items()]
         questions.append(per_question.assign(row=row, seed=cell.seed))
         for record in metrics["history"]:
-            histories.append({**base, "round": record["round"], "train_loss": record["train_loss"],
-                              "bytes_up": record["bytes_up"], "bytes_down": record["bytes_down"]})
+            histories.append(
+                {
+                    **base,
+                    "round": record["round"],
+                    "train_loss": record["train_loss"],
+                    "bytes_up": record["bytes_up"],
+                    "bytes_down": record["bytes_down"],
+                }
+            )
         missed += missed_clients(cell.name, metrics["history"])
         health.setdefault(row, {})[cell.seed] = history_health(metrics["history"])
-    return FedMatchResults(pd.DataFrame(results), pd.concat(questions, ignore_index=True), pd.DataFrame(histories), info,
-                           missed, health)
+    return FedMatchResults(
+        pd.DataFrame(results), pd.concat(questions, ignore_index=True), pd.DataFrame(histories), info, missed, health
+    )
 
 
 def health_marker(data: FedMatchResults, row: str) -> str:
@@ -90,8 +98,11 @@ def marked_labels(data: FedMatchResults) -> dict[str, str]:
 
 def health_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
     """One line per table cell: its health by the shared rule and why."""
-    lines = [{"method": LABELS.get(row, row), "seed": seed, "health": h.label, "why": h.why}
-             for row in rows for seed, h in sorted(data.health.get(row, {}).items())]
+    lines = [
+        {"method": LABELS.get(row, row), "seed": seed, "health": h.label, "why": h.why}
+        for row in rows
+        for seed, h in sorted(data.health.get(row, {}).items())
+    ]
     return pd.DataFrame(lines, columns=["method", "seed", "health", "why"])
 
 
@@ -99,7 +110,9 @@ def health_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
 
 
 def overall_value(data: FedMatchResults, row: str, metric: str) -> float:
-    values = data.results[(data.results.row == row) & (data.results.client == OVERALL) & (data.results.metric == metric)]
+    values = data.results[
+        (data.results.row == row) & (data.results.client == OVERALL) & (data.results.metric == metric)
+    ]
     return mean_std(values["value"].tolist())[0]
 
 
@@ -118,8 +131,12 @@ def sweep_point(sweep: str, value: str) -> int | float:
 
 
 def sweep_series(data: FedMatchResults, sweep: str, client: str, metric: str, method: str = FIGURE_METHOD) -> pd.Series:
-    frame = data.results[(data.results.sweep == sweep) & (data.results.method == method)
-                         & (data.results.client == client) & (data.results.metric == metric)]
+    frame = data.results[
+        (data.results.sweep == sweep)
+        & (data.results.method == method)
+        & (data.results.client == client)
+        & (data.results.metric == metric)
+    ]
     series = frame.groupby("point")["value"].mean()
     series.index = [sweep_point(sweep, v) for v in series.index]
     return series.sort_index()
@@ -132,7 +149,9 @@ def chance_levels(mined: Path, split: str = "test") -> dict:
     clients = {}
     for folder in sorted(p for p in Path(mined).iterdir() if p.is_dir()):
         candidates = read_table(folder / "candidates.parquet")
-        clients[folder.name] = random_ranking_metrics(*qrels_and_run(candidates[candidates["split"] == split].assign(score=0.0)))
+        clients[folder.name] = random_ranking_metrics(
+            *qrels_and_run(candidates[candidates["split"] == split].assign(score=0.0))
+        )
     return {"clients": clients, "overall": overall(clients)}
 
 
@@ -167,23 +186,34 @@ def write_figures(data: FedMatchResults, params: Params, folder: Path, chance: d
     point can sit at or below chance."""
     tables = data.histories[data.histories.sweep.isna() & data.histories.method.isin(params.fedmatch.table3)]
     convergence_figure(tables, LABELS, folder / "convergence.png")
-    tables.groupby(["method", "round"])["train_loss"].mean().reset_index().to_csv(folder / "convergence.csv", index=False, float_format="%.6g")
+    tables.groupby(["method", "round"])["train_loss"].mean().reset_index().to_csv(
+        folder / "convergence.csv", index=False, float_format="%.6g"
+    )
     styles = {"shared_layers": dict(reverse=True), "patch_size": dict(log2=True), "aggregate_every": {}}
     for number, sweep in zip((5, 6, 7), styles):
         table = sweep_table(data, sweep)
         if table.empty:
             continue
         levels = {client: client_level(chance, client)["mrr"] for client in table.columns}
-        sweep_figure(table, levels, SWEEPS[sweep].split(": ")[1], f"Fig {number}: FedMatch H+LR, test MRR",
-                     folder / f"fig{number}_{sweep}.png", **styles[sweep])
+        sweep_figure(
+            table,
+            levels,
+            SWEEPS[sweep].split(": ")[1],
+            f"Fig {number}: FedMatch H+LR, test MRR",
+            folder / f"fig{number}_{sweep}.png",
+            **styles[sweep],
+        )
         _figure_csv(data, sweep, FIGURE_METHOD, folder / f"fig{number}_{sweep}.csv")
     client = "insuranceqa" if "insuranceqa" in set(data.results.client) else OVERALL
-    curves = [pd.DataFrame({m: sweep_series(data, "data_ratio", client, m, method) for m in ("map", "mrr")})
-              for method in params.fedmatch.sweeps.data_ratio_methods[:2]]
+    curves = [
+        pd.DataFrame({m: sweep_series(data, "data_ratio", client, m, method) for m in ("map", "mrr")})
+        for method in params.fedmatch.sweeps.data_ratio_methods[:2]
+    ]
     if len(curves) == 2 and not curves[0].empty:
         names = tuple(LABELS[m] for m in params.fedmatch.sweeps.data_ratio_methods[:2])
-        data_ratio_figure(curves[0], curves[1], names, client, client_level(chance, client),
-                          folder / "fig8_data_ratio.png")
+        data_ratio_figure(
+            curves[0], curves[1], names, client, client_level(chance, client), folder / "fig8_data_ratio.png"
+        )
     for method in params.fedmatch.sweeps.data_ratio_methods:
         _figure_csv(data, "data_ratio", method, folder / f"fig8_data_ratio_{method}.csv")
 
@@ -203,7 +233,8 @@ def communication_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
         info = data.info[row]
         hist = data.histories[data.histories.row == row]
         once = sum(link["bytes"] for name, link in info["channel"].items() if name.endswith("->server")) - int(
-            hist[hist.seed == hist.seed.min()]["bytes_up"].sum())
+            hist[hist.seed == hist.seed.min()]["bytes_up"].sum()
+        )
         loss = hist.groupby("round")["train_loss"].mean()
         table[LABELS.get(row, row)] = {
             "train loss, first -> last round": f"{loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f}",
@@ -229,7 +260,8 @@ def patch_table(data: FedMatchResults, rows: list[str]) -> pd.DataFrame:
             table[LABELS.get(row, row)] = {
                 client: f"{n['up']:.3g} / {n['down_change']:.3g} / {n['down']:.3g}"
                 + (f"; {n['feature_change']:.2%}, {n['score_change']:.2f} sd" if "feature_change" in n else "")
-                for client, n in sorted(norms.items())}
+                for client, n in sorted(norms.items())
+            }
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "method: ‖up‖ / ‖Δdown‖ / ‖down‖; Δfeatures, Δscore"
     return frame

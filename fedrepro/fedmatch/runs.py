@@ -43,7 +43,8 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     params = cell_params(params, cell)
     settings = params.fedmatch.settings
     if settings.shared_layers is not None and settings.shared_layers >= encoder_layers(
-            params.model.backbone, params.model.tiny.model_dump(), params.model.keep_layers):
+        params.model.backbone, params.model.tiny.model_dump(), params.model.keep_layers
+    ):
         # sharing at least every encoder layer is sharing all of them (null): Fig 5's top point is the table cell
         settings = settings.model_copy(update={"shared_layers": None})
         params = params.model_copy(update={"fedmatch": params.fedmatch.model_copy(update={"settings": settings})})
@@ -53,26 +54,46 @@ def run_fingerprint(params: Params, cell: Cell, inputs_digest: str) -> str:
     method = METHODS[cell.method]
     identity = {"method": cell.method, "seed": cell.seed, "data_ratio": data_ratio(cell)}
     code = code_digest(cell_code(__name__, params.train.runtime, algorithms.REGISTRY[method.algorithm].__module__))
-    return fingerprint(identity, inputs_digest, {"model": params.model.model_dump(), "train": train,
-                                                 "fedmatch": params.fedmatch.settings.model_dump(),
-                                                 "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json")},
-                       code)
+    return fingerprint(
+        identity,
+        inputs_digest,
+        {
+            "model": params.model.model_dump(),
+            "train": train,
+            "fedmatch": params.fedmatch.settings.model_dump(),
+            "algorithm": algorithm_settings(params, cell.method).model_dump(mode="json"),
+        },
+        code,
+    )
 
 
 def build_model_factory(params: Params, tokenizer, model: str):
     """A zero-argument builder of the matching model: the cross-encoder, or a non-BERT matcher (RE2, ESIM)."""
     model_params, pooling = params.model, params.fedmatch.settings.pooling
     if model == "bert":
+
         def build() -> CrossEncoder:
-            encoder = build_encoder(model_params.backbone, len(tokenizer), model_params.tiny.model_dump(),
-                                    model_params.max_length, model_params.keep_layers)
+            encoder = build_encoder(
+                model_params.backbone,
+                len(tokenizer),
+                model_params.tiny.model_dump(),
+                model_params.max_length,
+                model_params.keep_layers,
+            )
             return CrossEncoder(encoder, pooling)
+
         return build
     from fedrepro.models.matchers import MatcherSpec, build_matcher
 
     dim = params.fedmatch.settings.matcher_dim
-    spec = MatcherSpec(vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id, cls_id=tokenizer.cls_token_id,
-                       sep_id=tokenizer.sep_token_id, embedding_dim=dim, hidden=dim)
+    spec = MatcherSpec(
+        vocab_size=len(tokenizer),
+        pad_id=tokenizer.pad_token_id,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+        embedding_dim=dim,
+        hidden=dim,
+    )
     return lambda: build_matcher(model, spec)
 
 
@@ -85,8 +106,14 @@ def build_qa_task(params: Params, mined_dir: Path, tokenizer_dir: Path, model: s
 def qa_task(params: Params, clients: dict[str, ClientQAData], tokenizer_dir: Path, model: str) -> QAMatchingTask:
     tokenizer = load_tokenizer(params.model.backbone, tokenizer_dir)
     loss = "cross_entropy" if params.fedmatch.settings.fidelity == "released_code" else "hinge"
-    return QAMatchingTask(clients, tokenizer, build_model_factory(params, tokenizer, model), params.model.max_length,
-                          params.train.batch_size, loss=loss)
+    return QAMatchingTask(
+        clients,
+        tokenizer,
+        build_model_factory(params, tokenizer, model),
+        params.model.max_length,
+        params.train.batch_size,
+        loss=loss,
+    )
 
 
 def algorithm_settings(params: Params, method: str) -> Algorithm.Settings:
@@ -147,8 +174,9 @@ def server_cell_task(params: Params, cell: Cell, tokenizer_dir: Path, silos_dir:
     return ServerTaskView(read_manifest(silos_dir), build_model_factory(params, tokenizer, METHODS[cell.method].model))
 
 
-def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
-                silos_dir: Path | None = None) -> CellRecipe:
+def cell_recipe(
+    params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str, silos_dir: Path | None = None
+) -> CellRecipe:
     """Everything that shapes one cell's run, rebuildable in another process (a Flower node). With ``silos_dir``
     (laid out by ``write_cell_silos``) it runs on Flower silo-local: each node reads its own client's directory only,
     the server the manifest only; every number of the run is the same, and so is its fingerprint."""
@@ -160,34 +188,63 @@ def cell_recipe(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path
     if silos_dir is not None:
         silos_dir = Path(silos_dir).resolve()
         spec["kwargs"]["silos_dir"] = str(silos_dir)
-        silo = SiloRecipe(silos_dir, functools.partial(silo_cell_task, params, cell, tokenizer_dir),
-                          functools.partial(server_cell_task, params, cell, tokenizer_dir, silos_dir))
+        silo = SiloRecipe(
+            silos_dir,
+            functools.partial(silo_cell_task, params, cell, tokenizer_dir),
+            functools.partial(server_cell_task, params, cell, tokenizer_dir, silos_dir),
+        )
     recipe, train = METHODS[cell.method], params.train
     settings = EngineSettings(
-        rounds=train.rounds, local_epochs=train.local_epochs,
-        clients_per_round=params.fedmatch.settings.clients_sampled if recipe.client_sampling else train.clients_per_round,
+        rounds=train.rounds,
+        local_epochs=train.local_epochs,
+        clients_per_round=params.fedmatch.settings.clients_sampled
+        if recipe.client_sampling
+        else train.clients_per_round,
         lr=train.lr if recipe.model == "bert" else params.fedmatch.settings.matcher_lr,
-        batch_size=train.batch_size, warmup_fraction=train.warmup_fraction,
-        max_grad_norm=train.max_grad_norm, seed=cell.seed, eval_every=train.eval_every, precision=train.precision,
-        fit_samples=train.fit_samples, device=train.device,
+        batch_size=train.batch_size,
+        warmup_fraction=train.warmup_fraction,
+        max_grad_norm=train.max_grad_norm,
+        seed=cell.seed,
+        eval_every=train.eval_every,
+        precision=train.precision,
+        fit_samples=train.fit_samples,
+        device=train.device,
     )
     return CellRecipe(
         build_task=functools.partial(cell_task, params, cell, mined_dir, tokenizer_dir),
-        algorithm=recipe.algorithm, algorithm_settings=algorithm_settings(params, cell.method),
-        common=CommonSettings(weighting=train.weighting), settings=settings,
-        fingerprint=run, threads=train.threads, spec=spec, silo=silo,
+        algorithm=recipe.algorithm,
+        algorithm_settings=algorithm_settings(params, cell.method),
+        common=CommonSettings(weighting=train.weighting),
+        settings=settings,
+        fingerprint=run,
+        threads=train.threads,
+        spec=spec,
+        silo=silo,
     )
 
 
-def spec_recipe(params: dict, cell: dict, folders: list[str], inputs_digest: str, silos_dir: str | None = None
-                ) -> CellRecipe:
+def spec_recipe(
+    params: dict, cell: dict, folders: list[str], inputs_digest: str, silos_dir: str | None = None
+) -> CellRecipe:
     """A recipe from its JSON spec (``CellRecipe.spec``): how a deployment's ServerApp and ClientApps rebuild a cell."""
-    return cell_recipe(Params.model_validate(params), Cell(**cell), *map(Path, folders), inputs_digest,
-                       None if silos_dir is None else Path(silos_dir))
+    return cell_recipe(
+        Params.model_validate(params),
+        Cell(**cell),
+        *map(Path, folders),
+        inputs_digest,
+        None if silos_dir is None else Path(silos_dir),
+    )
 
 
-def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, inputs_digest: str,
-               checkpoint_dir: Path, progress: bool = True) -> Engine:
+def build_cell(
+    params: Params,
+    cell: Cell,
+    mined_dir: Path,
+    tokenizer_dir: Path,
+    inputs_digest: str,
+    checkpoint_dir: Path,
+    progress: bool = True,
+) -> Engine:
     """The runtime (``train.runtime``) for one cell; it resumes from ``checkpoint_dir`` when that holds this very run.
     With ``train.silo_local`` the cell's data is first laid out one directory per client in ``<checkpoint_dir>/silos``
     (``write_cell_silos``), where its nodes read it."""
@@ -197,8 +254,14 @@ def build_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path,
         silos_dir = Path(checkpoint_dir) / SILOS
         write_cell_silos(params, cell, mined_dir, tokenizer_dir, silos_dir)
     recipe = cell_recipe(params, cell, mined_dir, tokenizer_dir, inputs_digest, silos_dir)
-    return build_runtime(recipe, train.runtime, checkpoint_dir, progress, reply_timeout=train.reply_timeout,
-                         run_timeout=train.run_timeout)
+    return build_runtime(
+        recipe,
+        train.runtime,
+        checkpoint_dir,
+        progress,
+        reply_timeout=train.reply_timeout,
+        run_timeout=train.run_timeout,
+    )
 
 
 def cell_inputs(cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> tuple[Path, ...]:
@@ -209,14 +272,23 @@ def cell_inputs(cell: Cell, mined_dir: Path, tokenizer_dir: Path) -> tuple[Path,
 def parameter_counts(engine: Engine) -> dict[str, int]:
     """Total, trainable, private (never sent) and uploaded (sent by a client each round it trains) parameters."""
     params = engine.params
-    return {"total": sum(p.numel() for p in params.values()),
-            "trainable": sum(p.numel() for p in params.values() if p.requires_grad),
-            "private": sum(params[n].numel() for n in engine.private_names),
-            "uploaded": sum(params[n].numel() for n in engine.shared_names) if engine.algorithm.federated else 0}
+    return {
+        "total": sum(p.numel() for p in params.values()),
+        "trainable": sum(p.numel() for p in params.values() if p.requires_grad),
+        "private": sum(params[n].numel() for n in engine.private_names),
+        "uploaded": sum(params[n].numel() for n in engine.shared_names) if engine.algorithm.federated else 0,
+    }
 
 
-def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, out: Path, checkpoint_dir: Path,
-             inputs_digest: str) -> dict:
+def run_cell(
+    params: Params,
+    cell: Cell,
+    mined_dir: Path,
+    tokenizer_dir: Path,
+    out: Path,
+    checkpoint_dir: Path,
+    inputs_digest: str,
+) -> dict:
     """Train (or resume) one cell, then score each client's own model on its test candidates and measure how far
     its private patch (if any) moved from its initial weights; write metrics.json and the TREC files into ``out``
     (created). Returns the metrics."""
@@ -256,8 +328,11 @@ def run_cell(params: Params, cell: Cell, mined_dir: Path, tokenizer_dir: Path, o
 def ledger_gold(mined_dir: Path) -> Gold:
     """A cell as the results ledger keeps it (``fedrepro.ledger``): its metrics and TREC runs; the qrels (which answers
     are relevant) come back from the mined candidates."""
-    return Gold(keep=("metrics.json", "trec/*"), dropped_files=("trec/*.qrels",),
-                join=functools.partial(join_qrels, Path(mined_dir)))
+    return Gold(
+        keep=("metrics.json", "trec/*"),
+        dropped_files=("trec/*.qrels",),
+        join=functools.partial(join_qrels, Path(mined_dir)),
+    )
 
 
 def join_qrels(mined_dir: Path, cell: Cell, out: Path) -> None:

@@ -101,7 +101,8 @@ class FederatedTask(Protocol):
 
 @dataclass(frozen=True)
 class CommonSettings:
-    """What a paper's runs decide for whichever algorithm a cell runs (each algorithm's own knobs are its ``Settings``)."""
+    """What a paper's runs decide for whichever algorithm a cell runs (each algorithm's own knobs are its
+    ``Settings``)."""
 
     weighting: str = "uniform"
     """How the server weights the uploads: ``uniform`` (1/K) or ``size`` (N_k / N)."""
@@ -167,7 +168,8 @@ class Algorithm:
         return output.loss
 
     def after_backward(self, model: nn.Module, context: LocalContext) -> None:
-        """Called after each local backward pass, before clipping and the optimizer step (SCAFFOLD reads gradients here)."""
+        """Called after each local backward pass, before clipping and the optimizer step (SCAFFOLD reads gradients
+        here)."""
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:
         """What a client sends after local training; by default its shared parameters.
@@ -186,7 +188,9 @@ class Algorithm:
             return [u.num_samples / total for u in updates]
         return [1.0 / len(updates)] * len(updates)
 
-    def aggregate(self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+    def aggregate(
+        self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
+    ) -> dict[str, torch.Tensor]:
         """New global shared weights from this round's uploads: theta = sum_k p_k theta_k (fixed order)."""
         weights = self.aggregation_weights(updates)
         result = {}

@@ -47,8 +47,8 @@ from fedrepro.seeding import derive_seed
 POOLED = "pooled"
 GLOBAL = "global"
 FIT = "fit"
-"""The pseudo-split scored with every evaluation besides ``eval_splits``: the evaluated model's task loss on the training
-data it learned from. It is what the health rule reads as the training loss (``fedrepro.fl.health``), because a
+"""The pseudo-split scored with every evaluation besides ``eval_splits``: the evaluated model's task loss on the
+training data it learned from. It is what the health rule reads as the training loss (``fedrepro.fl.health``), because a
 round's mean local loss is not the federation's: under label skew a client fits its own classes within a few local
 steps, so round 1's local loss (from scratch) is low and later rounds' (from the aggregate) are higher, even while the
 aggregate's loss on the same training data falls (embedded FedAvg, alpha 0.05: local 1.09 -> 1.61 over 12 rounds,
@@ -139,8 +139,9 @@ def scoring(precision: str, device: str = "cpu") -> Iterator[None]:
         yield
 
 
-def fit_loss(task: FederatedTask, model: nn.Module, client_ids: Sequence[str], settings: EngineSettings
-             ) -> dict[str, float]:
+def fit_loss(
+    task: FederatedTask, model: nn.Module, client_ids: Sequence[str], settings: EngineSettings
+) -> dict[str, float]:
     """``model``'s task loss on the training data of ``client_ids``: the mean over the first batches of one fixed
     order (``settings.fit_samples``), in eval mode and without gradients (so no dropout and no weight moves); no loss
     for clients without training data. ``samples`` counts all their training data: the weight of this loss."""
@@ -153,8 +154,9 @@ def fit_loss(task: FederatedTask, model: nn.Module, client_ids: Sequence[str], s
     return {"loss": float(np.mean(losses)), **samples} if losses else samples
 
 
-def score_split(task: FederatedTask, model: nn.Module, client_id: str, split: str, settings: EngineSettings
-                ) -> dict[str, float]:
+def score_split(
+    task: FederatedTask, model: nn.Module, client_id: str, split: str, settings: EngineSettings
+) -> dict[str, float]:
     """One model on one client's ``split`` (or on the global sets, ``client_id`` GLOBAL); ``FIT``: on its training data.
     The engine and a Flower node both score through here, so both runtimes record the same numbers."""
     if split == FIT:
@@ -205,7 +207,7 @@ class LocalTrainer:
             for name in self.private_names:
                 self.params[name].copy_(stored.get(PARAM + name, self.initial_private[name]))
         torch.clear_autocast_cache()
-        return {k[len(STATE):]: v.to(self.settings.device) for k, v in stored.items() if k.startswith(STATE)}
+        return {k[len(STATE) :]: v.to(self.settings.device) for k, v in stored.items() if k.startswith(STATE)}
 
     def stored_state(self, algorithm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The model's private tensors and the algorithm's client state, as a client keeps them between rounds."""
@@ -213,8 +215,9 @@ class LocalTrainer:
         stored.update({STATE + k: v.detach().clone() for k, v in algorithm_state.items()})
         return stored
 
-    def client_round(self, round_index: int, client_id: str, received: dict[str, torch.Tensor],
-                     stored: dict[str, torch.Tensor]) -> ClientResult:
+    def client_round(
+        self, round_index: int, client_id: str, received: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]
+    ) -> ClientResult:
         """One client's part of a round: load, train locally, build the upload, keep the private rest."""
         received = to_device(received, self.settings.device)  # what arrived from a Flower node's wire is on the CPU
         context = LocalContext(round_index, client_id, received, self.load(received, stored))
@@ -271,7 +274,8 @@ class LocalTrainer:
                     raise TrainingDiverged(
                         f"client {client_id} diverged in round {round_index + 1} at local step {context.steps + 1} "
                         f"of {per_round} (schedule step {step + 1} of {total}): training loss {loss}, objective "
-                        f"{objective.item()} (lr {settings.lr:g}, max_grad_norm {settings.max_grad_norm:g})")
+                        f"{objective.item()} (lr {settings.lr:g}, max_grad_norm {settings.max_grad_norm:g})"
+                    )
                 optimizer.zero_grad(set_to_none=True)
                 objective.backward()
                 self.algorithm.after_backward(model, context)
@@ -308,7 +312,10 @@ class Engine:
         self.state = load_checkpoint(self.checkpoint_dir, fingerprint, settings.device) or TrainingState(
             fingerprint=fingerprint,
             global_weights=algorithm.initial_server_state(
-                {n: self.params[n].detach().clone() for n in self.shared_names}) if algorithm.federated else {},
+                {n: self.params[n].detach().clone() for n in self.shared_names}
+            )
+            if algorithm.federated
+            else {},
         )
         resumed = self.state.next_round > 0
         # On resume the data uploads are replayed into a scratch channel: the checkpoint's log already holds them.
@@ -320,9 +327,11 @@ class Engine:
 
     # ----- state swapping: one model, per-client private tensors ---------------------------------------
     def load_client(self, client_id: str, shared: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Put the given shared weights and the client's private tensors into the one model; return its algorithm state."""
-        return self.trainer.load(shared if shared is not None else self.state.global_weights,
-                                 self.state.client_states.get(client_id, {}))
+        """Put the given shared weights and the client's private tensors into the one model; return its algorithm
+        state."""
+        return self.trainer.load(
+            shared if shared is not None else self.state.global_weights, self.state.client_states.get(client_id, {})
+        )
 
     def memory_bytes(self) -> dict[str, int]:
         """What the engine holds besides the one model: the server's shared weights and each client's private state."""
@@ -344,8 +353,13 @@ class Engine:
 
     def run(self) -> TrainingState:
         rounds = range(self.state.next_round, self.settings.rounds)
-        for round_index in tqdm(rounds, desc=f"{self.algorithm.name} rounds", disable=not self.progress,
-                                initial=self.state.next_round, total=self.settings.rounds):
+        for round_index in tqdm(
+            rounds,
+            desc=f"{self.algorithm.name} rounds",
+            disable=not self.progress,
+            initial=self.state.next_round,
+            total=self.settings.rounds,
+        ):
             record = self._run_round(round_index)
             self.state.history.append(record)
             self.state.next_round = round_index + 1
@@ -365,12 +379,20 @@ class Engine:
         """The server's first step: which clients train this round, and what it sends each of them."""
         extras = self.algorithm.server_extras(round_index)
         sampled = self.sample_clients(round_index)
-        outgoing = {name: tensor for name, tensor in {**self.state.global_weights, **extras}.items()
-                    if not self.algorithm.is_server_only(name)} if self.algorithm.federated else {}
+        outgoing = (
+            {
+                name: tensor
+                for name, tensor in {**self.state.global_weights, **extras}.items()
+                if not self.algorithm.is_server_only(name)
+            }
+            if self.algorithm.federated
+            else {}
+        )
         return sampled, outgoing
 
-    def train_clients(self, round_index: int, sampled: list[str], outgoing: dict[str, torch.Tensor]
-                      ) -> tuple[list[ClientUpdate], list[float | None], dict[str, str]]:
+    def train_clients(
+        self, round_index: int, sampled: list[str], outgoing: dict[str, torch.Tensor]
+    ) -> tuple[list[ClientUpdate], list[float | None], dict[str, str]]:
         """In process: each sampled client trains in turn on the one model; the engine keeps its private state (as
         a Flower node keeps its own). An upload the server must not aggregate is refused and is the client's miss,
         and the client keeps the state it started the round with: a round the server did not count never happened
@@ -379,7 +401,9 @@ class Engine:
         received = self.channel.broadcast(round_index, SERVER, sampled, outgoing) if federated else {}
         updates, losses, missed = [], [], {}
         for client_id in tqdm(sampled, desc=f"round {round_index + 1} clients", leave=False, disable=not self.progress):
-            result = self.trainer.client_round(round_index, client_id, received, self.state.client_states.get(client_id, {}))
+            result = self.trainer.client_round(
+                round_index, client_id, received, self.state.client_states.get(client_id, {})
+            )
             if federated:
                 problem = upload_problem(client_id, result.upload, self.state.global_weights, self.shared_names)
                 if problem is not None:
@@ -392,8 +416,14 @@ class Engine:
             losses.append(result.train_loss)
         return updates, losses, missed
 
-    def close_round(self, round_index: int, clients: list[str], updates: list[ClientUpdate],
-                    losses: list[float | None], missed: dict[str, str]) -> dict[str, Any]:
+    def close_round(
+        self,
+        round_index: int,
+        clients: list[str],
+        updates: list[ClientUpdate],
+        losses: list[float | None],
+        missed: dict[str, str],
+    ) -> dict[str, Any]:
         """The server's last step: aggregate the uploads that arrived, record the round, evaluate when due.
 
         ``clients`` are those that delivered; ``missed`` says why each other sampled client did not. The round's
@@ -402,8 +432,11 @@ class Engine:
         if algorithm.federated and not updates:
             raise FederationError(f"round {round_index + 1}: no client delivered an update ({missed})")
         trained = [loss for loss in losses if loss is not None]
-        record: dict[str, Any] = {"round": round_index + 1, "clients": clients,
-                                  "train_loss": float(np.mean(trained)) if trained else None}
+        record: dict[str, Any] = {
+            "round": round_index + 1,
+            "clients": clients,
+            "train_loss": float(np.mean(trained)) if trained else None,
+        }
         if missed:
             record["missed"] = missed
         if algorithm.federated:
@@ -449,5 +482,7 @@ class Engine:
         settings = self.settings
         if self.evaluates_global_model():
             return {GLOBAL: score_split(self.task, self.global_model(), GLOBAL, split, settings)}
-        return {client_id: score_split(self.task, model, client_id, split, settings)
-                for client_id, model in self.client_models()}
+        return {
+            client_id: score_split(self.task, model, client_id, split, settings)
+            for client_id, model in self.client_models()
+        }

@@ -29,13 +29,15 @@ TOLERANCE = 0.01
 GIVE_BACK = 0.5
 SWING = 0.10
 FALLS = 2
-RULE = (f"diverged = a non-finite training loss, or the last evaluated round's training loss (the evaluated model on "
-        f"its own training data) above lowest + {GIVE_BACK} x (first - lowest), i.e. it gave back more than half of "
-        f"the fall from the first round to the lowest (a last loss above the first gave back all of it); "
-        f"oscillating = not diverged, but the validation score fell by more than {SWING:g} (absolute) from one "
-        f"evaluation to the next at least {FALLS} times; "
-        f"converged = the best validation score of the last {WINDOW} evaluations beats the best before them by at "
-        f"most {TOLERANCE} (absolute), i.e. it stopped improving; unknown with fewer than {WINDOW + 1} evaluations")
+RULE = (
+    f"diverged = a non-finite training loss, or the last evaluated round's training loss (the evaluated model on "
+    f"its own training data) above lowest + {GIVE_BACK} x (first - lowest), i.e. it gave back more than half of "
+    f"the fall from the first round to the lowest (a last loss above the first gave back all of it); "
+    f"oscillating = not diverged, but the validation score fell by more than {SWING:g} (absolute) from one "
+    f"evaluation to the next at least {FALLS} times; "
+    f"converged = the best validation score of the last {WINDOW} evaluations beats the best before them by at "
+    f"most {TOLERANCE} (absolute), i.e. it stopped improving; unknown with fewer than {WINDOW + 1} evaluations"
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,12 @@ def training_losses(history: Sequence[dict]) -> list[float | None]:
     return fit if fit else [record.get("train_loss") for record in history]
 
 
-def cell_health(train_losses: Sequence[float], valid_scores: Sequence[float] = (), window: int = WINDOW,
-                tolerance: float = TOLERANCE) -> Health:
+def cell_health(
+    train_losses: Sequence[float],
+    valid_scores: Sequence[float] = (),
+    window: int = WINDOW,
+    tolerance: float = TOLERANCE,
+) -> Health:
     """Judge one cell from its per-round training losses and its validation scores (higher is better). A round's
     loss is None when none of its clients had a training batch (nothing trained): it is skipped, not counted."""
     losses = [float(x) for x in train_losses if x is not None]
@@ -80,18 +86,28 @@ def cell_health(train_losses: Sequence[float], valid_scores: Sequence[float] = (
             low_round, end = losses.index(lowest) + 1, f"{last:.4g} (round {len(losses)})"
             if low_round == 1:
                 return Health(True, None, f"training loss rose from {first:.4g} (round 1) to {end}")
-            return Health(True, None, f"training loss fell from {first:.4g} (round 1) to {lowest:.4g} (round "
-                                      f"{low_round}), then rose to {end}, more than {GIVE_BACK:.0%} of the way back")
+            return Health(
+                True,
+                None,
+                f"training loss fell from {first:.4g} (round 1) to {lowest:.4g} (round "
+                f"{low_round}), then rose to {end}, more than {GIVE_BACK:.0%} of the way back",
+            )
     scores = [float(x) for x in valid_scores if x is not None]
     falls = [(i, scores[i - 1], scores[i]) for i in range(1, len(scores)) if scores[i - 1] - scores[i] > SWING]
     if len(falls) >= FALLS:
-        return Health(False, None, f"validation score fell by more than {SWING:g} {len(falls)} times: "
-                                   + ", ".join(f"{a:.3g} -> {b:.3g} (evaluation {i + 1})" for i, a, b in falls),
-                      oscillating=True)
+        return Health(
+            False,
+            None,
+            f"validation score fell by more than {SWING:g} {len(falls)} times: "
+            + ", ".join(f"{a:.3g} -> {b:.3g} (evaluation {i + 1})" for i, a, b in falls),
+            oscillating=True,
+        )
     if len(scores) < window + 1:
         return Health(False, None, f"{len(scores)} validation point(s), fewer than {window + 1}")
     before, last = max(scores[:-window]), max(scores[-window:])
     gain = last - before
     if gain <= tolerance:
-        return Health(False, True, f"last {window} evaluations gained {gain:+.4f} over the best before (<= {tolerance})")
+        return Health(
+            False, True, f"last {window} evaluations gained {gain:+.4f} over the best before (<= {tolerance})"
+        )
     return Health(False, False, f"still improving: last {window} evaluations gained {gain:+.4f} (> {tolerance})")

@@ -80,8 +80,10 @@ class CellRecipe:
         if self.silo is None:
             return self.build()
         if data_dir is None:
-            raise ConfigError(f"run {self.fingerprint[:12]} is silo-local: each node needs the directory of its "
-                              "client's data (node config 'data-dir')")
+            raise ConfigError(
+                f"run {self.fingerprint[:12]} is silo-local: each node needs the directory of its "
+                "client's data (node config 'data-dir')"
+            )
         return self._build(functools.partial(self.silo.build_client_task, Path(data_dir)))
 
     def _build(self, build_task: Callable[[], FederatedTask]) -> tuple[FederatedTask, Algorithm]:
@@ -92,8 +94,15 @@ class CellRecipe:
 def recipe_spec(factory: str, params: Any, cell: Any, folders: list[Path], inputs_digest: str) -> dict:
     """A paper's recipe as JSON: ``factory`` ("module:function") is called with the params, the cell, the
     (absolute) input folders and the inputs' digest, each as JSON, and returns the recipe again."""
-    return {"factory": factory, "kwargs": {"params": params.model_dump(mode="json"), "cell": asdict(cell),
-                                           "folders": [str(f) for f in folders], "inputs_digest": inputs_digest}}
+    return {
+        "factory": factory,
+        "kwargs": {
+            "params": params.model_dump(mode="json"),
+            "cell": asdict(cell),
+            "folders": [str(f) for f in folders],
+            "inputs_digest": inputs_digest,
+        },
+    }
 
 
 def write_recipe_spec(path: str | Path, spec: dict) -> Path:
@@ -114,6 +123,8 @@ def load_recipe(path: str | Path) -> CellRecipe:
     if not isinstance(recipe, CellRecipe):
         raise ConfigError(f"{path}: factory {spec['factory']} returned {type(recipe).__name__}, expected a CellRecipe")
     if spec.get("fingerprint", recipe.fingerprint) != recipe.fingerprint:
-        raise ConfigError(f"{path}: this machine rebuilds run {recipe.fingerprint[:12]}, the spec is of run "
-                          f"{spec['fingerprint'][:12]}: its code, params or data differ (install the same commit and data)")
+        raise ConfigError(
+            f"{path}: this machine rebuilds run {recipe.fingerprint[:12]}, the spec is of run "
+            f"{spec['fingerprint'][:12]}: its code, params or data differ (install the same commit and data)"
+        )
     return recipe

@@ -16,9 +16,15 @@ from fedrepro.fl.flower.ray_head import simulated_stage
 from fedrepro.fl.recipe import CellRecipe
 
 
-def build_runtime(recipe: CellRecipe, runtime: str, checkpoint_dir: str | Path, progress: bool = True,
-                  on_round_end: Callable[[dict[str, Any]], None] | None = None, reply_timeout: float | None = None,
-                  run_timeout: float = 86400) -> Engine:
+def build_runtime(
+    recipe: CellRecipe,
+    runtime: str,
+    checkpoint_dir: str | Path,
+    progress: bool = True,
+    on_round_end: Callable[[dict[str, Any]], None] | None = None,
+    reply_timeout: float | None = None,
+    run_timeout: float = 86400,
+) -> Engine:
     """The runtime that trains ``recipe``; it resumes from ``checkpoint_dir`` when that holds this very run.
     ``reply_timeout`` (``train.reply_timeout``) bounds how long a deployment's server waits for a round's replies,
     ``run_timeout`` (``train.run_timeout``) how long its whole run may take.

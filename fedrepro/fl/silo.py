@@ -36,15 +36,20 @@ class Manifest:
     train_sizes: dict[str, int]
 
 
-def write_silos(root: str | Path, tables: Mapping[str, Mapping[str, pd.DataFrame]], train_sizes: Mapping[str, int],
-                told: Mapping[str, Any] | None = None) -> Manifest:
+def write_silos(
+    root: str | Path,
+    tables: Mapping[str, Mapping[str, pd.DataFrame]],
+    train_sizes: Mapping[str, int],
+    told: Mapping[str, Any] | None = None,
+) -> Manifest:
     """``<root>/<client>/<name>.parquet`` for each of a client's ``tables`` (exactly its own rows), what every silo
     is ``told`` besides (no rows: e.g. the label space) in its ``silo.json``, and the server's
     ``<root>/manifest.json``: the clients in ``train_sizes`` order (the task's) and their declared training sizes."""
     root = Path(root)
     if set(tables) != set(train_sizes):
-        raise DataError(f"silos of {root}: tables for clients {sorted(tables)}, "
-                        f"training sizes for {sorted(train_sizes)}")
+        raise DataError(
+            f"silos of {root}: tables for clients {sorted(tables)}, training sizes for {sorted(train_sizes)}"
+        )
     for client_id, client_tables in tables.items():
         folder = root / client_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -69,8 +74,9 @@ def read_silo(folder: str | Path) -> Silo:
     """The client a silo directory belongs to, its tables and what it was told."""
     folder = Path(folder)
     if not (folder / SILO_FILE).exists():
-        raise DataError(f"{folder / SILO_FILE} is missing: {folder} is no client's silo "
-                        "(see fedrepro.fl.silo.write_silos)")
+        raise DataError(
+            f"{folder / SILO_FILE} is missing: {folder} is no client's silo (see fedrepro.fl.silo.write_silos)"
+        )
     silo = read_json(folder / SILO_FILE)
     tables = {}
     for name in silo["tables"]:
@@ -89,8 +95,9 @@ def read_manifest(root: str | Path) -> Manifest:
     if not isinstance(sizes, dict) or not sizes or not all(isinstance(n, int) and n >= 0 for n in sizes.values()):
         raise DataError(f"{path}: train_sizes = {sizes!r}: expected a non-empty map of client id to sample count")
     if not isinstance(clients, list) or sorted(clients) != sorted(sizes):
-        raise DataError(f"{path}: clients = {clients!r}: expected the clients of train_sizes ({sorted(sizes)}), "
-                        "in order")
+        raise DataError(
+            f"{path}: clients = {clients!r}: expected the clients of train_sizes ({sorted(sizes)}), in order"
+        )
     return Manifest([str(c) for c in clients], sizes)
 
 
@@ -100,9 +107,13 @@ class ServerTaskView(FederatedTask):
     (``score_counts``, for a task scored on one global set). Anything that needs a client's rows raises: on
     silo-local data the clients train and score, the server never does."""
 
-    def __init__(self, manifest: Manifest, build_model: Callable[[], nn.Module],
-                 diagnose: Callable[[list[ClientUpdate]], dict[str, Any] | None] | None = None,
-                 score_counts: Callable[[dict[str, int]], dict[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        build_model: Callable[[], nn.Module],
+        diagnose: Callable[[list[ClientUpdate]], dict[str, Any] | None] | None = None,
+        score_counts: Callable[[dict[str, int]], dict[str, float]] | None = None,
+    ) -> None:
         self.manifest, self._build_model = manifest, build_model
         self._diagnose, self._score_counts = diagnose, score_counts
         self.client_ids = manifest.client_ids

@@ -12,8 +12,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 
-def trivial_scores(gold: Sequence[str], train_counts: Mapping[str, float],
-                   positive: Sequence[str]) -> dict[str, dict[str, float]]:
+def trivial_scores(
+    gold: Sequence[str], train_counts: Mapping[str, float], positive: Sequence[str]
+) -> dict[str, dict[str, float]]:
     """Micro- and macro-F1 over the ``positive`` classes of the two answers that need no model, given the gold
     labels and the training label counts (the prior a model that learned nothing else would know)."""
     gold = np.asarray(gold, dtype=object)
@@ -23,11 +24,18 @@ def trivial_scores(gold: Sequence[str], train_counts: Mapping[str, float],
     gold_positive, size = sum(n.values()), len(gold)
     commonest = max(positive, key=lambda c: prior[c])
     # constant answer: every sentence predicted `commonest` (a positive class), so predicted positives = N
-    constant = {"micro_f1": 2 * n[commonest] / (size + gold_positive),
-                "macro_f1": 2 * n[commonest] / (size + n[commonest]) / len(positive)}
+    constant = {
+        "micro_f1": 2 * n[commonest] / (size + gold_positive),
+        "macro_f1": 2 * n[commonest] / (size + n[commonest]) / len(positive),
+    }
     # stratified random: E[TP_c] = n_c p_c and E[predicted c] = N p_c (ratios of expected counts)
     expected_tp = {c: n[c] * prior[c] for c in positive}
-    stratified = {"micro_f1": 2 * sum(expected_tp.values()) / (size * sum(prior.values()) + gold_positive),
-                  "macro_f1": float(np.mean([2 * expected_tp[c] / (size * prior[c] + n[c]) if size * prior[c] + n[c] else 0.0
-                                             for c in positive]))}
+    stratified = {
+        "micro_f1": 2 * sum(expected_tp.values()) / (size * sum(prior.values()) + gold_positive),
+        "macro_f1": float(
+            np.mean(
+                [2 * expected_tp[c] / (size * prior[c] + n[c]) if size * prior[c] + n[c] else 0.0 for c in positive]
+            )
+        ),
+    }
     return {f"always {commonest}": constant, "stratified random": stratified}

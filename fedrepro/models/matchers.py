@@ -55,8 +55,9 @@ def _left_align(ids: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, to
     return ids.gather(1, order).masked_fill(~mask, 0), mask
 
 
-def split_pair(input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
-               cls_id: int, sep_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_pair(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor, cls_id: int, sep_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(question_ids, question_mask, answer_ids, answer_mask), each left-aligned and padded with 0 / False."""
     real = attention_mask.bool() & (input_ids != sep_id)
     question = real & (token_type_ids == 0) & (input_ids != cls_id)
@@ -64,8 +65,14 @@ def split_pair(input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type
     return (*_left_align(input_ids, question), *_left_align(input_ids, answer))
 
 
-def _align(a: torch.Tensor, b: torch.Tensor, a_mask: torch.Tensor, b_mask: torch.Tensor,
-           a_key: torch.Tensor | None = None, b_key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _align(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_mask: torch.Tensor,
+    b_mask: torch.Tensor,
+    a_key: torch.Tensor | None = None,
+    b_key: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Soft alignment both ways; padding gets the lowest finite energy (-inf would make an empty side NaN) and
     zero weight after the softmax, so an empty side aligns to 0."""
     a_key, b_key = (a if a_key is None else a_key), (b if b_key is None else b_key)
@@ -97,11 +104,14 @@ class _Matcher(nn.Module):
         self.dropout = nn.Dropout(spec.dropout)
         self.head = nn.Linear(spec.hidden, 1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores (batch,) and the matching features (batch, hidden); scoring computes the scores in fp32 (``head_output``)."""
-        q_ids, q_mask, a_ids, a_mask = split_pair(input_ids, attention_mask, token_type_ids,
-                                                  self.spec.cls_id, self.spec.sep_id)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores (batch,) and the matching features (batch, hidden); scoring computes the scores in fp32
+        (``head_output``)."""
+        q_ids, q_mask, a_ids, a_mask = split_pair(
+            input_ids, attention_mask, token_type_ids, self.spec.cls_id, self.spec.sep_id
+        )
         features = self.match(self.dropout(self.embedding(q_ids)), q_mask, self.dropout(self.embedding(a_ids)), a_mask)
         return head_output(self.head, features, self.training).squeeze(-1), features
 
@@ -145,8 +155,9 @@ class _RE2Block(nn.Module):
         self.conv = nn.ModuleList([nn.Conv1d(size_in, hidden, 3, padding=1), nn.Conv1d(hidden, hidden, 3, padding=1)])
         width = size_in + hidden
         self.key = nn.Sequential(nn.Dropout(dropout), nn.Linear(width, hidden), nn.GELU())
-        self.fuse = nn.ModuleList([nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * width, hidden), nn.GELU())
-                                   for _ in range(3)])
+        self.fuse = nn.ModuleList(
+            [nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * width, hidden), nn.GELU()) for _ in range(3)]
+        )
         self.out = nn.Sequential(nn.Dropout(dropout), nn.Linear(3 * hidden, hidden), nn.GELU())
 
     def encode(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -188,5 +199,7 @@ class RE2(_Matcher):
 def build_matcher(name: str, spec: MatcherSpec) -> nn.Module:
     """The matcher a method of ``fedrepro/fedmatch/methods.py`` names (``model="re2"`` or ``"esim"``)."""
     if name not in MATCHERS:
-        raise ConfigError(f"matcher {name!r} (a method's model in fedrepro/fedmatch/methods.py): allowed {list(MATCHERS)}")
+        raise ConfigError(
+            f"matcher {name!r} (a method's model in fedrepro/fedmatch/methods.py): allowed {list(MATCHERS)}"
+        )
     return ESIM(spec) if name == "esim" else RE2(spec)

@@ -151,7 +151,9 @@ def inject_patch(model: nn.Module, spec: PatchSpec) -> nn.Module:
     ``.encoder.layer``); returns ``model``. Raise ConfigError if none is found."""
     if any(is_patch_parameter(name) for name, _ in model.named_parameters()):
         raise ConfigError(f"{type(model).__name__} already holds a patch; inject once")
-    bert = next((m for m in model.modules() if hasattr(m, "embeddings") and hasattr(getattr(m, "encoder", None), "layer")), None)
+    bert = next(
+        (m for m in model.modules() if hasattr(m, "embeddings") and hasattr(getattr(m, "encoder", None), "layer")), None
+    )
     if bert is None:
         raise ConfigError(f"found no BERT encoder (.embeddings and .encoder.layer) in {type(model).__name__}")
     hidden = bert.config.hidden_size
@@ -231,8 +233,10 @@ def patch_effect(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -
         return {}
     features, scores = torch.cat(features), torch.cat(scores, dim=1)
     spread = float(scores[0].std()) if scores.shape[1] > 1 else 0.0
-    return {"feature_change": float(features.mean()),
-            "score_change": float((scores[0] - scores[1]).abs().mean()) / spread if spread > 0 else 0.0}
+    return {
+        "feature_change": float(features.mean()),
+        "score_change": float((scores[0] - scores[1]).abs().mean()) / spread if spread > 0 else 0.0,
+    }
 
 
 def patch_parameter_count(hidden: int, spec: PatchSpec, num_layers: int) -> int:

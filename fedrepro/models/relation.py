@@ -31,9 +31,11 @@ class RelationClassifier(nn.Module):
         self.feature_dim = 2 * encoder.config.hidden_size
         self.classifier = nn.Linear(self.feature_dim, num_classes)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, e1_mask: torch.Tensor,
-                e2_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (batch, C) and relation features (batch, 2d); scoring computes the logits in fp32 (``head_output``)."""
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, e1_mask: torch.Tensor, e2_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (batch, C) and relation features (batch, 2d); scoring computes the logits in fp32
+        (``head_output``)."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         e1 = (hidden * e1_mask.unsqueeze(-1).to(hidden.dtype)).sum(dim=1)
         e2 = (hidden * e2_mask.unsqueeze(-1).to(hidden.dtype)).sum(dim=1)

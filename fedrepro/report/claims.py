@@ -11,8 +11,22 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from fedrepro.report.health import UNSOUND
-from fedrepro.report.statistics import (ALPHA, BOOTSTRAP_SEED, HOLDS, INCONCLUSIVE, MIN_SEEDS, NOT_SIGNIFICANT, NOT_TESTABLE, RESAMPLES,
-                                        REVERSED, VERDICTS, Bootstrap, verdict_from_p, too_few_seeds, worded)
+from fedrepro.report.statistics import (
+    ALPHA,
+    BOOTSTRAP_SEED,
+    HOLDS,
+    INCONCLUSIVE,
+    MIN_SEEDS,
+    NOT_SIGNIFICANT,
+    NOT_TESTABLE,
+    RESAMPLES,
+    REVERSED,
+    VERDICTS,
+    Bootstrap,
+    verdict_from_p,
+    too_few_seeds,
+    worded,
+)
 
 COLUMNS = ["finding (paper)", "measured", "verdict", "test"]
 """The claims table's columns."""
@@ -65,8 +79,10 @@ class Claim:
             if label in UNSOUND:
                 names.setdefault(label, set()).add(name)
         if names:
-            self.inconclusive("rests on " + "; ".join(f"{label}: {', '.join(sorted(names[label]))}"
-                                                     for label in UNSOUND if label in names))
+            self.inconclusive(
+                "rests on "
+                + "; ".join(f"{label}: {', '.join(sorted(names[label]))}" for label in UNSOUND if label in names)
+            )
         return self
 
     def against_reference(self, reference: str, value: float, chance: float, margin: float, metric: str) -> Claim:
@@ -74,8 +90,9 @@ class Claim:
         is less than ``margin`` above its trivial baseline (``chance``) is inconclusive: beating a model that learned
         nothing says nothing of the method."""
         if value - chance < margin:
-            self.inconclusive(f"the reference {reference} is at chance: {metric} {value:.3f} vs {chance:.3f} "
-                              f"(needs {margin:g} above)")
+            self.inconclusive(
+                f"the reference {reference} is at chance: {metric} {value:.3f} vs {chance:.3f} (needs {margin:g} above)"
+            )
         return self
 
 
@@ -103,7 +120,10 @@ def claims_frame(claims: list[Claim]) -> pd.DataFrame:
         verdict, test = claim.verdict, claim.test
         if id(claim) in adjusted:
             p = adjusted[id(claim)]
-            test = f"{test}; p {_p_text(claim.p_value)}, Holm-adjusted over {len(tested)} claims with a p-value: p {_p_text(p)}"
+            test = (
+                f"{test}; p {_p_text(claim.p_value)}, Holm-adjusted over {len(tested)} claims with a p-value: "
+                f"p {_p_text(p)}"
+            )
             verdict = verdict if verdict is not None else verdict_from_p(claim.difference, p)
         if verdict is None:
             raise ValueError(f"claim {claim.finding!r} has neither a verdict nor a p-value")
@@ -114,17 +134,19 @@ def claims_frame(claims: list[Claim]) -> pd.DataFrame:
 def tests_explained(claims: pd.DataFrame) -> str:
     """The sentence every claims table opens with: the unit, the test, the correction and the vocabulary."""
     family = int(claims["test"].str.contains("Holm-adjusted").sum())
-    return (f"The unit of every test is the seed: a contrast is tested by a hierarchical bootstrap ({RESAMPLES} resamples, "
-            f"seed {BOOTSTRAP_SEED}) that draws the seeds with replacement (the same seeds on both sides when they share "
-            "them) and the test items with replacement together for its interval; its two-sided p adds the seeds' "
-            "variance (s^2 / n over n seeds) to what the test items add beyond it and reads Student's t with "
-            "Welch-Satterthwaite degrees of freedom, n - 1 where the seeds dominate, as a paired t-test over seeds would "
-            f"(sign tests over matched cells where the claim is about cells). Holm's correction runs over all "
-            f"{family} of this report's claims with a p-value (those already inconclusive included: they keep their "
-            f"verdict), and a verdict follows the adjusted p at {ALPHA:g} (significant at p <= {ALPHA:g}). Verdicts: "
-            f"**{HOLDS}**; **{REVERSED}** (significant the other way); **{NOT_SIGNIFICANT}**; **{INCONCLUSIVE}** (why: "
-            f"fewer than {MIN_SEEDS} seeds, a diverged or unconverged cell it rests on, no measurable target); "
-            f"**{NOT_TESTABLE}** (why). 'Direction only' marks a verdict the numbers show without a test.")
+    return (
+        f"The unit of every test is the seed: a contrast is tested by a hierarchical bootstrap ({RESAMPLES} resamples, "
+        f"seed {BOOTSTRAP_SEED}) that draws the seeds with replacement (the same seeds on both sides when they share "
+        "them) and the test items with replacement together for its interval; its two-sided p adds the seeds' "
+        "variance (s^2 / n over n seeds) to what the test items add beyond it and reads Student's t with "
+        "Welch-Satterthwaite degrees of freedom, n - 1 where the seeds dominate, as a paired t-test over seeds would "
+        f"(sign tests over matched cells where the claim is about cells). Holm's correction runs over all "
+        f"{family} of this report's claims with a p-value (those already inconclusive included: they keep their "
+        f"verdict), and a verdict follows the adjusted p at {ALPHA:g} (significant at p <= {ALPHA:g}). Verdicts: "
+        f"**{HOLDS}**; **{REVERSED}** (significant the other way); **{NOT_SIGNIFICANT}**; **{INCONCLUSIVE}** (why: "
+        f"fewer than {MIN_SEEDS} seeds, a diverged or unconverged cell it rests on, no measurable target); "
+        f"**{NOT_TESTABLE}** (why). 'Direction only' marks a verdict the numbers show without a test."
+    )
 
 
 def verdict_counts(claims: pd.DataFrame) -> str:

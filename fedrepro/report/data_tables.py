@@ -19,12 +19,15 @@ def render_statistics(source: str, scale: str, stats: dict, partition: dict, min
     clients = []
     for client, info in partition["clients"].items():
         for split in ("train", "valid", "test"):
-            clients.append({
-                "client": client, "split": split,
-                "questions used": info["questions"].get(split, 0),
-                "mined negatives": mined[client]["negatives"].get(split, 0),
-                "evaluation pool": "-" if split == "train" else mined[client]["eval_pool"],
-            })
+            clients.append(
+                {
+                    "client": client,
+                    "split": split,
+                    "questions used": info["questions"].get(split, 0),
+                    "mined negatives": mined[client]["negatives"].get(split, 0),
+                    "evaluation pool": "-" if split == "train" else mined[client]["eval_pool"],
+                }
+            )
     lines = [
         "# Data statistics",
         "",
@@ -39,7 +42,8 @@ def render_statistics(source: str, scale: str, stats: dict, partition: dict, min
         "## QA clients as used (after the caps of this scale)",
         "",
         "Caps on training questions per client (the largest client's cap, the others scaled in proportion): "
-        + ", ".join(f"{client} {cap}" for client, cap in partition["caps"].items()) + ". Training negatives are the mined "
+        + ", ".join(f"{client} {cap}" for client, cap in partition["caps"].items())
+        + ". Training negatives are the mined "
         "(question, gold answer, negative) triples; evaluation negatives are the non-gold candidates.",
         "",
         pd.DataFrame(clients).to_markdown(index=False),

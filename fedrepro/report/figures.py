@@ -30,13 +30,21 @@ def distinct_styles(count: int) -> list[dict]:
     """A colour, marker and line style per line, all different up to 20 lines (matplotlib's default cycle has 10
     colours, so an 11th line repeated the first's colour in one panel)."""
     colours, markers, lines = plt.get_cmap("tab20").colors, "osD^v<>ph*", ["-", "--"]
-    return [{"color": colours[(2 * i) % 20 + (i // 10) % 2], "marker": markers[i % len(markers)],
-             "linestyle": lines[(i // 10) % 2]} for i in range(count)]
+    return [
+        {
+            "color": colours[(2 * i) % 20 + (i // 10) % 2],
+            "marker": markers[i % len(markers)],
+            "linestyle": lines[(i // 10) % 2],
+        }
+        for i in range(count)
+    ]
 
 
-REFERENCE_STYLES = ({"color": "black", "linestyle": "-.", "linewidth": 1.3},
-                    {"color": "dimgray", "linestyle": (0, (6, 2, 1, 2, 1, 2)), "linewidth": 1.6},
-                    {"color": "black", "linestyle": (0, (1, 1)), "linewidth": 1.8})
+REFERENCE_STYLES = (
+    {"color": "black", "linestyle": "-.", "linewidth": 1.3},
+    {"color": "dimgray", "linestyle": (0, (6, 2, 1, 2, 1, 2)), "linewidth": 1.6},
+    {"color": "black", "linestyle": (0, (1, 1)), "linewidth": 1.8},
+)
 """How the levels a model must beat are drawn (trivial baselines, chance): black or grey, dash-dotted or densely
 dotted, so none reads as a method's line (solid or dashed, in colour) or a target (thin grey dots)."""
 
@@ -82,8 +90,13 @@ def convergence_figure(histories: pd.DataFrame, labels: dict[str, str], path: Pa
         curve = frame.groupby("round")["train_loss"].agg(["mean", "std"])
         ax.plot(curve.index, curve["mean"], label=labels.get(method, method), markersize=4, **style)
         if seeds > 1:
-            ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.12,
-                            color=style["color"])
+            ax.fill_between(
+                curve.index,
+                curve["mean"] - curve["std"],
+                curve["mean"] + curve["std"],
+                alpha=0.12,
+                color=style["color"],
+            )
     if len(histories):
         ax.set_xticks(sorted(histories["round"].unique()))
     ax.set(title=f"Training loss per round (mean over clients; {curve_caption(seeds)})", xlabel="round", ylabel="loss")
@@ -91,8 +104,15 @@ def convergence_figure(histories: pd.DataFrame, labels: dict[str, str], path: Pa
     _save(fig, path)
 
 
-def sweep_figure(table: pd.DataFrame, chance: Mapping[str, float], x_label: str, title: str, path: Path,
-                 log2: bool = False, reverse: bool = False) -> None:
+def sweep_figure(
+    table: pd.DataFrame,
+    chance: Mapping[str, float],
+    x_label: str,
+    title: str,
+    path: Path,
+    log2: bool = False,
+    reverse: bool = False,
+) -> None:
     """A figure of Figs 5-7: test MRR of each client (thin) and overall (thick) over the sweep points, with the
     random-ranking level of the same test candidates (the tables' chance row): overall as a reference line, each
     client's dotted in its colour, so a point at or below its own chance shows as such.
@@ -103,8 +123,14 @@ def sweep_figure(table: pd.DataFrame, chance: Mapping[str, float], x_label: str,
     per_client = f"{CHANCE}, per client (dotted, its colour)"
     for client in table.columns:
         thick = client == OVERALL
-        line, = ax.plot(table.index, table[client], marker="o", linewidth=2.5 if thick else 1.2,
-                        color="saddlebrown" if thick else None, label=client)
+        (line,) = ax.plot(
+            table.index,
+            table[client],
+            marker="o",
+            linewidth=2.5 if thick else 1.2,
+            color="saddlebrown" if thick else None,
+            label=client,
+        )
         if not thick:
             ax.axhline(chance[client], color=line.get_color(), linestyle=":", linewidth=0.9, label=per_client)
             per_client = None
@@ -121,8 +147,14 @@ def sweep_figure(table: pd.DataFrame, chance: Mapping[str, float], x_label: str,
     _save(fig, path)
 
 
-def data_ratio_figure(ours: pd.DataFrame, theirs: pd.DataFrame, labels: tuple[str, str], client: str,
-                      chance: Mapping[str, float], path: Path) -> None:
+def data_ratio_figure(
+    ours: pd.DataFrame,
+    theirs: pd.DataFrame,
+    labels: tuple[str, str],
+    client: str,
+    chance: Mapping[str, float],
+    path: Path,
+) -> None:
     """Fig 8: MAP and MRR over the share of training data, FedMatch H+LR against individual BERT, each panel with
     the client's random-ranking level of its metric (``chance``: map and mrr)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
@@ -144,8 +176,9 @@ def partition_heatmap(counts: pd.DataFrame, title: str, path: Path) -> None:
     image = ax.imshow(values, cmap="Blues", aspect="auto", vmin=0)
     top = values.max() if values.size else 0.0
     for (i, j), value in np.ndenumerate(values):
-        ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7,
-                color="white" if value > 0.6 * top else "black")
+        ax.text(
+            j, i, f"{value:.0f}", ha="center", va="center", fontsize=7, color="white" if value > 0.6 * top else "black"
+        )
     ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(table.shape[0]), [str(c) for c in table.index], fontsize=8)
     ax.set(title=title, xlabel="class", ylabel="client")
@@ -153,7 +186,9 @@ def partition_heatmap(counts: pd.DataFrame, title: str, path: Path) -> None:
     _save(fig, path, dpi=120)
 
 
-def _annotated_heatmap(ax, table: pd.DataFrame, cmap: str, fmt: str, title: str, mark: str | None, label: str, fig) -> None:
+def _annotated_heatmap(
+    ax, table: pd.DataFrame, cmap: str, fmt: str, title: str, mark: str | None, label: str, fig
+) -> None:
     """One clients x classes panel with its values written in the cells; ``mark`` = "min" / "max" boxes each
     column's smallest / largest cell (FedCMC's pick of a class's vector, and the class's largest holder)."""
     values = table.to_numpy(dtype=float)
@@ -175,7 +210,9 @@ def _annotated_heatmap(ax, table: pd.DataFrame, cmap: str, fmt: str, title: str,
     fig.colorbar(image, ax=ax, label=label, shrink=0.8)
 
 
-def similarity_figure(first: pd.DataFrame, last: pd.DataFrame, counts: pd.DataFrame, titles: tuple[str, str, str], path: Path) -> None:
+def similarity_figure(
+    first: pd.DataFrame, last: pd.DataFrame, counts: pd.DataFrame, titles: tuple[str, str, str], path: Path
+) -> None:
     """FedCMC Fig 1: each client's local average similarity d_{k,c} (clients x classes) after its local training
     at two rounds, beside the clients' training counts. Red boxes: each class's smallest d (the client FedCMC's
     major rule picks) and each class's largest holder; Observation 3 says they coincide."""
@@ -187,9 +224,15 @@ def similarity_figure(first: pd.DataFrame, last: pd.DataFrame, counts: pd.DataFr
     _save(fig, path, dpi=110)
 
 
-def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float | None = None,
-                     styles: dict[str, dict] | None = None, references: Mapping[str, float] | None = None,
-                     diverged: Iterable[str] = ()) -> None:
+def f1_curves_figure(
+    curves: pd.DataFrame,
+    title: str,
+    path: Path,
+    target: float | None = None,
+    styles: dict[str, dict] | None = None,
+    references: Mapping[str, float] | None = None,
+    diverged: Iterable[str] = (),
+) -> None:
     """FedCMC Fig 3: test micro-F1 (%) of the global model per round, one line per column (index = round), the
     target F1 dotted, the trivial baselines (``references``: label -> micro-F1) as reference lines, and a cross at
     the last point of each curve in ``diverged`` (a cell of it diverged by the health rule, so its end is no result)."""
@@ -197,17 +240,37 @@ def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float
     diverged = set(diverged)
     for column, style in zip(curves.columns, distinct_styles(len(curves.columns))):
         series = curves[column].dropna()
-        line, = ax.plot(series.index, 100 * series.to_numpy(), markersize=3, label=str(column),
-                        **{**style, **(styles or {}).get(column, {})})
+        (line,) = ax.plot(
+            series.index,
+            100 * series.to_numpy(),
+            markersize=3,
+            label=str(column),
+            **{**style, **(styles or {}).get(column, {})},
+        )
         if column in diverged and len(series):
-            ax.plot(series.index[-1], 100 * series.iloc[-1], marker="X", markersize=11, color=line.get_color(),
-                    markeredgecolor="black", linestyle="none")
+            ax.plot(
+                series.index[-1],
+                100 * series.iloc[-1],
+                marker="X",
+                markersize=11,
+                color=line.get_color(),
+                markeredgecolor="black",
+                linestyle="none",
+            )
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
     reference_lines(ax, references or {}, scale=100.0)
     if diverged & set(curves.columns):
-        ax.plot([], [], marker="X", markersize=9, color="white", markeredgecolor="black", linestyle="none",
-                label="X: the curve's cell(s) diverged")
+        ax.plot(
+            [],
+            [],
+            marker="X",
+            markersize=9,
+            color="white",
+            markeredgecolor="black",
+            linestyle="none",
+            label="X: the curve's cell(s) diverged",
+        )
     if len(curves.index):
         ax.set_xticks(list(curves.index))
     ax.set(title=title, xlabel="communication round", ylabel="test micro-F1 (%)")
@@ -215,8 +278,15 @@ def f1_curves_figure(curves: pd.DataFrame, title: str, path: Path, target: float
     _save(fig, path)
 
 
-def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path, seeds: int,
-               references: Mapping[str, float | None] | None = None, marks: Mapping[str, str] | None = None) -> None:
+def bar_figure(
+    table: pd.DataFrame,
+    title: str,
+    ylabel: str,
+    path: Path,
+    seeds: int,
+    references: Mapping[str, float | None] | None = None,
+    marks: Mapping[str, str] | None = None,
+) -> None:
     """FedCMC Fig 4: one bar per row of ``table`` (columns mean, std, in %) over ``seeds`` seeds, with ±1 std whiskers
     only over several (one seed's std is 0, and a zero-length whisker would read as a measured zero spread); the
     trivial rows the bars are read against (``references``, in %, ``reference_lines``) and each bar's health mark after
@@ -234,8 +304,13 @@ def bar_figure(table: pd.DataFrame, title: str, ylabel: str, path: Path, seeds: 
     _save(fig, path)
 
 
-def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str, path: Path,
-                          target: float | None = None, references: Mapping[str, float | None] | None = None) -> None:
+def accuracy_bytes_figure(
+    panels: dict[str, dict[str, pd.DataFrame]],
+    title: str,
+    path: Path,
+    target: float | None = None,
+    references: Mapping[str, float | None] | None = None,
+) -> None:
     """SS-VFNAS: test accuracy (%) of the searched supernets against the megabytes exchanged so far, one panel per
     DP level, one line per method, and in every panel the trivial rows (``references``: label -> accuracy, which
     send nothing). ``panels``: panel title -> method label -> frame with columns bytes, accuracy and, over several
@@ -245,8 +320,14 @@ def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str
         for label, frame in curves.items():
             dashed = label.startswith("SS-")
             megabytes = frame["bytes"] / 1e6
-            line = ax.plot(megabytes, 100 * frame["accuracy"], marker="o", markersize=3, label=label,
-                           linestyle="--" if dashed else "-")
+            line = ax.plot(
+                megabytes,
+                100 * frame["accuracy"],
+                marker="o",
+                markersize=3,
+                label=label,
+                linestyle="--" if dashed else "-",
+            )
             _seed_band(ax, megabytes, frame, line[0].get_color())
         if target is not None:
             ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {100 * target:g}%")
@@ -258,8 +339,14 @@ def accuracy_bytes_figure(panels: dict[str, dict[str, pd.DataFrame]], title: str
     _save(fig, path)
 
 
-def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str, float], curves: dict[str, pd.DataFrame],
-                            title: str, path: Path, references: Mapping[str, float | None] | None = None) -> None:
+def accuracy_epsilon_figure(
+    points: dict[str, pd.DataFrame],
+    unbounded: dict[str, float],
+    curves: dict[str, pd.DataFrame],
+    title: str,
+    path: Path,
+    references: Mapping[str, float | None] | None = None,
+) -> None:
     """SS-VFNAS, two panels. Left: retrained test accuracy (%) against the total epsilon of each DP level with noise,
     one line per method (``points``: label -> frame with columns epsilon, accuracy and, over several seeds,
     accuracy_std: a ±1 std band), each method's no-DP accuracy dotted (``unbounded``). Right: the supernets' test
@@ -274,20 +361,34 @@ def accuracy_epsilon_figure(points: dict[str, pd.DataFrame], unbounded: dict[str
             frame = frame.dropna(subset=["epsilon", "accuracy"])
             if frame.empty:
                 continue
-            line = ax.plot(frame["epsilon"], 100 * frame["accuracy"], marker="o", markersize=3, label=label,
-                           linestyle="--" if label.startswith("SS-") else "-", color=colours.get(label))
+            line = ax.plot(
+                frame["epsilon"],
+                100 * frame["accuracy"],
+                marker="o",
+                markersize=3,
+                label=label,
+                linestyle="--" if label.startswith("SS-") else "-",
+                color=colours.get(label),
+            )
             colours.setdefault(label, line[0].get_color())
             _seed_band(ax, frame["epsilon"], frame, line[0].get_color())
             values += frame["epsilon"].tolist()
         if values and min(values) > 0 and max(values) / min(values) > 10:
             ax.set_xscale("log")
     for label, accuracy in unbounded.items():
-        axes[0].axhline(100 * accuracy, linestyle=":", linewidth=1, color=colours.get(label, "grey"), label=f"{label}, no DP")
+        axes[0].axhline(
+            100 * accuracy, linestyle=":", linewidth=1, color=colours.get(label, "grey"), label=f"{label}, no DP"
+        )
     for ax in axes:
         reference_lines(ax, references or {}, scale=100.0)
-    axes[0].set(title="retrained networks, by DP level", xlabel="epsilon (search + retraining, worst party)",
-                ylabel="test accuracy (%)")
-    axes[1].set(title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)")
+    axes[0].set(
+        title="retrained networks, by DP level",
+        xlabel="epsilon (search + retraining, worst party)",
+        ylabel="test accuracy (%)",
+    )
+    axes[1].set(
+        title="supernets during the search", xlabel="epsilon spent so far (worst party)", ylabel="test accuracy (%)"
+    )
     for ax in axes:
         _at_least_span(ax)
         _legend_beside(ax, fontsize=6)
@@ -304,8 +405,14 @@ def messages_figure(table: pd.DataFrame, title: str, path: Path) -> None:
     for i, column in enumerate(table.columns):
         bars = ax.bar(positions + i * width, table[column].to_numpy(dtype=float), width, label=str(column))
         for bar in bars:
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{bar.get_height():.0f}", ha="center",
-                    va="bottom", fontsize=7)
+            ax.text(
+                bar.get_x() + bar.get_width() / 2,
+                bar.get_height(),
+                f"{bar.get_height():.0f}",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_xticks(positions + width * (len(table.columns) - 1) / 2, [str(i) for i in table.index], fontsize=8)
     ax.set(title=title, ylabel="per collaborative step")
     ax.legend(fontsize=7)

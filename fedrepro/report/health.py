@@ -19,13 +19,14 @@ LEGEND = "† a cell diverged, ~ a cell oscillated, ° a cell had not converged"
 
 
 def mark_of(labels: Iterable[str]) -> str:
-    """† if any of the cells' health labels is diverged, ~ if any oscillated, ° if any is not converged, else nothing."""
+    """† if any of the cells' health labels is diverged, ~ if any oscillated, ° if any is not converged, else
+    nothing."""
     labels = set(labels)
     return next((mark for label, mark in MARKS.items() if label in labels), "")
 
 
 def flagged_cells(cells: pd.DataFrame) -> pd.DataFrame:
-    """Every cell that diverged, oscillated or had not converged, once, with the rule's reason: name, health, why. ``cells`` has a
-    row per (cell, place it is reported in) with name, health and health_why."""
+    """Every cell that diverged, oscillated or had not converged, once, with the rule's reason: name, health, why.
+    ``cells`` has a row per (cell, place it is reported in) with name, health and health_why."""
     flagged = cells[cells["health"].isin(list(MARKS))].drop_duplicates("name")
     return flagged[["name", "health", "health_why"]].rename(columns={"health_why": "why"}).sort_values("name")

@@ -41,8 +41,11 @@ def load_cell(folder: Path) -> tuple[dict, pd.DataFrame]:
 def missed_clients(cell: str, history: list[dict]) -> list[dict]:
     """One row per client a round went on without (a Flower node that did not answer in time, or whose upload
     was refused): the history records it under ``missed``; the engine never misses one."""
-    return [{"cell": cell, "round": record["round"], "client": client, "reason": reason}
-            for record in history for client, reason in sorted((record.get("missed") or {}).items())]
+    return [
+        {"cell": cell, "round": record["round"], "client": client, "reason": reason}
+        for record in history
+        for client, reason in sorted((record.get("missed") or {}).items())
+    ]
 
 
 def missed_clients_section(missed: list[dict]) -> list[str]:
@@ -50,9 +53,15 @@ def missed_clients_section(missed: list[dict]) -> list[str]:
     if not missed:
         return []
     table = pd.DataFrame(missed, columns=["cell", "round", "client", "reason"])
-    return ["## Clients missing from rounds", "",
-            f"{len(table)} client updates never reached the server: those rounds aggregated the other clients' updates "
-            "only, so these cells are not the uninterrupted run.", "", table.to_markdown(index=False), ""]
+    return [
+        "## Clients missing from rounds",
+        "",
+        f"{len(table)} client updates never reached the server: those rounds aggregated the other clients' updates "
+        "only, so these cells are not the uninterrupted run.",
+        "",
+        table.to_markdown(index=False),
+        "",
+    ]
 
 
 def client_level(levels: dict, client: str) -> dict[str, float]:
@@ -61,11 +70,17 @@ def client_level(levels: dict, client: str) -> dict[str, float]:
     return levels["overall"] if client == OVERALL else levels["clients"][client]
 
 
-def summary_table(results: pd.DataFrame, metric: str, rows: list[str], labels: dict[str, str],
-                  chance: dict | None = None, baselines: dict[str, dict] | None = None) -> pd.DataFrame:
-    """Rows x clients (+ overall) of 'mean ± std' over seeds (the mean alone for one seed); ``results`` has columns row, seed, client, metric, value.
-    ``baselines`` (label -> {"clients", "overall"}) add one trivial row each, and with ``chance`` a last row gives the
-    random-ranking level of the same candidates."""
+def summary_table(
+    results: pd.DataFrame,
+    metric: str,
+    rows: list[str],
+    labels: dict[str, str],
+    chance: dict | None = None,
+    baselines: dict[str, dict] | None = None,
+) -> pd.DataFrame:
+    """Rows x clients (+ overall) of 'mean ± std' over seeds (the mean alone for one seed); ``results`` has columns row,
+    seed, client, metric, value. ``baselines`` (label -> {"clients", "overall"}) add one trivial row each, and with
+    ``chance`` a last row gives the random-ranking level of the same candidates."""
     clients = sorted(c for c in set(results["client"]) if c != OVERALL) + [OVERALL]
     table = {}
     for row in rows:

@@ -21,10 +21,16 @@ RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 ALPHA = 0.05
 MIN_SEEDS = 3
-"""a seed-level test needs this many seeds: with fewer, a contrast's numbers are shown but its verdict is inconclusive."""
+"""a seed-level test needs this many seeds: with fewer, a contrast's numbers are shown but its verdict is
+inconclusive."""
 
 HOLDS, REVERSED, NOT_SIGNIFICANT, INCONCLUSIVE, NOT_TESTABLE = (
-    "holds", "reversed", "not significant", "inconclusive", "not testable here")
+    "holds",
+    "reversed",
+    "not significant",
+    "inconclusive",
+    "not testable here",
+)
 VERDICTS = (HOLDS, REVERSED, NOT_SIGNIFICANT, INCONCLUSIVE, NOT_TESTABLE)
 """The one vocabulary of every report's verdicts; each verdict is one of these, maybe followed by ' (why)'."""
 
@@ -49,8 +55,9 @@ def direction_verdict(holds: bool, why: str, seeds: int) -> str:
     at least ``MIN_SEEDS`` seeds; from fewer, inconclusive with the direction seen (one seed's direction is as likely
     another seed's noise)."""
     if seeds < MIN_SEEDS:
-        return worded(INCONCLUSIVE, f"direction {'as claimed' if holds else 'against the claim'}, {why}; "
-                                    f"{too_few_seeds(seeds)}")
+        return worded(
+            INCONCLUSIVE, f"direction {'as claimed' if holds else 'against the claim'}, {why}; {too_few_seeds(seeds)}"
+        )
     return worded(HOLDS if holds else REVERSED, why)
 
 
@@ -70,7 +77,7 @@ def sign_test_pairs_needed(alpha: float = ALPHA) -> int:
     """The fewest untied pairs with which a two-sided exact sign test can reach ``alpha`` (all pairs one way:
     p = 2 / 2^n): 6 at 0.05. Fewer cannot discriminate, so a verdict on them would be the test's floor, not the data."""
     n = 1
-    while 2 / 2 ** n > alpha:
+    while 2 / 2**n > alpha:
         n += 1
     return n
 
@@ -155,8 +162,9 @@ def seed_level_p(point: float, terms: list[tuple[float, np.ndarray, np.ndarray]]
     return float(2 * stats.t.sf(abs(point) / np.sqrt(total), df))
 
 
-def _terms(weights: list[float], resampled: list[np.ndarray], at_seeds: list[np.ndarray],
-           seeds: list[tuple]) -> list[tuple[float, np.ndarray, np.ndarray]]:
+def _terms(
+    weights: list[float], resampled: list[np.ndarray], at_seeds: list[np.ndarray], seeds: list[tuple]
+) -> list[tuple[float, np.ndarray, np.ndarray]]:
     """``seed_level_p``'s terms: one, their weighted sum, when every term has the same seeds (paired by seed)."""
     if len(set(seeds)) == 1:
         paired = sum(w * r for w, r in zip(weights, resampled))
@@ -166,16 +174,26 @@ def _terms(weights: list[float], resampled: list[np.ndarray], at_seeds: list[np.
 
 def _result(point: float, totals: np.ndarray, items: int, seeds: list[tuple], p_value: float) -> Bootstrap:
     low, high = np.percentile(totals, [2.5, 97.5])
-    return Bootstrap(float(point), float(low), float(high), p_value, items, min(len(s) for s in seeds), len(totals),
-                     len(set(seeds)) == 1)
+    return Bootstrap(
+        float(point),
+        float(low),
+        float(high),
+        p_value,
+        items,
+        min(len(s) for s in seeds),
+        len(totals),
+        len(set(seeds)) == 1,
+    )
 
 
-def hierarchical_bootstrap(better: pd.DataFrame, worse: pd.DataFrame, resamples: int = RESAMPLES,
-                           seed: int = BOOTSTRAP_SEED, label: str = "") -> Bootstrap:
+def hierarchical_bootstrap(
+    better: pd.DataFrame, worse: pd.DataFrame, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, label: str = ""
+) -> Bootstrap:
     """Mean per-item metric of ``better`` minus ``worse`` (each a seeds x items frame: one row per seed, one column
     per test item), resampling seeds and the items both sides scored (columns without a missing value) together."""
-    items = [c for c in better.columns.intersection(worse.columns)
-             if better[c].notna().all() and worse[c].notna().all()]
+    items = [
+        c for c in better.columns.intersection(worse.columns) if better[c].notna().all() and worse[c].notna().all()
+    ]
     if not items:
         raise DataError(f"bootstrap {label!r}: the two sides share no scored item")
     rng = np.random.default_rng(derive_seed(seed, label))
@@ -213,8 +231,12 @@ def micro_f1(gold, predicted, positive) -> float:
     return float(_f1(sentence_counts(gold, predicted, positive).sum(axis=0)))
 
 
-def bootstrap_contrast(terms: list[tuple[float, str, Mapping[int, pd.DataFrame]]], positive: dict[str, list[str]],
-                       resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
+def bootstrap_contrast(
+    terms: list[tuple[float, str, Mapping[int, pd.DataFrame]]],
+    positive: dict[str, list[str]],
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Bootstrap:
     """Hierarchical bootstrap of sum_i weight_i * (micro-F1 of term i, averaged over its seeds).
 
     Each term is (weight, test set, {seed: predictions}). Each resample draws the seeds with replacement (one draw
@@ -235,8 +257,12 @@ def bootstrap_contrast(terms: list[tuple[float, str, Mapping[int, pd.DataFrame]]
         weights = _item_weights(rng, len(ids), resamples)
         for weight, frames in members:
             labels = tuple(sorted(frames))
-            counts = [sentence_counts(*frames[s].set_index("sentence_id").loc[ids, ["label", "predicted"]].to_numpy().T,
-                                      positive[group]) for s in labels]
+            counts = [
+                sentence_counts(
+                    *frames[s].set_index("sentence_id").loc[ids, ["label", "predicted"]].to_numpy().T, positive[group]
+                )
+                for s in labels
+            ]
             resampled = (weights @ np.concatenate(counts, axis=1)).reshape(resamples, len(labels), 3)
             per_seed.append(_f1(resampled))
             seeds.append(labels)
@@ -250,7 +276,12 @@ def bootstrap_contrast(terms: list[tuple[float, str, Mapping[int, pd.DataFrame]]
     return _result(point, totals, sentences, seeds, seed_level_p(point, terms, sentences))
 
 
-def bootstrap_difference(better: Mapping[int, pd.DataFrame], worse: Mapping[int, pd.DataFrame], positive: list[str],
-                         resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Bootstrap:
+def bootstrap_difference(
+    better: Mapping[int, pd.DataFrame],
+    worse: Mapping[int, pd.DataFrame],
+    positive: list[str],
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Bootstrap:
     """Micro-F1 of ``better`` minus ``worse`` on one test set ({seed: predictions} each), hierarchical bootstrap."""
     return bootstrap_contrast([(1.0, "test", better), (-1.0, "test", worse)], {"test": positive}, resamples, seed)

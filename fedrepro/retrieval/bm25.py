@@ -34,8 +34,9 @@ class BM25Index:
         raise NotImplementedError
 
 
-def make_index(backend: str = "bm25s", k1: float = 1.5, b: float = 0.75, es_url: str | None = None,
-               es_index: str = "fedrepro") -> BM25Index:
+def make_index(
+    backend: str = "bm25s", k1: float = 1.5, b: float = 0.75, es_url: str | None = None, es_index: str = "fedrepro"
+) -> BM25Index:
     """Pick a backend by its params.yaml name; fail on bad names and missing settings with the key to fix."""
     if backend == "bm25s":
         return _Bm25sIndex(k1, b)
@@ -43,7 +44,9 @@ def make_index(backend: str = "bm25s", k1: float = 1.5, b: float = 0.75, es_url:
         return _RankBm25Index(k1, b)
     if backend == "elasticsearch":
         if not es_url:
-            raise FedreproError("mine.es_url is required when mine.backend='elasticsearch' (e.g. http://localhost:9200)")
+            raise FedreproError(
+                "mine.es_url is required when mine.backend='elasticsearch' (e.g. http://localhost:9200)"
+            )
         return _ElasticsearchIndex(k1, b, es_url, es_index)
     raise FedreproError(f"mine.backend={backend!r} is unknown; allowed: {list(BACKENDS)}")
 
@@ -153,13 +156,18 @@ class _ElasticsearchIndex(BM25Index):
                 "number_of_shards": 1,
                 "number_of_replicas": 0,
                 "similarity": {"fedrepro_bm25": {"type": "BM25", "k1": self.k1, "b": self.b}},
-                "analysis": {"analyzer": {"fedrepro_ws_lower": {
-                    "type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]}}},
+                "analysis": {
+                    "analyzer": {
+                        "fedrepro_ws_lower": {"type": "custom", "tokenizer": "whitespace", "filter": ["lowercase"]}
+                    }
+                },
             },
-            "mappings": {"properties": {
-                "text": {"type": "text", "analyzer": "fedrepro_ws_lower", "similarity": "fedrepro_bm25"},
-                "doc_id": {"type": "keyword"},  # sort key for the deterministic tie-break
-            }},
+            "mappings": {
+                "properties": {
+                    "text": {"type": "text", "analyzer": "fedrepro_ws_lower", "similarity": "fedrepro_bm25"},
+                    "doc_id": {"type": "keyword"},  # sort key for the deterministic tie-break
+                }
+            },
         }
 
     def _call(self, what: str, fn, *args, **kwargs):
@@ -177,7 +185,7 @@ class _ElasticsearchIndex(BM25Index):
         self._call("create the index", self.client.indices.create, index=self.name, **self.body())
         for start in range(0, len(doc_ids), self.BULK_DOCS):
             ops: list[dict[str, Any]] = []
-            for doc_id, text in zip(doc_ids[start:start + self.BULK_DOCS], texts[start:start + self.BULK_DOCS]):
+            for doc_id, text in zip(doc_ids[start : start + self.BULK_DOCS], texts[start : start + self.BULK_DOCS]):
                 ops += [{"index": {"_index": self.name, "_id": doc_id}}, {"doc_id": doc_id, "text": str(text)}]
             resp = self._call("bulk-index documents", self.client.bulk, operations=ops)
             if resp.get("errors"):
@@ -190,10 +198,17 @@ class _ElasticsearchIndex(BM25Index):
         out: list[Hits] = []
         for start in range(0, len(queries), self.MSEARCH_QUERIES):
             searches: list[dict[str, Any]] = []
-            for q in queries[start:start + self.MSEARCH_QUERIES]:
-                searches += [{"index": self.name}, {
-                    "size": k, "query": {"match": {"text": str(q)}}, "track_scores": True, "_source": False,
-                    "sort": [{"_score": "desc"}, {"doc_id": "asc"}]}]
+            for q in queries[start : start + self.MSEARCH_QUERIES]:
+                searches += [
+                    {"index": self.name},
+                    {
+                        "size": k,
+                        "query": {"match": {"text": str(q)}},
+                        "track_scores": True,
+                        "_source": False,
+                        "sort": [{"_score": "desc"}, {"doc_id": "asc"}],
+                    },
+                ]
             resp = self._call("search", self.client.msearch, searches=searches)
             for r in resp["responses"]:
                 if "error" in r:
@@ -202,8 +217,14 @@ class _ElasticsearchIndex(BM25Index):
         return out
 
 
-def top_non_gold(questions: dict[str, str], gold: dict[str, set[str]], answers: pd.DataFrame, k: int,
-                 backend: str = "bm25s", **index_opts) -> pd.DataFrame:
+def top_non_gold(
+    questions: dict[str, str],
+    gold: dict[str, set[str]],
+    answers: pd.DataFrame,
+    k: int,
+    backend: str = "bm25s",
+    **index_opts,
+) -> pd.DataFrame:
     """Top-k BM25 answers per question that are not gold for it: FedMatch's hard negatives / candidates.
 
     Searches k + |gold| deep so k non-gold remain when the pool has enough matching answers (fewer otherwise).
@@ -225,7 +246,9 @@ def top_non_gold(questions: dict[str, str], gold: dict[str, set[str]], answers: 
     return frame.astype({"rank": "int64", "score": "float64"})
 
 
-def score_candidates(candidates: pd.DataFrame, answers: pd.DataFrame, backend: str = "bm25s", **index_opts) -> pd.DataFrame:
+def score_candidates(
+    candidates: pd.DataFrame, answers: pd.DataFrame, backend: str = "bm25s", **index_opts
+) -> pd.DataFrame:
     """``candidates`` (question_id, question, answer_id, ...) with a ``score`` column: each candidate's BM25 score
     for its question over the index of ``answers`` (the pool the candidates were mined from, so the statistics
     are the mining's); 0 for a candidate sharing no term with its question. A BM25-only ranking of the very

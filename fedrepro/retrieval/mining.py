@@ -16,7 +16,9 @@ from fedrepro.seeding import derive_seed
 from fedrepro.tasks.qa import CANDIDATE_COLUMNS, TRIPLE_COLUMNS
 
 
-def _questions_and_gold(pairs: pd.DataFrame, same_text_gold: pd.DataFrame | None) -> tuple[dict[str, str], dict[str, set[str]]]:
+def _questions_and_gold(
+    pairs: pd.DataFrame, same_text_gold: pd.DataFrame | None
+) -> tuple[dict[str, str], dict[str, set[str]]]:
     """Question texts, and per question the answers never to mine as negatives: its gold and its same-text gold."""
     questions = dict(zip(pairs["question_id"], pairs["question"]))
     gold = pairs.groupby("question_id")["answer_id"].agg(set).to_dict()
@@ -27,8 +29,14 @@ def _questions_and_gold(pairs: pd.DataFrame, same_text_gold: pd.DataFrame | None
     return questions, gold
 
 
-def training_triples(pairs: pd.DataFrame, pool: pd.DataFrame, k: int, backend: str,
-                     same_text_gold: pd.DataFrame | None = None, **index_opts) -> pd.DataFrame:
+def training_triples(
+    pairs: pd.DataFrame,
+    pool: pd.DataFrame,
+    k: int,
+    backend: str,
+    same_text_gold: pd.DataFrame | None = None,
+    **index_opts,
+) -> pd.DataFrame:
     """One (question, gold answer, negative) triple per gold answer and each of the top-k non-gold hits."""
     train = pairs[pairs["split"] == "train"]
     if train.empty:
@@ -36,20 +44,30 @@ def training_triples(pairs: pd.DataFrame, pool: pd.DataFrame, k: int, backend: s
     questions, gold = _questions_and_gold(train, same_text_gold)
     hits = top_non_gold(questions, gold, pool, k, backend, **index_opts)
     text = dict(zip(pool["answer_id"], pool["answer"]))
-    merged = train.merge(hits[["question_id", "answer_id", "rank"]].rename(columns={"answer_id": "negative_id"}), on="question_id")
+    merged = train.merge(
+        hits[["question_id", "answer_id", "rank"]].rename(columns={"answer_id": "negative_id"}), on="question_id"
+    )
     merged = merged.sort_values(["question_id", "answer_id", "rank"]).reset_index(drop=True)
-    return pd.DataFrame({
-        "question_id": merged["question_id"],
-        "question": merged["question"],
-        "positive_id": merged["answer_id"],
-        "positive": merged["answer"],
-        "negative_id": merged["negative_id"],
-        "negative": merged["negative_id"].map(text),
-    })
+    return pd.DataFrame(
+        {
+            "question_id": merged["question_id"],
+            "question": merged["question"],
+            "positive_id": merged["answer_id"],
+            "positive": merged["answer"],
+            "negative_id": merged["negative_id"],
+            "negative": merged["negative_id"].map(text),
+        }
+    )
 
 
-def evaluation_candidates(pairs: pd.DataFrame, pool: pd.DataFrame, n: int, backend: str,
-                          same_text_gold: pd.DataFrame | None = None, **index_opts) -> pd.DataFrame:
+def evaluation_candidates(
+    pairs: pd.DataFrame,
+    pool: pd.DataFrame,
+    n: int,
+    backend: str,
+    same_text_gold: pd.DataFrame | None = None,
+    **index_opts,
+) -> pd.DataFrame:
     """Gold answers (relevance 1) plus the top-n non-gold BM25 hits (relevance 0) for every valid/test question."""
     frames = []
     text = dict(zip(pool["answer_id"], pool["answer"]))
@@ -59,17 +77,25 @@ def evaluation_candidates(pairs: pd.DataFrame, pool: pd.DataFrame, n: int, backe
             continue
         questions, gold = _questions_and_gold(rows, same_text_gold)
         hits = top_non_gold(questions, gold, pool, n, backend, **index_opts)
-        golds = rows.assign(relevance=1)[["question_id", "question", "answer_id", "answer", "relevance"]].drop_duplicates(["question_id", "answer_id"])
-        negatives = hits.assign(question=hits["question_id"].map(questions), answer=hits["answer_id"].map(text), relevance=0)
+        golds = rows.assign(relevance=1)[
+            ["question_id", "question", "answer_id", "answer", "relevance"]
+        ].drop_duplicates(["question_id", "answer_id"])
+        negatives = hits.assign(
+            question=hits["question_id"].map(questions), answer=hits["answer_id"].map(text), relevance=0
+        )
         frame = pd.concat([golds, negatives[["question_id", "question", "answer_id", "answer", "relevance"]]])
         frames.append(frame.assign(split=split))
     if not frames:
         return pd.DataFrame(columns=list(CANDIDATE_COLUMNS))
     result = pd.concat(frames)[list(CANDIDATE_COLUMNS)]
-    return result.sort_values(["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)
+    return result.sort_values(
+        ["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]
+    ).reset_index(drop=True)
 
 
-def official_candidates(pairs: pd.DataFrame, pools: pd.DataFrame, same_text_gold: pd.DataFrame | None = None) -> pd.DataFrame:
+def official_candidates(
+    pairs: pd.DataFrame, pools: pd.DataFrame, same_text_gold: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Gold answers plus the collection's own candidate pool (``pools``: question_id, answer_id, answer), e.g.
     InsuranceQA's, for every valid/test question; a pooled answer that is same-text gold is left out."""
     evaluation = pairs[pairs["split"] != "train"]
@@ -79,10 +105,17 @@ def official_candidates(pairs: pd.DataFrame, pools: pd.DataFrame, same_text_gold
     if same_text_gold is not None:
         excluded = pd.MultiIndex.from_frame(same_text_gold[["question_id", "answer_id"]])
         pooled = pooled[~pd.MultiIndex.from_frame(pooled[["question_id", "answer_id"]]).isin(excluded)]
-    frame = pd.concat([golds.assign(relevance=1), pooled.assign(relevance=0)]).drop_duplicates(["question_id", "answer_id"])
-    frame = frame.assign(split=frame["question_id"].map(questions["split"]), question=frame["question_id"].map(questions["question"]))
-    return frame[list(CANDIDATE_COLUMNS)].sort_values(
-        ["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True]).reset_index(drop=True)
+    frame = pd.concat([golds.assign(relevance=1), pooled.assign(relevance=0)]).drop_duplicates(
+        ["question_id", "answer_id"]
+    )
+    frame = frame.assign(
+        split=frame["question_id"].map(questions["split"]), question=frame["question_id"].map(questions["question"])
+    )
+    return (
+        frame[list(CANDIDATE_COLUMNS)]
+        .sort_values(["split", "question_id", "relevance", "answer_id"], ascending=[True, True, False, True])
+        .reset_index(drop=True)
+    )
 
 
 def bm25_ranking(candidates: pd.DataFrame, pool: pd.DataFrame, backend: str, **index_opts) -> pd.DataFrame:

@@ -18,7 +18,8 @@ RULES = {"darts": "DARTS bi-level", "milenas": "MiLeNAS mixed-level"}
 PAIRS = (("ss_vfnas1", "vfnas1"), ("ss_vfnas2", "vfnas2"))
 """(with pre-search, without): the paper's comparisons, one per search rule"""
 ALPHA_MOVED = 0.01
-"""alpha 'moved' when the search lowered the entropy of softmax(alpha) by more than this share of the uniform entropy."""
+"""alpha 'moved' when the search lowered the entropy of softmax(alpha) by more than this share of the uniform
+entropy."""
 
 
 def kept_edges(genotype: dict) -> list[list[tuple[int, str]]]:
@@ -32,8 +33,8 @@ def alpha_moved(frame: pd.DataFrame) -> pd.Series:
 
 def alpha_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
     """Per method: did the search move alpha? The entropy of softmax(alpha) (mean over edges and parties, nats) at the
-    search's start and end beside the uniform value, the largest |alpha - alpha_start|, the cells in which the entropy fell
-    by more than ``ALPHA_MOVED`` of the uniform value, the derived edges on parameter-free ops, and the cells whose
+    search's start and end beside the uniform value, the largest |alpha - alpha_start|, the cells in which the entropy
+    fell by more than ``ALPHA_MOVED`` of the uniform value, the derived edges on parameter-free ops, and the cells whose
     derived genotype is the one their starting alphas alone give."""
     rows = []
     for method in params.ssvfnas.methods:
@@ -42,21 +43,28 @@ def alpha_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
             continue
         drop = sel["alpha_entropy_start"] - sel["alpha_entropy_end"]
         moved = int((drop > ALPHA_MOVED * sel["alpha_entropy_uniform"]).sum())
-        row = {"method": method_label(method), "cells": len(sel),
-               "entropy uniform": f"{sel['alpha_entropy_uniform'].mean():.4f}",
-               "entropy at search start": f"{sel['alpha_entropy_start'].mean():.4f}",
-               "entropy at end": f"{sel['alpha_entropy_end'].mean():.4f}",
-               "α shift, max / mean over cells": f"{sel['alpha_max_shift'].max():.4f} / {sel['alpha_max_shift'].mean():.4f}",
-               "α moved (cells)": f"{moved} of {len(sel)}",
-               "derived edges on parameter-free ops": f"{100 * sel['alpha_parameter_free_edges'].mean():.0f}%",
-               "genotype = the starting α's (cells)": f"{int(sel['alpha_genotype_as_at_start'].sum())} of {len(sel)}"}
+        row = {
+            "method": method_label(method),
+            "cells": len(sel),
+            "entropy uniform": f"{sel['alpha_entropy_uniform'].mean():.4f}",
+            "entropy at search start": f"{sel['alpha_entropy_start'].mean():.4f}",
+            "entropy at end": f"{sel['alpha_entropy_end'].mean():.4f}",
+            "α shift, max / mean over cells": (
+                f"{sel['alpha_max_shift'].max():.4f} / {sel['alpha_max_shift'].mean():.4f}"
+            ),
+            "α moved (cells)": f"{moved} of {len(sel)}",
+            "derived edges on parameter-free ops": f"{100 * sel['alpha_parameter_free_edges'].mean():.0f}%",
+            "genotype = the starting α's (cells)": f"{int(sel['alpha_genotype_as_at_start'].sum())} of {len(sel)}",
+        }
         if METHODS[method][1]:
             row["pre-search α shift (max)"] = f"{sel['alpha_max_shift_presearch'].max():.4f}"
         rows.append(row)
     return pd.DataFrame(rows).fillna("-")
 
 
-def matched_pairs(data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float]]) -> list[tuple[pd.Series, pd.Series]]:
+def matched_pairs(
+    data: SSVFNASResults, ours: str, theirs: str, levels: list[list[float]]
+) -> list[tuple[pd.Series, pd.Series]]:
     """Matched (ours, theirs) cells: the same dataset-K, DP level and seed."""
     out = []
     index = data.cells.set_index("key", drop=False)
@@ -85,18 +93,28 @@ def rule_agreement(data: SSVFNASResults, params: Params) -> list[dict]:
             gaps += (ca - cb).abs().dropna().tolist()
             same += [kept_edges(g) for g in data.genotypes[a.key]] == [kept_edges(g) for g in data.genotypes[b.key]]
         if pairs:
-            out.append({"pair": (one, two), "pairs": len(pairs), "mean_gap": float(np.mean(gaps)), "max_gap": float(np.max(gaps)),
-                        "same_genotypes": same})
+            out.append(
+                {
+                    "pair": (one, two),
+                    "pairs": len(pairs),
+                    "mean_gap": float(np.mean(gaps)),
+                    "max_gap": float(np.max(gaps)),
+                    "same_genotypes": same,
+                }
+            )
     return out
 
 
 def genotype_text(genotype: dict) -> str:
     """node i: op(input), op(input); ... with DARTS's numbering (0, 1 = the cell inputs)."""
-    return "; ".join(f"{i}: " + ", ".join(f"{e['op']}({e['input']})" for e in node) for i, node in enumerate(genotype["nodes"]))
+    return "; ".join(
+        f"{i}: " + ", ".join(f"{e['op']}({e['input']})" for e in node) for i, node in enumerate(genotype["nodes"])
+    )
 
 
 def shown_cells(data: SSVFNASResults, params: Params) -> list[str]:
-    """The cells whose searched genotypes the report draws: every method x dataset-K at the first DP level, first seed."""
+    """The cells whose searched genotypes the report draws: every method x dataset-K at the first DP level, first
+    seed."""
     ss, keys = params.ssvfnas, []
     for point in partition_names(params):
         for method in ss.methods:
@@ -111,7 +129,13 @@ def genotypes_table(data: SSVFNASResults, params: Params) -> pd.DataFrame:
         row = data.cells.set_index("key").loc[key]
         part = data.partitions[row.partition]
         for j, genotype in enumerate(data.genotypes[key]):
-            rows.append({"dataset-K": row.partition, "method": method_label(row.method),
-                         "party": f"party_{j}" + (" (labels)" if j == part["label_party"] else ""),
-                         "space": genotype["kind"], "derived cell (node: op(input), ...)": genotype_text(genotype)})
+            rows.append(
+                {
+                    "dataset-K": row.partition,
+                    "method": method_label(row.method),
+                    "party": f"party_{j}" + (" (labels)" if j == part["label_party"] else ""),
+                    "space": genotype["kind"],
+                    "derived cell (node: op(input), ...)": genotype_text(genotype),
+                }
+            )
     return pd.DataFrame(rows)

@@ -5,8 +5,8 @@ trains the hand-designed network once per (dataset, K, DP level, seed) with the 
 A dataset runs at every K of ``ssvfnas.parties`` its data allows (``fedrepro.data.vertical.vertical_views``): the
 digits in halves at K = 2 and in quarters at K = 4, a FATE set at guest + its hosts. The (dataset, K) pairs it
 does not allow are listed by ``skipped_partitions`` for the report. A label-alone cell trains the label party's own
-network on its own features once per (dataset, K, seed), with no DP level: nothing crosses.  ``retrain_health`` judges a finished cell by the
-shared health rule (``fedrepro.fl.health``).
+network on its own features once per (dataset, K, seed), with no DP level: nothing crosses.  ``retrain_health`` judges a
+finished cell by the shared health rule (``fedrepro.fl.health``).
 """
 
 from __future__ import annotations
@@ -85,8 +85,13 @@ def skipped_partitions(params: Params) -> list[tuple[str, int, list[int]]]:
 
 def _cells(params: Params, methods: list[str]) -> list[Cell]:
     ss = params.ssvfnas
-    return [Cell(method, dataset, k, float(level[0]), float(level[1]), seed)
-            for method in methods for dataset, k, _ in partitions(params) for level in ss.dp_levels for seed in ss.seeds]
+    return [
+        Cell(method, dataset, k, float(level[0]), float(level[1]), seed)
+        for method in methods
+        for dataset, k, _ in partitions(params)
+        for level in ss.dp_levels
+        for seed in ss.seeds
+    ]
 
 
 def table_cells(params: Params) -> list[Cell]:
@@ -102,7 +107,11 @@ def baseline_cells(params: Params) -> list[Cell]:
 
 def label_alone_cells(params: Params) -> list[Cell]:
     """The label party alone: once per (dataset, K) x seed, at no DP level (it sends nothing)."""
-    return [Cell(LABEL_ALONE, dataset, k, 0.0, 0.0, seed) for dataset, k, _ in partitions(params) for seed in params.ssvfnas.seeds]
+    return [
+        Cell(LABEL_ALONE, dataset, k, 0.0, 0.0, seed)
+        for dataset, k, _ in partitions(params)
+        for seed in params.ssvfnas.seeds
+    ]
 
 
 def all_cells(params: Params) -> list[Cell]:

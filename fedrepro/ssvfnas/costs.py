@@ -20,6 +20,7 @@ from torch import nn
 
 from fedrepro.costs import ADAM_MOMENTS, FP32, CellCost, Memory, cap, saved_bytes, weight_flops
 
+
 @dataclass(frozen=True)
 class VerticalSet:
     """One (dataset, K) partition's shape: aligned rows, classes, the label party, and each party's input: (C, H, W)
@@ -41,10 +42,13 @@ def vertical_set(params, dataset: str, k: int, mirror: Path) -> VerticalSet:
     elif (Path(mirror) / "fate_vfl").is_dir():
         data = load_fate(Path(mirror) / "fate_vfl", dataset, params.data.vertical_sets.get(dataset))
     else:
-        raise DataError(f"costs: the FATE set {dataset!r} is not in the mirror {mirror} (fate_vfl/): its sizes are "
-                        "counted there")
-    inputs = [shape if shape is not None else (frame.shape[1] - 1,) for frame, shape in
-              zip(data.parties, data.shapes or [None] * len(data.parties))]
+        raise DataError(
+            f"costs: the FATE set {dataset!r} is not in the mirror {mirror} (fate_vfl/): its sizes are counted there"
+        )
+    inputs = [
+        shape if shape is not None else (frame.shape[1] - 1,)
+        for frame, shape in zip(data.parties, data.shapes or [None] * len(data.parties))
+    ]
     return VerticalSet(len(data.labels), len(np.unique(data.labels)), data.label_party, inputs)
 
 
@@ -68,8 +72,11 @@ class SSVFNASCosts:
     def __init__(self, params, sets: dict[tuple[str, int], VerticalSet], source: str) -> None:
         self.params, self.sets = params, sets
         self._networks: dict[tuple, dict[str, Any]] = {}
-        self.notes = ["vertical sets: " + "; ".join(f"{d} K={k} {s.rows:,} rows" for (d, k), s in sets.items())
-                      + f" ({source}); one sample = one token"]
+        self.notes = [
+            "vertical sets: "
+            + "; ".join(f"{d} K={k} {s.rows:,} rows" for (d, k), s in sets.items())
+            + f" ({source}); one sample = one token"
+        ]
 
     @classmethod
     def from_mirror(cls, params, mirror: Path) -> "SSVFNASCosts":
@@ -98,28 +105,45 @@ class SSVFNASCosts:
             ss, data = self.params.ssvfnas, self.sets[(dataset, k)]
             s, overrides = ss.search, retrain_overrides(self.params)
             parties = []
-            with torch.random.fork_rng():  # small networks, built on the CPU; the caller's random state is left as it was
+            with (
+                torch.random.fork_rng()
+            ):  # small networks, built on the CPU; the caller's random state is left as it was
                 for shape in data.inputs:
                     kind = "conv" if len(shape) == 3 else "mlp"
-                    skeleton = {"in_features": shape[0], "out_dim": s.out_dim, "width": s.width, "cells": s.cells,
-                                "nodes": s.nodes, "stem_multiplier": 1}
+                    skeleton = {
+                        "in_features": shape[0],
+                        "out_dim": s.out_dim,
+                        "width": s.width,
+                        "cells": s.cells,
+                        "nodes": s.nodes,
+                        "stem_multiplier": 1,
+                    }
                     batch = torch.zeros(PROBE_BATCH, *shape)
                     search = supernet(kind, shape[0], s.out_dim, width=s.width, cells=s.cells, nodes=s.nodes)
                     ops = [o for o in (CONV_OPS if kind == "conv" else MLP_OPS) if o != "none"]
                     derived = [build_derived(uniform_genotype(kind, s.nodes, o, skeleton), **overrides) for o in ops]
                     target = reference_parameters(kind, skeleton, overrides)
-                    baseline = hand_designed(kind, shape[0], s.out_dim, depth=ss.retrain.baseline_depth,
-                                             target_params=target)
+                    baseline = hand_designed(
+                        kind, shape[0], s.out_dim, depth=ss.retrain.baseline_depth, target_params=target
+                    )
                     positions = shape[1] * shape[2] if kind == "conv" else 1
-                    parties.append({
-                        "supernet": network(search, batch, positions),
-                        "alphas": sum(p.numel() for p in search.arch_parameters()),
-                        "derived": {"flops": float(np.mean([weight_flops(d, positions) for d in derived])),
-                                    "parameters": target,
-                                    "saved": max(saved_bytes(lambda d=d: d(batch)) for d in derived) // PROBE_BATCH},
-                        "baseline": network(baseline, batch, positions)})
-            self._networks[(dataset, k)] = {"parties": parties, "top": k * s.out_dim * data.classes + data.classes,
-                                            "top_alone": s.out_dim * data.classes + data.classes}
+                    parties.append(
+                        {
+                            "supernet": network(search, batch, positions),
+                            "alphas": sum(p.numel() for p in search.arch_parameters()),
+                            "derived": {
+                                "flops": float(np.mean([weight_flops(d, positions) for d in derived])),
+                                "parameters": target,
+                                "saved": max(saved_bytes(lambda d=d: d(batch)) for d in derived) // PROBE_BATCH,
+                            },
+                            "baseline": network(baseline, batch, positions),
+                        }
+                    )
+            self._networks[(dataset, k)] = {
+                "parties": parties,
+                "top": k * s.out_dim * data.classes + data.classes,
+                "top_alone": s.out_dim * data.classes + data.classes,
+            }
         return self._networks[(dataset, k)]
 
     def __call__(self, cell) -> CellCost:
@@ -156,19 +180,27 @@ class SSVFNASCosts:
             # per party and sample: the query encoder's step (3 forwards), the key encoder's forward, and the logits
             # against the queue ((queue + 1) x projection products, trained); the projection heads are left out
             supernets = sum(p["supernet"]["flops"] for p in parties)
-            train_flops += tokens["moco"] * (4 * supernets + len(parties) * 3 * 2 * (m.queue_size + 1) * m.projection_dim)
+            train_flops += tokens["moco"] * (
+                4 * supernets + len(parties) * 3 * 2 * (m.queue_size + 1) * m.projection_dim
+            )
             extra = sum(p["supernet"]["parameters"] for p in parties) + len(parties) * m.queue_size * m.projection_dim
             saved = max(saved, sum(p["supernet"]["saved"] for p in parties) * moco_batch)
-        # SGD with momentum on the weights (one buffer), Adam on the alphas (two moments); MoCo's key encoders and queues
-        memory = Memory(FP32 * (weights + extra), FP32 * weights, FP32 * (weights - alphas + ADAM_MOMENTS * alphas),
-                        saved, 0)
+        # SGD with momentum on the weights (one buffer), Adam on the alphas (two moments); MoCo's key encoders
+        # and queues
+        memory = Memory(
+            FP32 * (weights + extra), FP32 * weights, FP32 * (weights - alphas + ADAM_MOMENTS * alphas), saved, 0
+        )
         return CellCost(cell.name, cell.name, weights, weights, tokens, scored, train_flops, eval_flops, memory)
 
 
 def network(module: nn.Module, batch: torch.Tensor, positions: int) -> dict[str, float]:
-    """A network's forward FLOPs and saved bytes per sample and its parameters (the bytes from a forward on ``batch``)."""
-    return {"flops": weight_flops(module, positions), "parameters": sum(p.numel() for p in module.parameters()),
-            "saved": saved_bytes(lambda: module(batch)) // len(batch)}
+    """A network's forward FLOPs and saved bytes per sample and its parameters (the bytes from a forward on
+    ``batch``)."""
+    return {
+        "flops": weight_flops(module, positions),
+        "parameters": sum(p.numel() for p in module.parameters()),
+        "saved": saved_bytes(lambda: module(batch)) // len(batch),
+    }
 
 
 def points(steps: int, every: int) -> int:

@@ -29,10 +29,27 @@ from fedrepro.errors import ConfigError
 from fedrepro.io import atomic_dir, read_json, read_table, write_json
 from fedrepro.seeding import derive_seed
 from fedrepro.ssvfnas.cells import Cell
-from fedrepro.ssvfnas.phases import (EVAL_BATCH, HELD_OUT, PartitionData, PartyRunner, baseline_networks, baseline_targets,
-                                     build_supernets, build_top, combine_alpha_summaries, curve_point,
-                                     derived_network, load_party_columns, mechanisms, party_alpha_summary, presearch_party,
-                                     retrain_metrics, run_steps, search_metrics, validation_point)
+from fedrepro.ssvfnas.phases import (
+    EVAL_BATCH,
+    HELD_OUT,
+    PartitionData,
+    PartyRunner,
+    baseline_networks,
+    baseline_targets,
+    build_supernets,
+    build_top,
+    combine_alpha_summaries,
+    curve_point,
+    derived_network,
+    load_party_columns,
+    mechanisms,
+    party_alpha_summary,
+    presearch_party,
+    retrain_metrics,
+    run_steps,
+    search_metrics,
+    validation_point,
+)
 from fedrepro.vfl.nodes import LocalTransport, PartyWorker, VerticalHub, VerticalRecipe, party_directory
 from fedrepro.vfl.protocol import Party, party_name
 from fedrepro.vfl.search import rule_cost
@@ -78,8 +95,9 @@ class CellParty:
             bottom = derived_network(self.params, shape, self.cell.seed, index, genotype)
         if index != shape.label_party:
             return Party(index, features, bottom)
-        labels = torch.tensor(read_table(self.partition / "labels.parquet")["label"].to_numpy(), dtype=torch.long,
-                              device=device)
+        labels = torch.tensor(
+            read_table(self.partition / "labels.parquet")["label"].to_numpy(), dtype=torch.long, device=device
+        )
         return Party(index, features, bottom, labels, build_top(self.params, shape, self.cell.seed, self.phase))
 
 
@@ -106,8 +124,11 @@ class CellTasks:
         if task == "finish":
             genotype = bottom.genotype()
             write_json(Path(directory) / GENOTYPE, genotype)
-            return {"genotype": genotype, "alpha": party_alpha_summary(bottom, *self.alphas[k]),
-                    "parameters": count_parameters(bottom)}
+            return {
+                "genotype": genotype,
+                "alpha": party_alpha_summary(bottom, *self.alphas[k]),
+                "parameters": count_parameters(bottom),
+            }
         if task == "parameters":
             return {"parameters": count_parameters(bottom)}
         raise ValueError(f"{party.name}: unknown task {task!r} (allowed begin, alphas, finish, parameters)")
@@ -124,8 +145,14 @@ class CellTasks:
             state, losses = PRESEARCHED[key]
             party.bottom.load_state_dict(state)
         else:
-            losses = presearch_party(self.params, self.seed, self.dataset, party.index, party.bottom,
-                                     party.features[torch.tensor(rows, dtype=torch.long)])
+            losses = presearch_party(
+                self.params,
+                self.seed,
+                self.dataset,
+                party.index,
+                party.bottom,
+                party.features[torch.tensor(rows, dtype=torch.long)],
+            )
             state = {n: t.detach().clone() for n, t in party.bottom.state_dict().items()}
             PRESEARCHED[key] = (state, losses)
         with atomic_dir(folder) as tmp:
@@ -134,24 +161,51 @@ class CellTasks:
         return losses
 
 
-def cell_recipe(params: Params, cell: Cell, data: PartitionData, partition: Path, phase: str, fingerprint: str,
-                genotypes: Path | None = None) -> VerticalRecipe:
+def cell_recipe(
+    params: Params,
+    cell: Cell,
+    data: PartitionData,
+    partition: Path,
+    phase: str,
+    fingerprint: str,
+    genotypes: Path | None = None,
+) -> VerticalRecipe:
     """What every party needs to rebuild its side of one phase: the settings ``phases.make_protocol`` and
     ``phases.make_search`` give the in-process run."""
     ss = params.ssvfnas
     s, search = ss.search, phase == "search"
     forward, backward = mechanisms(params, cell)
-    sizes = (("train", len(data.splits["train"])), ("val", len(data.splits["valid"]))) if search else (
-        ("train", len(data.training_rows)),)
+    sizes = (
+        (("train", len(data.splits["train"])), ("val", len(data.splits["valid"])))
+        if search
+        else (("train", len(data.training_rows)),)
+    )
     return VerticalRecipe(
-        CellParty(params, cell, Path(partition), phase, genotypes), cell.parties, data.label_party,
-        cell.rule if search else "train", cell.seed if search else derive_seed(cell.seed, "retrain"),
-        f"{fingerprint}-{phase}", threads=ss.threads,
-        optimizers={"lr": s.lr if search else ss.retrain.lr, "momentum": s.momentum, "weight_decay": s.weight_decay,
-                    "arch_lr": s.arch_lr, "arch_weight_decay": s.arch_weight_decay},
-        grad_clip=s.grad_clip, lam=s.milenas_lambda, bundle=ss.fidelity == "paper", second_order=s.second_order,
-        xi=s.lr, forward_mechanism=forward, backward_mechanism=backward, split_sizes=sizes,
-        local=CellTasks(params, cell.seed, data.name), device=params.train.device)
+        CellParty(params, cell, Path(partition), phase, genotypes),
+        cell.parties,
+        data.label_party,
+        cell.rule if search else "train",
+        cell.seed if search else derive_seed(cell.seed, "retrain"),
+        f"{fingerprint}-{phase}",
+        threads=ss.threads,
+        optimizers={
+            "lr": s.lr if search else ss.retrain.lr,
+            "momentum": s.momentum,
+            "weight_decay": s.weight_decay,
+            "arch_lr": s.arch_lr,
+            "arch_weight_decay": s.arch_weight_decay,
+        },
+        grad_clip=s.grad_clip,
+        lam=s.milenas_lambda,
+        bundle=ss.fidelity == "paper",
+        second_order=s.second_order,
+        xi=s.lr,
+        forward_mechanism=forward,
+        backward_mechanism=backward,
+        split_sizes=sizes,
+        local=CellTasks(params, cell.seed, data.name),
+        device=params.train.device,
+    )
 
 
 class HubSteps:
@@ -183,8 +237,13 @@ class HubSteps:
 
 
 def _cost(recipe: VerticalRecipe) -> tuple[int, int]:
-    return rule_cost(recipe.rule, len(recipe.others), second_order=recipe.second_order,
-                     global_norm=recipe.global_norm, bundle=recipe.bundle)
+    return rule_cost(
+        recipe.rule,
+        len(recipe.others),
+        second_order=recipe.second_order,
+        global_norm=recipe.global_norm,
+        bundle=recipe.bundle,
+    )
 
 
 def _every_party(cell: Cell, command: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
@@ -205,15 +264,35 @@ class SearchPhase:
 
     def __call__(self, hub: VerticalHub) -> tuple[dict[str, Any], Any, list[int]]:
         ss, cell, data = self.params.ssvfnas, self.cell, self.data
-        begin = hub.local("begin", _every_party(cell, {"presearch": cell.presearch, "rows": data.training_rows.tolist()}))
+        begin = hub.local(
+            "begin", _every_party(cell, {"presearch": cell.presearch, "rows": data.training_rows.tolist()})
+        )
         losses = {party_name(k): begin[k]["losses"] for k in range(cell.parties)} if cell.presearch else None
         alphas = lambda: [r for _, r in sorted(hub.local("alphas", _every_party(cell)).items())]  # noqa: E731
-        run_steps(HubSteps(hub), data.splits["train"], data.splits["valid"], ss.search.batch_size, ss.search.steps,
-                  ss.search.lr, ss.search.lr_min, ss.search.eval_every, ss.search.checkpoint_every,
-                  self.root / "label", curve_point(hub, data.splits["test"], ss.dp.delta, alphas))
+        run_steps(
+            HubSteps(hub),
+            data.splits["train"],
+            data.splits["valid"],
+            ss.search.batch_size,
+            ss.search.steps,
+            ss.search.lr,
+            ss.search.lr_min,
+            ss.search.eval_every,
+            ss.search.checkpoint_every,
+            self.root / "label",
+            curve_point(hub, data.splits["test"], ss.dp.delta, alphas),
+        )
         finish = [r for _, r in sorted(hub.local("finish", _every_party(cell)).items())]
-        found = search_metrics(self.params, cell, hub, hub.history, self.cost, losses,
-                               combine_alpha_summaries([r["alpha"] for r in finish]), [r["genotype"] for r in finish])
+        found = search_metrics(
+            self.params,
+            cell,
+            hub,
+            hub.history,
+            self.cost,
+            losses,
+            combine_alpha_summaries([r["alpha"] for r in finish]),
+            [r["genotype"] for r in finish],
+        )
         _log_reports(hub, self.root)
         return found, hub.ledger, [r["parameters"] for r in finish]
 
@@ -233,20 +312,50 @@ class RetrainPhase:
 
     def __call__(self, hub: VerticalHub) -> tuple[dict[str, Any], torch.Tensor]:
         ss, data, test = self.params.ssvfnas, self.data, self.data.splits["test"]
-        run_steps(HubSteps(hub), data.training_rows, None, ss.retrain.batch_size, ss.retrain.steps, ss.retrain.lr,
-                  ss.retrain.lr_min, ss.retrain.eval_every, ss.search.checkpoint_every, self.root / "label",
-                  validation_point(hub, data.splits[HELD_OUT]))
+        run_steps(
+            HubSteps(hub),
+            data.training_rows,
+            None,
+            ss.retrain.batch_size,
+            ss.retrain.steps,
+            ss.retrain.lr,
+            ss.retrain.lr_min,
+            ss.retrain.eval_every,
+            ss.search.checkpoint_every,
+            self.root / "label",
+            validation_point(hub, data.splits[HELD_OUT]),
+        )
         result = hub.evaluate(test, batch_size=EVAL_BATCH, split="test", account=False, predictions=True)
         sizes = hub.local("parameters", {k: {} for k in range(data.parties)})
-        parameters = {**self.parameters, "bottom": [sizes[k]["parameters"] for k in range(data.parties)],
-                      "top": count_parameters(hub.party.top)}
+        parameters = {
+            **self.parameters,
+            "bottom": [sizes[k]["parameters"] for k in range(data.parties)],
+            "top": count_parameters(hub.party.top),
+        }
         _log_reports(hub, self.root)
-        return retrain_metrics(self.params, data, self.search_ledger, hub, hub.history, self.cost, hub.party.top,
-                               result, hub.evaluate_label_party_alone(test, EVAL_BATCH), parameters), result["predicted"]
+        return retrain_metrics(
+            self.params,
+            data,
+            self.search_ledger,
+            hub,
+            hub.history,
+            self.cost,
+            hub.party.top,
+            result,
+            hub.evaluate_label_party_alone(test, EVAL_BATCH),
+            parameters,
+        ), result["predicted"]
 
 
-def run_on_parties(params: Params, cell: Cell, data: PartitionData, partition: Path, checkpoints: Path,
-                   fingerprint: str, parties: PartyRunner) -> tuple[dict[str, Any], torch.Tensor]:
+def run_on_parties(
+    params: Params,
+    cell: Cell,
+    data: PartitionData,
+    partition: Path,
+    checkpoints: Path,
+    fingerprint: str,
+    parties: PartyRunner,
+) -> tuple[dict[str, Any], torch.Tensor]:
     """``runs.run_in_process`` with the parties on their own sides; this process is the label party. Each phase keeps
     its checkpoints under ``checkpoints/parties/<phase>`` (the label party's in ``label``, each party's in its own
     directory), so a killed cell resumes to the same outputs; ``fingerprint`` (``runs.run_fingerprint``) names the run
@@ -256,15 +365,17 @@ def run_on_parties(params: Params, cell: Cell, data: PartitionData, partition: P
     search_ledger = None
     if not cell.baseline:
         recipe = cell_recipe(params, cell, data, partition, "search", fingerprint)
-        found, search_ledger, sizes = parties(recipe, SearchPhase(params, cell, data, root / "search", _cost(recipe)),
-                                              root / "search")
+        found, search_ledger, sizes = parties(
+            recipe, SearchPhase(params, cell, data, root / "search", _cost(recipe)), root / "search"
+        )
         measured |= found
         parameters: dict[str, Any] = {"supernet": sizes}
     else:
         parameters = {"baseline_target": baseline_targets(params, data)}
     recipe = cell_recipe(params, cell, data, partition, "retrain", fingerprint, root / "search")
-    trained, predicted = parties(recipe, RetrainPhase(params, data, search_ledger, root / "retrain", _cost(recipe),
-                                                      parameters), root / "retrain")
+    trained, predicted = parties(
+        recipe, RetrainPhase(params, data, search_ledger, root / "retrain", _cost(recipe), parameters), root / "retrain"
+    )
     return measured | trained, predicted
 
 
@@ -278,8 +389,9 @@ def local_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], Any], r
     """A ``PartyRunner`` in this process: each party a ``PartyWorker`` with its own directory, over
     ``LocalTransport`` (the node protocol without a network)."""
     workers = {j: PartyWorker(recipe, recipe.build_party(j), party_directory(root, j)) for j in recipe.others}
-    hub = VerticalHub(recipe, recipe.build_party(recipe.label), LocalTransport(workers),
-                      party_directory(root, recipe.label))
+    hub = VerticalHub(
+        recipe, recipe.build_party(recipe.label), LocalTransport(workers), party_directory(root, recipe.label)
+    )
     result = drive(hub)
     hub.save_parties()
     return result
@@ -288,14 +400,21 @@ def local_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], Any], r
 def flower_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], Any], root: Path) -> Any:
     """A ``PartyRunner`` on Flower's simulation: the label party in the ServerApp, every other party a node."""
     from fedrepro.fl.flower.vertical import VerticalSimulation
+
     return VerticalSimulation(recipe, root, drive).run()[1]
 
 
-def deployment_parties(recipe: VerticalRecipe, drive: Callable[[VerticalHub], Any], root: Path,
-                       timeout: float = 86400, reply_timeout: float | None = None) -> Any:
+def deployment_parties(
+    recipe: VerticalRecipe,
+    drive: Callable[[VerticalHub], Any],
+    root: Path,
+    timeout: float = 86400,
+    reply_timeout: float | None = None,
+) -> Any:
     """A ``PartyRunner`` on a real Flower deployment on this machine: the label party in the ServerApp, every other
     party a SuperNode with its own service process (``fedrepro.fl.flower.vertical_deployment``)."""
     from fedrepro.fl.flower.vertical_deployment import VerticalDeployment
+
     return VerticalDeployment(recipe, root, drive, timeout, reply_timeout).run()
 
 
@@ -306,5 +425,6 @@ def runtime_parties(train: Any) -> PartyRunner:
         return flower_parties
     if train.runtime == "flower-deployment":
         return functools.partial(deployment_parties, timeout=train.run_timeout, reply_timeout=train.reply_timeout)
-    raise ConfigError(f"train.runtime = {train.runtime!r}: the parties on their own sides need flower-simulation or "
-                      "flower-deployment")
+    raise ConfigError(
+        f"train.runtime = {train.runtime!r}: the parties on their own sides need flower-simulation or flower-deployment"
+    )

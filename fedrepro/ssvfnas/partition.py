@@ -30,8 +30,10 @@ from fedrepro.io import read_json, read_table, write_json, write_table
 from fedrepro.seeding import derive_seed
 
 SPLITS = ("train", "valid", "test")
-ALIGNMENT = ("plain intersection of the sample ids every party holds (not a private set intersection: each party "
-             "would see the others' ids)")
+ALIGNMENT = (
+    "plain intersection of the sample ids every party holds (not a private set intersection: each party "
+    "would see the others' ids)"
+)
 
 
 def align(frames: list[pd.DataFrame], labels: pd.DataFrame) -> tuple[list[pd.DataFrame], pd.DataFrame, list[int]]:
@@ -39,7 +41,10 @@ def align(frames: list[pd.DataFrame], labels: pd.DataFrame) -> tuple[list[pd.Dat
     the aligned labels and, per party, how many of its ids were dropped."""
     for k, frame in enumerate(frames):
         if frame["sample_id"].duplicated().any():
-            raise DataError(f"party {k}: duplicate sample ids, e.g. {frame.loc[frame['sample_id'].duplicated(), 'sample_id'].iloc[0]}")
+            raise DataError(
+                f"party {k}: duplicate sample ids, e.g. "
+                f"{frame.loc[frame['sample_id'].duplicated(), 'sample_id'].iloc[0]}"
+            )
     common = set(labels["sample_id"])
     for frame in frames:
         common &= set(frame["sample_id"])
@@ -63,12 +68,18 @@ def stratified_cap(labels: np.ndarray, max_samples: int, seed: int, name: str) -
     if max_samples == 0 or max_samples >= n:
         return np.arange(n)
     rng = np.random.default_rng(derive_seed(seed, "ssvfnas-cap", name))
-    keep = [rows[:max(1, round(len(rows) * max_samples / n))] for rows in _per_class(labels, rng)]
+    keep = [rows[: max(1, round(len(rows) * max_samples / n))] for rows in _per_class(labels, rng)]
     return np.sort(np.concatenate(keep))
 
 
-def stratified_splits(labels: np.ndarray, test_fraction: float, valid_fraction: float, seed: int, name: str,
-                      check: tuple[str, ...] = SPLITS) -> np.ndarray:
+def stratified_splits(
+    labels: np.ndarray,
+    test_fraction: float,
+    valid_fraction: float,
+    seed: int,
+    name: str,
+    check: tuple[str, ...] = SPLITS,
+) -> np.ndarray:
     """The split of each row: per class, round(test_fraction x n_c) rows to test, then round(valid_fraction x the
     rest) to valid, the remainder to train; seeded by (seed, name). The splits in ``check`` must not be empty."""
     rng = np.random.default_rng(derive_seed(seed, "ssvfnas-split", name))
@@ -77,16 +88,24 @@ def stratified_splits(labels: np.ndarray, test_fraction: float, valid_fraction: 
         n_test = int(round(len(rows) * test_fraction))
         n_valid = int(round((len(rows) - n_test) * valid_fraction))
         split[rows[:n_test]] = "test"
-        split[rows[n_test:n_test + n_valid]] = "valid"
-        split[rows[n_test + n_valid:]] = "train"
+        split[rows[n_test : n_test + n_valid]] = "valid"
+        split[rows[n_test + n_valid :]] = "train"
     for name_ in check:
         if not (split == name_).any():
             raise DataError(f"{name}: the {name_} split is empty ({len(labels)} rows); change ssvfnas.split")
     return split
 
 
-def grouped_cap_and_splits(labels: np.ndarray, groups: np.ndarray | None, release: np.ndarray | None, max_samples: int,
-                           test_fraction: float, valid_fraction: float, seed: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+def grouped_cap_and_splits(
+    labels: np.ndarray,
+    groups: np.ndarray | None,
+    release: np.ndarray | None,
+    max_samples: int,
+    test_fraction: float,
+    valid_fraction: float,
+    seed: int,
+    name: str,
+) -> tuple[np.ndarray, np.ndarray]:
     """(kept row positions, split of each kept row). Without groups or a release split this is ``stratified_cap``
     then ``stratified_splits`` on rows. With ``groups`` both act on whole groups (a group's label is its first
     row's); with ``release`` the publisher's test rows are the test split and train/valid are drawn from the rest."""
@@ -109,10 +128,13 @@ def grouped_cap_and_splits(labels: np.ndarray, groups: np.ndarray | None, releas
         kept_test = kept_units[unit_release[kept_units] == "test"]
         kept_train = kept_units[unit_release[kept_units] != "test"]
         unit_split[kept_test] = "test"
-        unit_split[kept_train] = stratified_splits(unit_labels[kept_train], 0.0, valid_fraction, seed, name,
-                                                   check=("train", "valid"))
+        unit_split[kept_train] = stratified_splits(
+            unit_labels[kept_train], 0.0, valid_fraction, seed, name, check=("train", "valid")
+        )
         if not len(kept_test):
-            raise DataError(f"{name}: the publisher's test split is empty after the cap; raise ssvfnas.split.max_samples")
+            raise DataError(
+                f"{name}: the publisher's test split is empty after the cap; raise ssvfnas.split.max_samples"
+            )
     keep = np.flatnonzero(np.isin(of_row, kept_units))
     return keep, unit_split[of_row[keep]]
 
@@ -126,12 +148,15 @@ def scale(features: np.ndarray, training: np.ndarray, image: bool) -> tuple[np.n
     mean, std = fit.mean(axis=0), fit.std(axis=0)
     constant = int((std == 0).sum())
     std = np.where(std == 0, 1.0, std)
-    return ((features - mean) / std).astype(np.float32), ("z-score per column on the training rows"
-                                                          + (f" ({constant} constant column(s) centred only)" if constant else ""))
+    return ((features - mean) / std).astype(np.float32), (
+        "z-score per column on the training rows"
+        + (f" ({constant} constant column(s) centred only)" if constant else "")
+    )
 
 
-def build_partition(prepared: Path, dataset: str, parties: int, test_fraction: float, valid_fraction: float,
-                    max_samples: int, seed: int) -> tuple[list[pd.DataFrame], pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+def build_partition(
+    prepared: Path, dataset: str, parties: int, test_fraction: float, valid_fraction: float, max_samples: int, seed: int
+) -> tuple[list[pd.DataFrame], pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """(party tables, labels, splits, summary) of one (dataset, K) from its prepared vertical folder."""
     prepared = Path(prepared)
     meta = read_json(prepared / "meta.json")
@@ -146,7 +171,9 @@ def build_partition(prepared: Path, dataset: str, parties: int, test_fraction: f
     groups = labels["group"].to_numpy() if "group" in labels else None
     release = labels["release_split"].to_numpy() if "release_split" in labels else None
     # seeded by the dataset: every K of it gets the same rows and the same splits
-    keep, split = grouped_cap_and_splits(coded, groups, release, max_samples, test_fraction, valid_fraction, seed, dataset)
+    keep, split = grouped_cap_and_splits(
+        coded, groups, release, max_samples, test_fraction, valid_fraction, seed, dataset
+    )
     frames = [f.iloc[keep].reset_index(drop=True) for f in frames]
     ids, coded = frames[0]["sample_id"].to_numpy(), coded[keep]
     training = split != "test"
@@ -164,25 +191,42 @@ def build_partition(prepared: Path, dataset: str, parties: int, test_fraction: f
     split_table = pd.DataFrame({"sample_id": ids, "split": split.astype(str)})
     prepared_alignment = meta.get("alignment", {})
     summary = {
-        "name": name, "dataset": dataset, "parties": parties, "prepared": prepared.name, "seed": seed,
-        "label_party": int(meta["label_party"]), "task": "classification", "classes": len(codes),
+        "name": name,
+        "dataset": dataset,
+        "parties": parties,
+        "prepared": prepared.name,
+        "seed": seed,
+        "label_party": int(meta["label_party"]),
+        "task": "classification",
+        "classes": len(codes),
         "label_values": [v.item() if hasattr(v, "item") else v for v in codes],
-        "shapes": shapes, "kinds": ["conv" if s is not None else "mlp" for s in shapes], "features": features,
+        "shapes": shapes,
+        "kinds": ["conv" if s is not None else "mlp" for s in shapes],
+        "features": features,
         "scaling": scaling,
-        "alignment": {"method": ALIGNMENT,
-                      "prepare": {"rows": prepared_alignment.get("rows"), "dropped_per_party": prepared_alignment.get("dropped_per_party")},
-                      "partition": {"rows": len(labels), "dropped_per_party": dropped}},
+        "alignment": {
+            "method": ALIGNMENT,
+            "prepare": {
+                "rows": prepared_alignment.get("rows"),
+                "dropped_per_party": prepared_alignment.get("dropped_per_party"),
+            },
+            "partition": {"rows": len(labels), "dropped_per_party": dropped},
+        },
         "cap": {"max_samples": max_samples, "rows_kept": len(ids)},
         "splits": {s: int((split == s).sum()) for s in SPLITS},
         "label_counts": {s: np.bincount(coded[split == s], minlength=len(codes)).tolist() for s in SPLITS},
-        "fractions": {"test": "the publisher's test split" if release is not None else test_fraction,
-                      "valid_of_training": valid_fraction},
+        "fractions": {
+            "test": "the publisher's test split" if release is not None else test_fraction,
+            "valid_of_training": valid_fraction,
+        },
         **({"grouped_by": "group (no group is in two splits)"} if groups is not None else {}),
     }
     return tables, label_table, split_table, summary
 
 
-def write_partition(folder: Path, tables: list[pd.DataFrame], labels: pd.DataFrame, splits: pd.DataFrame, summary: dict) -> None:
+def write_partition(
+    folder: Path, tables: list[pd.DataFrame], labels: pd.DataFrame, splits: pd.DataFrame, summary: dict
+) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for k, table in enumerate(tables):

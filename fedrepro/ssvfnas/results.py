@@ -46,10 +46,26 @@ class SSVFNASResults:
     """one row per label-party-alone cell that has run: key, partition, seed, accuracy, valid_accuracy, health."""
 
 
-CURVE_COLUMNS = ["key", "step", "messages", "bytes", "test_accuracy", "epsilon", "epsilon_amplified", "alpha_entropy",
-                 "alpha_shift"]
-ALPHA_FIELDS = ("entropy_uniform", "entropy_start", "entropy_end", "max_shift", "max_shift_presearch", "parameter_free_edges",
-                "genotype_as_at_start")
+CURVE_COLUMNS = [
+    "key",
+    "step",
+    "messages",
+    "bytes",
+    "test_accuracy",
+    "epsilon",
+    "epsilon_amplified",
+    "alpha_entropy",
+    "alpha_shift",
+]
+ALPHA_FIELDS = (
+    "entropy_uniform",
+    "entropy_start",
+    "entropy_end",
+    "max_shift",
+    "max_shift_presearch",
+    "parameter_free_edges",
+    "genotype_as_at_start",
+)
 
 
 def _alpha_fields(alpha: dict | None, folder: Path, cell: Cell) -> dict:
@@ -57,40 +73,57 @@ def _alpha_fields(alpha: dict | None, folder: Path, cell: Cell) -> dict:
     if cell.baseline:
         return {f"alpha_{f}": float("nan") for f in ALPHA_FIELDS}
     if alpha is None:
-        raise DataError(f"{folder}/metrics.json has no search.alpha (written by older code): rerun `dvc repro ssvfnas_table`")
+        raise DataError(
+            f"{folder}/metrics.json has no search.alpha (written by older code): rerun `dvc repro ssvfnas_table`"
+        )
     return {f"alpha_{f}": float(alpha[f]) for f in ALPHA_FIELDS}
 
 
 def _amplified_fields(metrics: dict, search: dict, folder: Path) -> dict:
     """The paper's Poisson-amplified epsilon beside the headline (no amplification)."""
     if "epsilon_total_amplified_max" not in metrics:
-        raise DataError(f"{folder}/metrics.json has no epsilon_total_amplified_max (written by older code, whose epsilon was "
-                        "the amplified one): rerun `dvc repro ssvfnas_table`")
-    return {"epsilon_search_amplified": _num(search.get("epsilon_amplified_max")) if search else 0.0,
-            "epsilon_total_amplified": _num(metrics["epsilon_total_amplified_max"])}
+        raise DataError(
+            f"{folder}/metrics.json has no epsilon_total_amplified_max (written by older code, whose epsilon was "
+            "the amplified one): rerun `dvc repro ssvfnas_table`"
+        )
+    return {
+        "epsilon_search_amplified": _num(search.get("epsilon_amplified_max")) if search else 0.0,
+        "epsilon_total_amplified": _num(metrics["epsilon_total_amplified_max"]),
+    }
 
 
 def _reliance_fields(metrics: dict, folder: Path, cell: Cell) -> dict:
-    """The label party's accuracy alone (other embeddings zeroed) and the top network's weight share on the other parties."""
+    """The label party's accuracy alone (other embeddings zeroed) and the top network's weight share on the other
+    parties."""
     norms = metrics["retrain"].get("top_weight_norms")
     if norms is None or "accuracy_label_party_only" not in metrics["test"]:
-        raise DataError(f"{folder}/metrics.json has no test.accuracy_label_party_only / retrain.top_weight_norms (written by "
-                        "older code): rerun `dvc repro ssvfnas_table`")
+        raise DataError(
+            f"{folder}/metrics.json has no test.accuracy_label_party_only / retrain.top_weight_norms (written by "
+            "older code): rerun `dvc repro ssvfnas_table`"
+        )
     label = f"party_{metrics['label_party']}"
     others = sum(v for k, v in norms.items() if k != label)
-    return {"label_only_accuracy": float(metrics["test"]["accuracy_label_party_only"]),
-            "top_share_others": others / max(others + norms[label], 1e-12)}
+    return {
+        "label_only_accuracy": float(metrics["test"]["accuracy_label_party_only"]),
+        "top_share_others": others / max(others + norms[label], 1e-12),
+    }
 
 
 def _validation_fields(retrain: dict, folder: Path) -> dict:
     """The retraining's last held-out accuracy and the cell's health by the shared rule, from its validation curve."""
     curve = retrain.get("curve")
     if not curve:
-        raise DataError(f"{folder}/metrics.json has no retrain.curve (written by older code, which validated nothing): rerun "
-                        "`dvc repro ssvfnas_table`")
+        raise DataError(
+            f"{folder}/metrics.json has no retrain.curve (written by older code, which validated nothing): rerun "
+            "`dvc repro ssvfnas_table`"
+        )
     health = retrain_health(curve)
-    return {"valid_accuracy": float(curve[-1]["valid_accuracy"]), "held_out_samples": int(retrain["held_out_samples"]),
-            "health": health.label, "health_why": health.why}
+    return {
+        "valid_accuracy": float(curve[-1]["valid_accuracy"]),
+        "held_out_samples": int(retrain["held_out_samples"]),
+        "health": health.label,
+        "health_why": health.why,
+    }
 
 
 def grid(params: Params) -> list[Cell]:
@@ -114,10 +147,14 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
     """Read every cell and partition the params ask for; a missing one is a DataError naming it and its stage."""
     root = Path(root)
     cells = grid(params)
-    missing = [c for c in cells if not all((cell_folder(root, c) / f).exists() for f in ("metrics.json", "predictions.csv"))]
+    missing = [
+        c for c in cells if not all((cell_folder(root, c) / f).exists() for f in ("metrics.json", "predictions.csv"))
+    ]
     if missing:
-        raise DataError(f"{cell_folder(root, missing[0])} is missing ({len(missing)} of {len(cells)} SS-VFNAS cells are): "
-                        "run `dvc repro ssvfnas_table`")
+        raise DataError(
+            f"{cell_folder(root, missing[0])} is missing ({len(missing)} of {len(cells)} SS-VFNAS cells are): "
+            "run `dvc repro ssvfnas_table`"
+        )
     summary_path = root / "partitions" / "summary.json"
     if not summary_path.exists():
         raise DataError(f"{summary_path} is missing: run `dvc repro ssvfnas_partition`")
@@ -132,48 +169,81 @@ def load_ssvfnas(root: Path, params: Params) -> SSVFNASResults:
         folder = cell_folder(root, cell)
         metrics = read_json(folder / "metrics.json")
         if metrics.get("cell", {}).get("name") != cell.name:
-            raise DataError(f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
-                            "rerun `dvc repro ssvfnas_table`")
+            raise DataError(
+                f"{folder}/metrics.json is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
+                "rerun `dvc repro ssvfnas_table`"
+            )
         frame = pd.read_csv(folder / "predictions.csv").sort_values("sample_id", kind="stable").reset_index(drop=True)
         accuracy = float((frame["label"] == frame["predicted"]).mean())
         if abs(accuracy - metrics["test"]["accuracy"]) > 1e-6:
-            raise DataError(f"{folder}: predictions.csv gives accuracy {accuracy:.6f}, metrics.json {metrics['test']['accuracy']:.6f}; "
-                            "rerun `dvc repro ssvfnas_table`")
+            raise DataError(
+                f"{folder}: predictions.csv gives accuracy {accuracy:.6f}, metrics.json "
+                f"{metrics['test']['accuracy']:.6f}; "
+                "rerun `dvc repro ssvfnas_table`"
+            )
         search, retrain = metrics.get("search") or {}, metrics["retrain"]
         if not cell.baseline and search.get("steps") != params.ssvfnas.search.steps:
-            raise DataError(f"{folder}/metrics.json has {search.get('steps')} search steps, params ssvfnas.search.steps = "
-                            f"{params.ssvfnas.search.steps}: rerun `dvc repro ssvfnas_table`")
+            raise DataError(
+                f"{folder}/metrics.json has {search.get('steps')} search steps, params ssvfnas.search.steps = "
+                f"{params.ssvfnas.search.steps}: rerun `dvc repro ssvfnas_table`"
+            )
         key = cell.name
         predictions[key], folders[key] = frame, folder
         genotypes[key] = metrics.get("genotypes") or []
         presearch = metrics.get("presearch") or {}
         losses = presearch.get("loss", {})
-        rows.append({
-            "key": key, **{f: getattr(cell, f) for f in CELL_FIELDS},
-            "accuracy": metrics["test"]["accuracy"], "test_samples": metrics["test"]["samples"],
-            "search_accuracy": _num(search.get("test_accuracy")),
-            "steps": search.get("steps", 0), "messages": search.get("messages", 0), "bytes": search.get("bytes", 0),
-            "exchanges": search.get("exchanges", 0), "messages_per_step": search.get("messages_per_step", 0),
-            "exchanges_per_step": search.get("exchanges_per_step", 0), "bytes_per_step": search.get("bytes_per_step", 0),
-            "retrain_steps": retrain["steps"], "retrain_messages": retrain["messages"], "retrain_bytes": retrain["bytes"],
-            "epsilon_search": _num(search.get("epsilon_max")) if search else 0.0,
-            "epsilon_total": _num(metrics["epsilon_total_max"]), "epsilon_status": metrics["epsilon_status"],
-            **_amplified_fields(metrics, search, folder),
-            "params_bottom": sum(metrics["parameters"]["bottom"]), "params_top": metrics["parameters"]["top"],
-            "params_supernet": sum(metrics["parameters"].get("supernet", [])),
-            "params_target": sum(metrics["parameters"].get("baseline_target", [])),
-            "presearch_loss_first": float(np.mean([v["first"] for v in losses.values()])) if losses else float("nan"),
-            "presearch_loss_last": float(np.mean([v["last"] for v in losses.values()])) if losses else float("nan"),
-            "retrain_loss_first": _num(retrain["loss_train"]["first"]), "retrain_loss_last": _num(retrain["loss_train"]["last"]),
-            **_alpha_fields(search.get("alpha"), folder, cell),
-            **_reliance_fields(metrics, folder, cell),
-            **_validation_fields(retrain, folder),
-        })
+        rows.append(
+            {
+                "key": key,
+                **{f: getattr(cell, f) for f in CELL_FIELDS},
+                "accuracy": metrics["test"]["accuracy"],
+                "test_samples": metrics["test"]["samples"],
+                "search_accuracy": _num(search.get("test_accuracy")),
+                "steps": search.get("steps", 0),
+                "messages": search.get("messages", 0),
+                "bytes": search.get("bytes", 0),
+                "exchanges": search.get("exchanges", 0),
+                "messages_per_step": search.get("messages_per_step", 0),
+                "exchanges_per_step": search.get("exchanges_per_step", 0),
+                "bytes_per_step": search.get("bytes_per_step", 0),
+                "retrain_steps": retrain["steps"],
+                "retrain_messages": retrain["messages"],
+                "retrain_bytes": retrain["bytes"],
+                "epsilon_search": _num(search.get("epsilon_max")) if search else 0.0,
+                "epsilon_total": _num(metrics["epsilon_total_max"]),
+                "epsilon_status": metrics["epsilon_status"],
+                **_amplified_fields(metrics, search, folder),
+                "params_bottom": sum(metrics["parameters"]["bottom"]),
+                "params_top": metrics["parameters"]["top"],
+                "params_supernet": sum(metrics["parameters"].get("supernet", [])),
+                "params_target": sum(metrics["parameters"].get("baseline_target", [])),
+                "presearch_loss_first": float(np.mean([v["first"] for v in losses.values()]))
+                if losses
+                else float("nan"),
+                "presearch_loss_last": float(np.mean([v["last"] for v in losses.values()])) if losses else float("nan"),
+                "retrain_loss_first": _num(retrain["loss_train"]["first"]),
+                "retrain_loss_last": _num(retrain["loss_train"]["last"]),
+                **_alpha_fields(search.get("alpha"), folder, cell),
+                **_reliance_fields(metrics, folder, cell),
+                **_validation_fields(retrain, folder),
+            }
+        )
         for point in search.get("curve", []):
-            curves.append({"key": key, **{f: _num(point[f]) if f.startswith("epsilon") else point[f] for f in CURVE_COLUMNS[1:]}})
+            curves.append(
+                {"key": key, **{f: _num(point[f]) if f.startswith("epsilon") else point[f] for f in CURVE_COLUMNS[1:]}}
+            )
     curve_frame = pd.DataFrame(curves, columns=CURVE_COLUMNS)
-    return SSVFNASResults(pd.DataFrame(rows), curve_frame, predictions, genotypes, folders, parts, overall.get("skipped", []),
-                          majority_levels(root / "partitions", params), load_label_alone(root, params))
+    return SSVFNASResults(
+        pd.DataFrame(rows),
+        curve_frame,
+        predictions,
+        genotypes,
+        folders,
+        parts,
+        overall.get("skipped", []),
+        majority_levels(root / "partitions", params),
+        load_label_alone(root, params),
+    )
 
 
 def majority_levels(partitions_dir: Path, params: Params) -> dict[str, float]:
@@ -197,11 +267,25 @@ def load_label_alone(root: Path, params: Params) -> pd.DataFrame:
             continue
         metrics = read_json(path)
         if metrics.get("cell", {}).get("name") != cell.name:
-            raise DataError(f"{path} is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: rerun `dvc repro ssvfnas_table`")
+            raise DataError(
+                f"{path} is of cell {metrics.get('cell', {}).get('name')!r}, not {cell.name!r}: "
+                "rerun `dvc repro ssvfnas_table`"
+            )
         health = retrain_health(metrics["retrain"]["curve"])
-        rows.append({"key": cell.name, "partition": cell.partition, "seed": cell.seed, "accuracy": metrics["test"]["accuracy"],
-                     "valid_accuracy": metrics["retrain"]["valid_accuracy"], "health": health.label, "health_why": health.why})
-    return pd.DataFrame(rows, columns=["key", "partition", "seed", "accuracy", "valid_accuracy", "health", "health_why"])
+        rows.append(
+            {
+                "key": cell.name,
+                "partition": cell.partition,
+                "seed": cell.seed,
+                "accuracy": metrics["test"]["accuracy"],
+                "valid_accuracy": metrics["retrain"]["valid_accuracy"],
+                "health": health.label,
+                "health_why": health.why,
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["key", "partition", "seed", "accuracy", "valid_accuracy", "health", "health_why"]
+    )
 
 
 def cell_hardware(data: SSVFNASResults) -> list[dict | None]:

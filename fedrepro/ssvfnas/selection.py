@@ -14,8 +14,13 @@ from fedrepro.ssvfnas.cells import BASELINE
 from fedrepro.ssvfnas.results import SSVFNASResults
 
 
-LABELS = {"vfnas1": "VFNAS-1", "vfnas2": "VFNAS-2", "ss_vfnas1": "SS-VFNAS-1", "ss_vfnas2": "SS-VFNAS-2",
-          BASELINE: "hand-designed"}
+LABELS = {
+    "vfnas1": "VFNAS-1",
+    "vfnas2": "VFNAS-2",
+    "ss_vfnas1": "SS-VFNAS-1",
+    "ss_vfnas2": "SS-VFNAS-2",
+    BASELINE: "hand-designed",
+}
 MAJORITY, ALONE = "trivial: majority class", "trivial: label party alone"
 CHANCE_MARGIN = 0.01
 """cells 'clearly beat' the majority class of their dataset-K when their seed-mean test accuracy is at least this far

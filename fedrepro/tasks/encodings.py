@@ -41,8 +41,9 @@ def texts_digest(*columns: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def kept_encoding(tokenizer: Any, settings: Hashable, columns: Sequence[Sequence[str]],
-                  encode: Callable[[], Encoded]) -> Encoded:
+def kept_encoding(
+    tokenizer: Any, settings: Hashable, columns: Sequence[Sequence[str]], encode: Callable[[], Encoded]
+) -> Encoded:
     """``encode()``'s result for these texts, tokenizer and ``settings``, from an earlier cell of this process if
     one made it."""
     key = (tokenizer_digest(tokenizer), settings, texts_digest(*columns))

@@ -48,7 +48,9 @@ def load_client_data(mined_dir: str | Path, client_ids: Sequence[str]) -> dict[s
         for name in ("triples", "candidates"):
             if not (folder / f"{name}.parquet").exists():
                 raise DataError(f"{folder / name}.parquet is missing: run the mine stage for client {client_id!r}")
-        clients[client_id] = ClientQAData(read_table(folder / "triples.parquet"), read_table(folder / "candidates.parquet"))
+        clients[client_id] = ClientQAData(
+            read_table(folder / "triples.parquet"), read_table(folder / "candidates.parquet")
+        )
     return clients
 
 
@@ -71,8 +73,9 @@ class QAMatchingTask(FederatedTask):
         self.tokenizer, self._build_model, self.loss = tokenizer, build_model, loss
         self.max_length, self.batch_size, self.eval_batch_size = max_length, batch_size, eval_batch_size
         self.candidates = {cid: data.candidates for cid, data in clients.items()}
-        self.candidate_encodings = {cid: self._encode(data.candidates["question"], data.candidates["answer"])
-                                    for cid, data in clients.items()}
+        self.candidate_encodings = {
+            cid: self._encode(data.candidates["question"], data.candidates["answer"]) for cid, data in clients.items()
+        }
         self._set_triples({cid: data.triples for cid, data in clients.items()})
 
     def _set_triples(self, triples: dict[str, pd.DataFrame]) -> None:
@@ -87,14 +90,17 @@ class QAMatchingTask(FederatedTask):
         return other
 
     def with_train_fraction(self, ratio: float, seed: int) -> "QAMatchingTask":
-        """Every client keeps a seeded ``ratio`` of its training questions (with all their triples); Fig 8's data ratio."""
+        """Every client keeps a seeded ``ratio`` of its training questions (with all their triples); Fig 8's data
+        ratio."""
         if not 0 < ratio <= 1:
             raise ValueError(f"data ratio {ratio}: allowed (0, 1]")
         kept = {}
         for cid, frame in self.triples.items():
             questions = np.array(sorted(frame["question_id"].unique()))
             count = max(1, round(ratio * len(questions)))
-            chosen = np.random.default_rng(derive_seed(seed, "data_ratio", cid)).choice(questions, size=count, replace=False)
+            chosen = np.random.default_rng(derive_seed(seed, "data_ratio", cid)).choice(
+                questions, size=count, replace=False
+            )
             kept[cid] = frame[frame["question_id"].isin(set(chosen))].reset_index(drop=True)
         return self.with_triples(kept)
 
@@ -103,8 +109,14 @@ class QAMatchingTask(FederatedTask):
             return []
 
         def encode() -> list[dict[str, list[int]]]:
-            encoded = self.tokenizer(list(questions), list(answers), truncation="longest_first",
-                                     max_length=self.max_length, return_token_type_ids=True, return_attention_mask=True)
+            encoded = self.tokenizer(
+                list(questions),
+                list(answers),
+                truncation="longest_first",
+                max_length=self.max_length,
+                return_token_type_ids=True,
+                return_attention_mask=True,
+            )
             keys = ("input_ids", "token_type_ids", "attention_mask")
             return [{k: encoded[k][i] for k in keys} for i in range(len(questions))]
 
@@ -124,7 +136,7 @@ class QAMatchingTask(FederatedTask):
         index = [(c, i) for c in client_ids for i in range(len(self.positives[c]))]
         order = torch.randperm(len(index), generator=generator).tolist()
         for start in range(0, len(order), self.batch_size):
-            chosen = [index[j] for j in order[start:start + self.batch_size]]
+            chosen = [index[j] for j in order[start : start + self.batch_size]]
             rows = [self.positives[c][i] for c, i in chosen] + [self.negatives[c][i] for c, i in chosen]
             yield self._pad(rows)
 
@@ -140,13 +152,15 @@ class QAMatchingTask(FederatedTask):
 
     def _split_encodings(self, client_id: str, split: str) -> list[dict[str, list[int]]]:
         frame = self.candidates[client_id]
-        return [enc for enc, keep in zip(self.candidate_encodings[client_id], (frame["split"] == split).to_numpy()) if keep]
+        return [
+            enc for enc, keep in zip(self.candidate_encodings[client_id], (frame["split"] == split).to_numpy()) if keep
+        ]
 
     def candidate_batches(self, client_id: str, split: str) -> Iterator[dict[str, torch.Tensor]]:
         """The client's ``split`` candidates as padded model inputs, in the candidate table's order."""
         rows = self._split_encodings(client_id, split)
         for start in range(0, len(rows), self.eval_batch_size):
-            yield self._pad(rows[start:start + self.eval_batch_size])
+            yield self._pad(rows[start : start + self.eval_batch_size])
 
     def score(self, model: nn.Module, client_id: str, split: str) -> pd.DataFrame:
         """The candidates of ``split`` with the model's score for each (higher = more relevant), under the caller's
@@ -159,7 +173,7 @@ class QAMatchingTask(FederatedTask):
         by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
         scores, device = np.empty(len(rows)), model_device(model)
         for start in range(0, len(by_length), self.eval_batch_size):
-            chosen = by_length[start:start + self.eval_batch_size]
+            chosen = by_length[start : start + self.eval_batch_size]
             batch_scores, _ = model(**to_device(self._pad([rows[i] for i in chosen]), device))
             scores[chosen] = batch_scores.float().cpu().numpy()
         scored = frame.loc[(frame["split"] == split).to_numpy(), ["question_id", "answer_id", "relevance"]].copy()

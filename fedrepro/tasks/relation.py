@@ -49,8 +49,9 @@ def encode_marked(tokenizer, texts: Sequence[str], max_length: int) -> list[Enco
     """Token ids of ``[CLS] sentence [SEP]``; a sentence longer than ``max_length`` keeps a window centred on its
     two entities (plain truncation would often cut off the second entity), and is flagged ``truncated``. An earlier
     cell's encoding of the same texts is reused (``fedrepro.tasks.encodings``)."""
-    return kept_encoding(tokenizer, ("marked", max_length), (list(texts),),
-                         lambda: _encode_marked(tokenizer, texts, max_length))
+    return kept_encoding(
+        tokenizer, ("marked", max_length), (list(texts),), lambda: _encode_marked(tokenizer, texts, max_length)
+    )
 
 
 def _encode_marked(tokenizer, texts: Sequence[str], max_length: int) -> list[EncodedSentence]:
@@ -68,12 +69,14 @@ def _encode_marked(tokenizer, texts: Sequence[str], max_length: int) -> list[Enc
         if truncated:
             low, high = min(where), max(where) + 1
             start = low if high - low > budget else max(0, min(low - (budget - (high - low)) // 2, len(ids) - budget))
-        window = ids[start:start + budget]
+        window = ids[start : start + budget]
         spans = []
         for open_at, close_at in ((where[0], where[1]), (where[2], where[3])):
             first, last = max(open_at + 1 - start, 0), min(close_at - start, len(window))
             spans.append((first + 1, max(first, last) + 1))  # +1 for [CLS]
-        encoded.append(EncodedSentence([tokenizer.cls_token_id] + window + [tokenizer.sep_token_id], spans[0], spans[1], truncated))
+        encoded.append(
+            EncodedSentence([tokenizer.cls_token_id] + window + [tokenizer.sep_token_id], spans[0], spans[1], truncated)
+        )
     return encoded
 
 
@@ -82,12 +85,24 @@ class RelationTask(FederatedTask):
 
     evaluates_global_model = True
 
-    def __init__(self, corpus: pd.DataFrame, assignment: pd.DataFrame, classes: list[str], negative_labels: Sequence[str],
-                 tokenizer, build_model: Callable[[], nn.Module], max_length: int, batch_size: int,
-                 eval_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        corpus: pd.DataFrame,
+        assignment: pd.DataFrame,
+        classes: list[str],
+        negative_labels: Sequence[str],
+        tokenizer,
+        build_model: Callable[[], nn.Module],
+        max_length: int,
+        batch_size: int,
+        eval_batch_size: int = 64,
+    ) -> None:
         table = assignment.merge(corpus[["sentence_id", "text"]], on="sentence_id", how="left", validate="one_to_one")
         if table["text"].isna().any():
-            raise DataError(f"partition names sentences the corpus lacks, e.g. {table.loc[table['text'].isna(), 'sentence_id'].iloc[0]}")
+            raise DataError(
+                f"partition names sentences the corpus lacks, e.g. "
+                f"{table.loc[table['text'].isna(), 'sentence_id'].iloc[0]}"
+            )
         unknown = sorted(set(table["label"]) - set(classes))
         if unknown:
             raise DataError(f"labels {unknown} are not among the corpus classes {classes}")
@@ -100,11 +115,17 @@ class RelationTask(FederatedTask):
         self.train: dict[str, tuple[list[EncodedSentence], np.ndarray]] = {}
         for client_id in self.client_ids:
             rows = train[train["client"] == client_id]
-            self.train[client_id] = (encode_marked(tokenizer, rows["text"], max_length), rows["label"].map(index).to_numpy())
+            self.train[client_id] = (
+                encode_marked(tokenizer, rows["text"], max_length),
+                rows["label"].map(index).to_numpy(),
+            )
         self.eval_sets: dict[str, tuple[pd.DataFrame, list[EncodedSentence]]] = {}
         for split in ("valid", "test"):
             rows = table[table["split"] == split].reset_index(drop=True)
-            self.eval_sets[split] = (rows[["sentence_id", "label", "client"]], encode_marked(tokenizer, rows["text"], max_length))
+            self.eval_sets[split] = (
+                rows[["sentence_id", "label", "client"]],
+                encode_marked(tokenizer, rows["text"], max_length),
+            )
         self.truncated = sum(s.truncated for group in self.train.values() for s in group[0])
 
     def build_model(self) -> nn.Module:
@@ -121,10 +142,10 @@ class RelationTask(FederatedTask):
         input_ids = torch.full((len(sentences), width), self.pad_id, dtype=torch.long)
         attention, e1, e2 = (torch.zeros((len(sentences), width), dtype=torch.long) for _ in range(3))
         for row, sentence in enumerate(sentences):
-            input_ids[row, :len(sentence.input_ids)] = torch.tensor(sentence.input_ids)
-            attention[row, :len(sentence.input_ids)] = 1
-            e1[row, sentence.e1[0]:sentence.e1[1]] = 1
-            e2[row, sentence.e2[0]:sentence.e2[1]] = 1
+            input_ids[row, : len(sentence.input_ids)] = torch.tensor(sentence.input_ids)
+            attention[row, : len(sentence.input_ids)] = 1
+            e1[row, sentence.e1[0] : sentence.e1[1]] = 1
+            e2[row, sentence.e2[0] : sentence.e2[1]] = 1
         batch = {"input_ids": input_ids, "attention_mask": attention, "e1_mask": e1, "e2_mask": e2}
         if labels is not None:
             batch["labels"] = torch.as_tensor(labels, dtype=torch.long)
@@ -134,8 +155,10 @@ class RelationTask(FederatedTask):
         index = [(c, i) for c in client_ids for i in range(len(self.train[c][1]))]
         order = torch.randperm(len(index), generator=generator).tolist()
         for start in range(0, len(order), self.batch_size):
-            chosen = [index[j] for j in order[start:start + self.batch_size]]
-            yield self._batch([self.train[c][0][i] for c, i in chosen], np.array([self.train[c][1][i] for c, i in chosen]))
+            chosen = [index[j] for j in order[start : start + self.batch_size]]
+            yield self._batch(
+                [self.train[c][0][i] for c, i in chosen], np.array([self.train[c][1][i] for c, i in chosen])
+            )
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutput:
         batch = to_device(batch, model_device(model))
@@ -152,7 +175,7 @@ class RelationTask(FederatedTask):
         predicted, device = np.empty(len(sentences), dtype=np.int64), model_device(model)
         with torch.no_grad():
             for start in range(0, len(by_length), self.eval_batch_size):
-                chosen = by_length[start:start + self.eval_batch_size]
+                chosen = by_length[start : start + self.eval_batch_size]
                 logits, _ = model(**to_device(self._batch([sentences[i] for i in chosen]), device))
                 predicted[chosen] = logits.argmax(dim=-1).cpu().numpy()
         out = rows.copy()
@@ -203,8 +226,11 @@ def similarity_diagnostics(updates: list[ClientUpdate]) -> dict[str, list]:
     off the uploads alone, so a server holding no client data records it too."""
     return {
         "clients": [u.client_id for u in updates],
-        "local_similarity": [[round(float(v), 6) for v in local_average_similarity(u.tensors[CLASSIFIER])]
-                             for u in updates if CLASSIFIER in u.tensors],
+        "local_similarity": [
+            [round(float(v), 6) for v in local_average_similarity(u.tensors[CLASSIFIER])]
+            for u in updates
+            if CLASSIFIER in u.tensors
+        ],
     }
 
 
@@ -223,8 +249,11 @@ def scores_from_counts(counts: dict[str, int], classes: list[str], positive: lis
         return 2.0 * sum(tp[c] for c in names) / denominator if denominator else 0.0
 
     total = sum(tp[c] + fn[c] for c in classes)
-    return {"micro_f1": f1(positive), "macro_f1": float(np.mean([f1([c]) for c in positive])),
-            "accuracy": sum(tp.values()) / total if total else float("nan")}
+    return {
+        "micro_f1": f1(positive),
+        "macro_f1": float(np.mean([f1([c]) for c in positive])),
+        "accuracy": sum(tp.values()) / total if total else float("nan"),
+    }
 
 
 def positive_classes(classes: list[str], negative_labels: Sequence[str]) -> list[int]:
@@ -239,7 +268,10 @@ def silo_tables(corpus: pd.DataFrame, assignment: pd.DataFrame) -> dict[str, dic
     trained = set(table.loc[table["split"] == "train", "client"])
     stranded = sorted(set(table["client"]) - trained)
     if stranded:
-        raise DataError(f"partition: clients {stranded} hold evaluation sentences but no training sentence, so no "
-                        "silo of the federation would score them")
-    return {client_id: {SENTENCES: rows.reset_index(drop=True)}
-            for client_id, rows in table.groupby("client", sort=True)}
+        raise DataError(
+            f"partition: clients {stranded} hold evaluation sentences but no training sentence, so no "
+            "silo of the federation would score them"
+        )
+    return {
+        client_id: {SENTENCES: rows.reset_index(drop=True)} for client_id, rows in table.groupby("client", sort=True)
+    }

@@ -44,9 +44,18 @@ class MoCo(nn.Module):
     ``released_code``. ``generator`` seeds the initial random queue.
     """
 
-    def __init__(self, encoder_q: nn.Module, feature_dim: int, projection_dim: int = 32, queue_size: int = 128,
-                 momentum: float = 0.99, temperature: float = 0.2, released_code: bool = False,
-                 momentum_every: str | None = None, generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        encoder_q: nn.Module,
+        feature_dim: int,
+        projection_dim: int = 32,
+        queue_size: int = 128,
+        momentum: float = 0.99,
+        temperature: float = 0.2,
+        released_code: bool = False,
+        momentum_every: str | None = None,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum={momentum}; must be in [0, 1]")
@@ -64,8 +73,9 @@ class MoCo(nn.Module):
             self.head_q: nn.Module = nn.Identity()
             key_dim = feature_dim
         else:
-            self.head_q = nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(),
-                                        nn.Linear(feature_dim, projection_dim))
+            self.head_q = nn.Sequential(
+                nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, projection_dim)
+            )
             key_dim = projection_dim
         self.encoder_k = copy.deepcopy(encoder_q)
         self.head_k = copy.deepcopy(self.head_q)
@@ -120,7 +130,7 @@ class MoCo(nn.Module):
     def fill_queue(self, x: torch.Tensor, batch_size: int = 256) -> None:
         """Enqueue the key encoder's keys of ``x`` (the released code starts from such a queue)."""
         for start in range(0, x.shape[0], batch_size):
-            self.enqueue(self.key(x[start:start + batch_size]))
+            self.enqueue(self.key(x[start : start + batch_size]))
 
     # -- loss ---------------------------------------------------------------------------------------------
     def logits(self, view_1: torch.Tensor, view_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +156,9 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.d
     return torch.rand(shape, generator=generator).to(device)
 
 
-def _image_view(x: torch.Tensor, generator: torch.Generator, max_shift: int, noise: float, erase_prob: float,
-                erase_size: int) -> torch.Tensor:
+def _image_view(
+    x: torch.Tensor, generator: torch.Generator, max_shift: int, noise: float, erase_prob: float, erase_size: int
+) -> torch.Tensor:
     b, c, h, w = x.shape
     dev = x.device
     # 1. random translation by up to max_shift pixels per axis, zero padding (vectorised gather)
@@ -156,8 +167,12 @@ def _image_view(x: torch.Tensor, generator: torch.Generator, max_shift: int, noi
     padded = F.pad(x, (max_shift, max_shift, max_shift, max_shift))
     rows = torch.arange(h, device=dev)[None, :] + max_shift + dy[:, None]  # (b, h)
     cols = torch.arange(w, device=dev)[None, :] + max_shift + dx[:, None]  # (b, w)
-    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                 rows[:, None, :, None], cols[:, None, None, :]]
+    out = padded[
+        torch.arange(b, device=dev)[:, None, None, None],
+        torch.arange(c, device=dev)[None, :, None, None],
+        rows[:, None, :, None],
+        cols[:, None, None, :],
+    ]
     # 2. Gaussian noise, std = noise x the batch's pixel std (works for raw 0-16 and for scaled pixels)
     scale = noise * x.std().clamp_min(1e-8) if x.numel() > 1 else torch.tensor(noise, device=dev)
     out = out + scale * torch.randn(out.shape, generator=generator).to(dev)
@@ -174,9 +189,15 @@ def _image_view(x: torch.Tensor, generator: torch.Generator, max_shift: int, noi
     return out.masked_fill(mask, 0.0)
 
 
-def image_views(x: torch.Tensor, generator: torch.Generator, max_shift: int = 1, noise: float = 0.1,
-                erase_prob: float = 0.5, erase_size: int = 2,
-                released_code: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def image_views(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    max_shift: int = 1,
+    noise: float = 0.1,
+    erase_prob: float = 0.5,
+    erase_size: int = 2,
+    released_code: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two independent augmentations of small images (batch, C, H, W), e.g. 8x4 digit halves.
 
     Each view: a random shift by up to ``max_shift`` pixels in each axis (zero padding: at 8x4 a crop-and-resize
@@ -189,12 +210,15 @@ def image_views(x: torch.Tensor, generator: torch.Generator, max_shift: int = 1,
         raise ValueError(f"image_views expects (batch, C, H, W), got {tuple(x.shape)}")
     if released_code:
         return x, x
-    return (_image_view(x, generator, max_shift, noise, erase_prob, erase_size),
-            _image_view(x, generator, max_shift, noise, erase_prob, erase_size))
+    return (
+        _image_view(x, generator, max_shift, noise, erase_prob, erase_size),
+        _image_view(x, generator, max_shift, noise, erase_prob, erase_size),
+    )
 
 
-def _tabular_view(x: torch.Tensor, generator: torch.Generator, mask_prob: float, noise: float,
-                  std: torch.Tensor) -> torch.Tensor:
+def _tabular_view(
+    x: torch.Tensor, generator: torch.Generator, mask_prob: float, noise: float, std: torch.Tensor
+) -> torch.Tensor:
     b, d = x.shape
     dev = x.device
     mask = _uniform((b, d), generator, dev) < mask_prob
@@ -204,9 +228,14 @@ def _tabular_view(x: torch.Tensor, generator: torch.Generator, mask_prob: float,
     return out + noise * std * torch.randn((b, d), generator=generator).to(dev)
 
 
-def tabular_views(x: torch.Tensor, generator: torch.Generator, mask_prob: float = 0.2, noise: float = 0.1,
-                  feature_std: torch.Tensor | None = None,
-                  released_code: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def tabular_views(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    mask_prob: float = 0.2,
+    noise: float = 0.1,
+    feature_std: torch.Tensor | None = None,
+    released_code: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two independent corruptions of table rows (batch, features).
 
     Each view: every entry is, with probability ``mask_prob``, replaced by the same feature's value in a random
@@ -219,8 +248,11 @@ def tabular_views(x: torch.Tensor, generator: torch.Generator, mask_prob: float 
         raise ValueError(f"tabular_views expects (batch, features), got {tuple(x.shape)}")
     if released_code:
         return x, x
-    std = feature_std if feature_std is not None else (x.std(dim=0, unbiased=False) if x.shape[0] > 1
-                                                       else torch.zeros(x.shape[1], device=x.device))
+    std = (
+        feature_std
+        if feature_std is not None
+        else (x.std(dim=0, unbiased=False) if x.shape[0] > 1 else torch.zeros(x.shape[1], device=x.device))
+    )
     std = std.to(x.device, x.dtype)
     return (_tabular_view(x, generator, mask_prob, noise, std), _tabular_view(x, generator, mask_prob, noise, std))
 
@@ -230,15 +262,24 @@ def default_views(features: torch.Tensor, released_code: bool = False) -> Views:
     if features.dim() == 4:
         return lambda x, g: image_views(x, g, released_code=released_code)
     if features.dim() == 2:
-        std = (features.std(dim=0, unbiased=False) if features.shape[0] > 1
-               else torch.zeros(features.shape[1], device=features.device))
+        std = (
+            features.std(dim=0, unbiased=False)
+            if features.shape[0] > 1
+            else torch.zeros(features.shape[1], device=features.device)
+        )
         return lambda x, g: tabular_views(x, g, feature_std=std, released_code=released_code)
     raise ValueError(f"features of shape {tuple(features.shape)}: expected (n, C, H, W) or (n, features)")
 
 
-def pretrain(moco: MoCo, features: torch.Tensor, steps: int, batch_size: int,
-             optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], generator: torch.Generator,
-             views: Views | None = None) -> list[float]:
+def pretrain(
+    moco: MoCo,
+    features: torch.Tensor,
+    steps: int,
+    batch_size: int,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+    generator: torch.Generator,
+    views: Views | None = None,
+) -> list[float]:
     """``steps`` MoCo steps on ``features`` (n, ...); returns the per-step InfoNCE losses.
 
     Batches: a fresh permutation per epoch (from ``generator``), full batches only (an epoch is
@@ -262,7 +303,7 @@ def pretrain(moco: MoCo, features: torch.Tensor, steps: int, batch_size: int,
     for step in range(steps):
         if step % per_epoch == 0:
             order = torch.randperm(n, generator=generator)
-        idx = order[(step % per_epoch) * batch_size:(step % per_epoch + 1) * batch_size].to(features.device)
+        idx = order[(step % per_epoch) * batch_size : (step % per_epoch + 1) * batch_size].to(features.device)
         view_1, view_2 = views(features[idx], generator)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)

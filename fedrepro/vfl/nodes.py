@@ -46,10 +46,26 @@ from fedrepro.errors import FederationError
 from fedrepro.channel import Channel, Message
 from fedrepro.io import atomic_dir, read_json, write_json
 from fedrepro.vfl.privacy import GaussianMechanism, PrivacyLedger
-from fedrepro.vfl.protocol import (ACTIVATION, GRADIENT, GRADNORM, Party, PartyGrads, Pass, _accuracy, _grad,
-                                   _split_grads, account_evaluation, concat_dim1, evaluate_passes,
-                                   label_party_alone_accuracy, ledger_epsilons, noise_generator, party_name, set_grads,
-                                   step_cost)
+from fedrepro.vfl.protocol import (
+    ACTIVATION,
+    GRADIENT,
+    GRADNORM,
+    Party,
+    PartyGrads,
+    Pass,
+    _accuracy,
+    _grad,
+    _split_grads,
+    account_evaluation,
+    concat_dim1,
+    evaluate_passes,
+    label_party_alone_accuracy,
+    ledger_epsilons,
+    noise_generator,
+    party_name,
+    set_grads,
+    step_cost,
+)
 from fedrepro.vfl.search import _flatten_optimizer, _restore_optimizer, batch_at, party_optimizers
 
 FORWARD, BACKWARD, UPDATE, SAVE, LOAD, LOCAL = "forward", "backward", "update", "save", "load", "local"
@@ -139,8 +155,10 @@ class OwnSide:
             self._move(update)
         elif kind == "unrolled_arch":
             xi, eps = update["xi"], update["eps"]
-            arch = [v - xi * (a - b) / (2 * eps) for v, a, b in
-                    zip(self.grads["val"].arch, self.grads["plus"].arch, self.grads["minus"].arch)]
+            arch = [
+                v - xi * (a - b) / (2 * eps)
+                for v, a, b in zip(self.grads["val"].arch, self.grads["plus"].arch, self.grads["minus"].arch)
+            ]
             self._step_arch(arch)
         elif kind == "arch":
             self._step_arch(self._mixed(update, "arch"))
@@ -182,8 +200,11 @@ class OwnSide:
             if optimizer is not None:
                 flat, meta[kind] = _flatten_optimizer(optimizer)
                 tensors |= {f"optimizer.{kind}.{k}": v for k, v in flat.items()}
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path),
-                  metadata={"optimizers": json.dumps(meta)})
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+            str(path),
+            metadata={"optimizers": json.dumps(meta)},
+        )
 
     def load(self, path: Path) -> None:
         """Restore, in place, what ``save`` wrote."""
@@ -191,22 +212,25 @@ class OwnSide:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
             meta = json.loads(f.metadata()["optimizers"])
         for name, module in self.party.modules().items():
-            module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
+            module.load_state_dict({k[len(name) + 1 :]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
         for kind, optimizer in (("weights", self.weight_optimizer), ("arch", self.arch_optimizer)):
             if optimizer is not None:
                 prefix = f"optimizer.{kind}."
-                flat = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+                flat = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
                 _restore_optimizer(optimizer, flat, meta[kind])
 
     def squared_norm(self, slot: str) -> torch.Tensor:
         """Its share of DARTS's global gradient norm: the sum of its squared weight gradients."""
-        return sum(((g ** 2).sum() for g in self.grads[slot].weights), torch.zeros((), device=self.recipe.device))
+        return sum(((g**2).sum() for g in self.grads[slot].weights), torch.zeros((), device=self.recipe.device))
 
 
 def party_state(party: Party) -> dict[str, torch.Tensor]:
     """A party's networks as ``save_state`` names them (``bottom.<key>``, ``top.<key>``)."""
-    return {f"{name}.{k}": v.detach().clone() for name, module in party.modules().items()
-            for k, v in module.state_dict().items()}
+    return {
+        f"{name}.{k}": v.detach().clone()
+        for name, module in party.modules().items()
+        for k, v in module.state_dict().items()
+    }
 
 
 class PartyWorker:
@@ -214,15 +238,18 @@ class PartyWorker:
 
     def __init__(self, recipe: VerticalRecipe, party: Party, directory: Path | None = None) -> None:
         if party.index == recipe.label or party.labels is not None or party.top is not None:
-            raise ValueError(f"{party.name}: a party worker holds no labels and no top network (the label party is "
-                             f"party_{recipe.label})")
+            raise ValueError(
+                f"{party.name}: a party worker holds no labels and no top network (the label party is "
+                f"party_{recipe.label})"
+            )
         configure(recipe.device)
         self.recipe, self.party, self.directory = recipe, party, directory
         self.own = OwnSide(recipe, party)
         self.outputs: dict[str, torch.Tensor] = {}
 
-    def handle(self, op: str, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
-               ) -> dict[str, torch.Tensor]:
+    def handle(
+        self, op: str, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         if op == FORWARD:
             return self.forward(command)
         if op == BACKWARD:
@@ -238,13 +265,16 @@ class PartyWorker:
             return self.sequence(command, tensors)
         elif op == LOCAL:
             if self.recipe.local is None:
-                raise FederationError(f"{self.party.name}: asked for local task {command.get('task')!r}, but its "
-                                      "recipe has none")
+                raise FederationError(
+                    f"{self.party.name}: asked for local task {command.get('task')!r}, but its recipe has none"
+                )
             report = self.recipe.local(str(command["task"]), self.party, self.directory, command)
             return {REPORT: torch.tensor(list(json.dumps(report).encode("utf-8")), dtype=torch.uint8)}
         else:
-            raise ValueError(f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {UPDATE}, "
-                             f"{SAVE}, {LOAD}, {LOCAL}, {SEQUENCE})")
+            raise ValueError(
+                f"{self.party.name}: unknown command {op!r} (allowed {FORWARD}, {BACKWARD}, {UPDATE}, "
+                f"{SAVE}, {LOAD}, {LOCAL}, {SEQUENCE})"
+            )
         return {}
 
     def sequence(self, command: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -252,10 +282,12 @@ class PartyWorker:
         ops, reply = command["ops"], {}
         for i, (op, inner) in enumerate(ops):
             prefix = f"{i}/"
-            reply = self.handle(op, inner, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+            reply = self.handle(op, inner, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
             if reply and i < len(ops) - 1:
-                raise FederationError(f"{self.party.name}: command {i} ({op!r}) of a sequence replied "
-                                      f"{sorted(reply)}, which a command before the last may not")
+                raise FederationError(
+                    f"{self.party.name}: command {i} ({op!r}) of a sequence replied "
+                    f"{sorted(reply)}, which a command before the last may not"
+                )
         return reply
 
     def forward(self, command: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -286,8 +318,10 @@ class PartyWorker:
         slots = command.get("slots", {})
         for split in command["splits"]:
             if split not in self.outputs:
-                raise FederationError(f"{self.party.name}: a gradient for split {split!r} without its forward pass "
-                                      "(this node lost its state since the forward)")
+                raise FederationError(
+                    f"{self.party.name}: a gradient for split {split!r} without its forward pass "
+                    "(this node lost its state since the forward)"
+                )
             gradient = tensors[f"{GRADIENT}{self.party.name}/{split}"].to(self.recipe.device)
             own = _grad(self.outputs.pop(split), self.party.parameters(), gradient)
             self.own.grads[slots.get(split, split)] = _split_grads(self.party, own)
@@ -300,8 +334,9 @@ class PartyWorker:
     def checkpoint(self, step: int) -> Path:
         """Its file of the state after ``step`` steps, in its own directory, where only this party reads it."""
         if self.directory is None:
-            raise FederationError(f"{self.party.name}: told to save or load its state, but it has no directory of "
-                                  "its own")
+            raise FederationError(
+                f"{self.party.name}: told to save or load its state, but it has no directory of its own"
+            )
         return self.directory / f"step-{step:06d}" / f"{self.party.name}.safetensors"
 
     def save(self, step: int, keep: int | None) -> None:
@@ -314,8 +349,9 @@ class PartyWorker:
                 shutil.rmtree(old)
 
 
-def _sequence(entries: list[tuple[str, dict[str, Any], dict[str, torch.Tensor]]]
-              ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def _sequence(
+    entries: list[tuple[str, dict[str, Any], dict[str, torch.Tensor]]],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Commands as one ``SEQUENCE`` command and its tensors."""
     ops = [[op, command] for op, command, _ in entries]
     tensors = {f"{i}/{name}": tensor for i, (_, _, named) in enumerate(entries) for name, tensor in named.items()}
@@ -323,8 +359,9 @@ def _sequence(entries: list[tuple[str, dict[str, Any], dict[str, torch.Tensor]]]
 
 
 class Transport(Protocol):
-    def exchange(self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
-                 ) -> dict[int, dict[str, torch.Tensor]]:
+    def exchange(
+        self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
+    ) -> dict[int, dict[str, torch.Tensor]]:
         """Send each party its command and tensors at once; every party's reply tensors."""
 
 
@@ -334,19 +371,22 @@ class LocalTransport:
 
     workers: Mapping[int, PartyWorker]
 
-    def exchange(self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
-                 ) -> dict[int, dict[str, torch.Tensor]]:
+    def exchange(
+        self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
+    ) -> dict[int, dict[str, torch.Tensor]]:
         return {j: self.workers[j].handle(op, command, tensors) for j, (command, tensors) in commands.items()}
 
 
 class VerticalHub:
     """The label party driving a search or a split training over a ``Transport`` to the other parties."""
 
-    def __init__(self, recipe: VerticalRecipe, party: Party, transport: Transport, directory: Path | None = None
-                 ) -> None:
+    def __init__(
+        self, recipe: VerticalRecipe, party: Party, transport: Transport, directory: Path | None = None
+    ) -> None:
         if party.index != recipe.label or party.labels is None or party.top is None:
-            raise ValueError(f"{party.name}: the hub is the label party party_{recipe.label}, with the labels and "
-                             "the top network")
+            raise ValueError(
+                f"{party.name}: the hub is the label party party_{recipe.label}, with the labels and the top network"
+            )
         configure(recipe.device)
         self.recipe, self.party, self.transport = recipe, party, transport
         self.own = OwnSide(recipe, party)
@@ -370,11 +410,13 @@ class VerticalHub:
 
     def _command(self, channel: Channel, op: str, command: dict[str, Any]) -> None:
         for j in self.others:
-            channel.send_scalars(self.step, self.hub, party_name(j),
-                                 {f"{op}/{key}": value for key, value in command.items()})
+            channel.send_scalars(
+                self.step, self.hub, party_name(j), {f"{op}/{key}": value for key, value in command.items()}
+            )
 
-    def _send(self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]],
-              wait: bool = True) -> dict[int, dict[str, torch.Tensor]]:
+    def _send(
+        self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]], wait: bool = True
+    ) -> dict[int, dict[str, torch.Tensor]]:
         """Each party's command through the transport, after what waits for it (in one ``SEQUENCE`` message); the
         replies. ``wait=False``: a command that replies nothing waits for the next message to its party instead."""
         if not wait:
@@ -386,10 +428,12 @@ class VerticalHub:
         waiting, self.waiting = self.waiting, {}
         unsent = sorted(set(waiting) - set(commands))
         if unsent:
-            raise FederationError(f"{[party_name(j) for j in unsent]}: commands wait for them, but {op!r} is not "
-                                  "sent to them")
-        return self.transport.exchange(SEQUENCE, {j: _sequence([*waiting.get(j, []), (op, *entry)])
-                                                  for j, entry in commands.items()})
+            raise FederationError(
+                f"{[party_name(j) for j in unsent]}: commands wait for them, but {op!r} is not sent to them"
+            )
+        return self.transport.exchange(
+            SEQUENCE, {j: _sequence([*waiting.get(j, []), (op, *entry)]) for j, entry in commands.items()}
+        )
 
     def flush(self) -> None:
         """Send what waits for the parties (``_send``), so that every party has done all it was told."""
@@ -398,15 +442,25 @@ class VerticalHub:
             self.transport.exchange(SEQUENCE, {j: _sequence(entries) for j, entries in waiting.items()})
 
     # ---- one pass: VerticalProtocol.forward / backward with the other parties' share done by them -----------------
-    def forward(self, batches: Mapping[str, torch.Tensor], grad: bool = True, channel: Channel | None = None,
-                account: bool = True, noise_key: tuple | None = None) -> Pass:
+    def forward(
+        self,
+        batches: Mapping[str, torch.Tensor],
+        grad: bool = True,
+        channel: Channel | None = None,
+        account: bool = True,
+        noise_key: tuple | None = None,
+    ) -> Pass:
         channel = self.channel if channel is None else channel
         batches = {s: torch.as_tensor(b, dtype=torch.long) for s, b in batches.items()}
         if noise_key is None:
             self._exchange += 1
             noise_key = ("step", self.step, self._exchange)
-        command = {"batches": {s: b.tolist() for s, b in batches.items()}, "grad": grad,
-                   "training": self.party.bottom.training, "noise_key": list(noise_key)}
+        command = {
+            "batches": {s: b.tolist() for s, b in batches.items()},
+            "grad": grad,
+            "training": self.party.bottom.training,
+            "noise_key": list(noise_key),
+        }
         self._command(channel, FORWARD, command)
         replies = self._send(FORWARD, {j: (command, {}) for j in self.others})
         received: dict[str, dict[int, torch.Tensor]] = {s: {} for s in batches}
@@ -416,12 +470,14 @@ class VerticalHub:
                 reply = self._checked(j, replies.get(j), batches)
                 for split, batch in batches.items():
                     if account:
-                        self.ledger.release(party_name(j), split, batch, self.recipe.forward_mechanism,
-                                            self._rate(split, batch))
+                        self.ledger.release(
+                            party_name(j), split, batch, self.recipe.forward_mechanism, self._rate(split, batch)
+                        )
                 delivered = channel.send(self.step, party_name(j), self.hub, reply)
                 for split in batches:
-                    received[split][j] = (delivered[f"{ACTIVATION}{party_name(j)}/{split}"].to(self.recipe.device)
-                                          .requires_grad_(grad))
+                    received[split][j] = (
+                        delivered[f"{ACTIVATION}{party_name(j)}/{split}"].to(self.recipe.device).requires_grad_(grad)
+                    )
             logits, losses = {}, {}
             for split, batch in batches.items():
                 received[split][self.recipe.label] = own[split]
@@ -429,23 +485,28 @@ class VerticalHub:
                 losses[split] = F.cross_entropy(logits[split], self.party.labels[batch])
         return Pass(batches, {s: {self.recipe.label: own[s]} for s in batches}, received, logits, losses)
 
-    def _checked(self, j: int, reply: dict[str, torch.Tensor] | None, batches: Mapping[str, torch.Tensor]
-                 ) -> dict[str, torch.Tensor]:
+    def _checked(
+        self, j: int, reply: dict[str, torch.Tensor] | None, batches: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """Party j's activations, or a ``FederationError`` naming the party and the field."""
         expected = {f"{ACTIVATION}{party_name(j)}/{split}": len(batch) for split, batch in batches.items()}
         if reply is None or set(reply) != set(expected):
-            raise FederationError(f"{party_name(j)}: its forward reply holds {sorted(reply or {})}, "
-                                  f"expected {sorted(expected)}")
+            raise FederationError(
+                f"{party_name(j)}: its forward reply holds {sorted(reply or {})}, expected {sorted(expected)}"
+            )
         for name, rows in expected.items():
             tensor = reply[name]
             wrong = tensor.dim() == 0 or len(tensor) != rows or not torch.is_floating_point(tensor)
             if wrong or not bool(torch.isfinite(tensor).all()):
-                raise FederationError(f"{party_name(j)}: reply field {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
-                                      f"expected {rows} rows of finite floats")
+                raise FederationError(
+                    f"{party_name(j)}: reply field {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
+                    f"expected {rows} rows of finite floats"
+                )
         return reply
 
-    def backward(self, p: Pass, updates: list[dict[str, Any]], slots: Mapping[str, str] | None = None,
-                 norm_of: str | None = None) -> dict[int, dict[str, torch.Tensor]]:
+    def backward(
+        self, p: Pass, updates: list[dict[str, Any]], slots: Mapping[str, str] | None = None, norm_of: str | None = None
+    ) -> dict[int, dict[str, torch.Tensor]]:
         """dL/dN_j to every party j, with ``updates`` for each party to apply after it (the label party applies them
         too); each party keeps its gradients of a split in ``slots[split]`` (default: the split) and, with ``norm_of``,
         replies its squared gradient norm of that slot. Returns the replies."""
@@ -455,8 +516,8 @@ class VerticalHub:
         for split in p.batches:
             own, leaves = self.party.parameters(), [p.received[split][j] for j in self.others]
             g = _grad(p.losses[split], own + leaves)
-            self.own.grads[slots.get(split, split)] = _split_grads(self.party, g[:len(own)])
-            for j, gj in zip(self.others, g[len(own):]):
+            self.own.grads[slots.get(split, split)] = _split_grads(self.party, g[: len(own)])
+            for j, gj in zip(self.others, g[len(own) :]):
                 to_send[j][split] = gj
         mechanism, outgoing = self.recipe.backward_mechanism, {}
         command = {"splits": list(p.batches), "updates": updates, "slots": slots, "norm_of": norm_of}
@@ -485,8 +546,9 @@ class VerticalHub:
             square = replies[j].get(name)
             if square is None or square.numel() != 1 or not bool(torch.isfinite(square).all()):
                 raise FederationError(f"{party_name(j)}: its backward reply lacks a finite scalar {name!r}")
-            total = total + self.channel.send(self.step, party_name(j), self.hub,
-                                              {name: square.reshape(())})[name].to(total.device)
+            total = total + self.channel.send(self.step, party_name(j), self.hub, {name: square.reshape(())})[name].to(
+                total.device
+            )
         self._exchange += 1
         return total
 
@@ -494,8 +556,9 @@ class VerticalHub:
         """The global norm's total to every party, with ``updates`` for each (and the label party) to apply."""
         command = {"updates": updates}
         self._command(self.channel, UPDATE, command)
-        totals = {j: self.channel.send(self.step, self.hub, party_name(j), {f"{GRADNORM}total": total})
-                  for j in self.others}
+        totals = {
+            j: self.channel.send(self.step, self.hub, party_name(j), {f"{GRADNORM}total": total}) for j in self.others
+        }
         self._send(UPDATE, {j: (command, totals[j]) for j in self.others}, wait=False)
         for update in updates:
             self.own.apply(update)
@@ -504,8 +567,9 @@ class VerticalHub:
         """``DartsSearch._unrolled_arch_grads`` with every party moving its own weights; the alphas' step rides on
         the last backward. Returns the validation loss."""
         xi, r = self.recipe.xi, self.recipe.r
-        self.backward(self.forward({"train": train_batch}), [{"kind": "move", "split": "train", "scale": -xi,
-                                                              "save": True}])
+        self.backward(
+            self.forward({"train": train_batch}), [{"kind": "move", "split": "train", "scale": -xi, "save": True}]
+        )
         pv = self.forward({"val": val_batch})
         if self.recipe.global_norm:
             total = self.global_norm("val", self.backward(pv, [], norm_of="val"))
@@ -514,24 +578,34 @@ class VerticalHub:
         else:
             eps = r
             self.backward(pv, [{"kind": "move", "split": "val", "scale": eps}])
-        self.backward(self.forward({"train": train_batch}), [{"kind": "move", "split": "val", "scale": -eps}],
-                      slots={"train": "plus"})
-        self.backward(self.forward({"train": train_batch}), [{"kind": "move", "split": "val", "scale": 0.0},
-                                                             {"kind": "unrolled_arch", "xi": xi, "eps": eps}],
-                      slots={"train": "minus"})
+        self.backward(
+            self.forward({"train": train_batch}),
+            [{"kind": "move", "split": "val", "scale": -eps}],
+            slots={"train": "plus"},
+        )
+        self.backward(
+            self.forward({"train": train_batch}),
+            [{"kind": "move", "split": "val", "scale": 0.0}, {"kind": "unrolled_arch", "xi": xi, "eps": eps}],
+            slots={"train": "minus"},
+        )
         return pv.losses["val"]
 
     # ---- the rules -------------------------------------------------------------------------------------------------
-    def run_step(self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None, lr: float | None = None
-                 ) -> dict[str, Any]:
+    def run_step(
+        self, train_batch: torch.Tensor, val_batch: torch.Tensor | None = None, lr: float | None = None
+    ) -> dict[str, Any]:
         """One step of the recipe's rule (``lr``: the weights' learning rate of this step, as ``run_steps`` sets)."""
         weights = {"kind": "weights", "split": "train", "lr": lr}
         if self.recipe.rule == "train":
             p = self.forward({"train": train_batch})
             self.backward(p, [weights])
             labels = self.party.labels[p.batches["train"]]
-            return self._finish({"loss_train": p.losses["train"].detach(),
-                                 **{f"{k}_train": v for k, v in _accuracy(p.logits["train"], labels).items()}})
+            return self._finish(
+                {
+                    "loss_train": p.losses["train"].detach(),
+                    **{f"{k}_train": v for k, v in _accuracy(p.logits["train"], labels).items()},
+                }
+            )
         if self.recipe.rule == "darts":
             if self.recipe.second_order:
                 loss_val = self._unrolled_arch(train_batch, val_batch)
@@ -565,16 +639,25 @@ class VerticalHub:
         """Step until ``steps`` on the batches ``Search.run`` draws."""
         while self.step < steps:
             s = self.step
-            self.run_step(batch_at(train, batch_size, s, self.recipe.seed, "train"),
-                          None if val is None else batch_at(val, batch_size, s, self.recipe.seed, "val"))
+            self.run_step(
+                batch_at(train, batch_size, s, self.recipe.seed, "train"),
+                None if val is None else batch_at(val, batch_size, s, self.recipe.seed, "val"),
+            )
         self.flush()
         return self.history
 
-    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test", account: bool = True,
-                 predictions: bool = False) -> dict[str, Any]:
+    def evaluate(
+        self,
+        indices: torch.Tensor,
+        batch_size: int = 256,
+        split: str = "test",
+        account: bool = True,
+        predictions: bool = False,
+    ) -> dict[str, Any]:
         """``VerticalProtocol.evaluate``: every party in eval mode, forward only, on ``eval_channel``."""
-        result = evaluate_passes(self, list(self.party.modules().values()), self.party.labels, indices, batch_size,
-                                 split, predictions)
+        result = evaluate_passes(
+            self, list(self.party.modules().values()), self.party.labels, indices, batch_size, split, predictions
+        )
         if account:
             account_evaluation(self.ledger, indices, split, {j: self.recipe.forward_mechanism for j in self.others})
         self.evaluations += 1
@@ -594,8 +677,9 @@ class VerticalHub:
         with its command: their reports by party, each logged as crossing on ``report_channel``."""
         command_of = {j: {"task": task, **commands[j]} for j in range(self.recipe.parties)}
         for j in self.others:
-            self.report_channel.send_scalars(self.step, self.hub, party_name(j),
-                                             {f"{LOCAL}/{key}": value for key, value in command_of[j].items()})
+            self.report_channel.send_scalars(
+                self.step, self.hub, party_name(j), {f"{LOCAL}/{key}": value for key, value in command_of[j].items()}
+            )
         replies = self._send(LOCAL, {j: (command_of[j], {}) for j in self.others})
         label = self.recipe.label
         reports = {label: self.recipe.local(task, self.party, self.directory, command_of[label])}
@@ -615,12 +699,21 @@ class VerticalHub:
         self._send(SAVE, {j: ({"step": self.step, "keep": self.checkpointed}, {}) for j in self.others})
         with atomic_dir(Path(directory)) as tmp:
             self.own.save(tmp / f"{self.hub}.safetensors")
-            write_json(tmp / "state.json", {
-                "fingerprint": self.recipe.fingerprint, "step": self.step, "evaluations": self.evaluations,
-                "history": self.history, "ledger": self.ledger.state(),
-                **{f"{name}_{log}": [m.to_record() for m in getattr(channel, log)]
-                   for name, channel in (("channel", self.channel), ("eval_channel", self.eval_channel))
-                   for log in ("messages", "scalars")}})
+            write_json(
+                tmp / "state.json",
+                {
+                    "fingerprint": self.recipe.fingerprint,
+                    "step": self.step,
+                    "evaluations": self.evaluations,
+                    "history": self.history,
+                    "ledger": self.ledger.state(),
+                    **{
+                        f"{name}_{log}": [m.to_record() for m in getattr(channel, log)]
+                        for name, channel in (("channel", self.channel), ("eval_channel", self.eval_channel))
+                        for log in ("messages", "scalars")
+                    },
+                },
+            )
         self.checkpointed = self.step
 
     def load_state(self, directory: str | Path) -> None:

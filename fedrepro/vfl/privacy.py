@@ -118,6 +118,7 @@ def _accountant() -> tuple[Any, list[float]]:
     process that computes an epsilon needs, not a party's node that only adds noise."""
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis import rdp
+
     return rdp, RDPAccountant.DEFAULT_ALPHAS
 
 
@@ -152,19 +153,19 @@ def privacy_spent(noise_multiplier: float, sample_rate: float, steps: int, delta
 
 
 def gaussian_epsilon(inverse_variance: float, delta: float) -> float:
-    """Epsilon at ``delta`` of Gaussian mechanisms (rate 1) whose 1/sigma^2 sum to ``inverse_variance``: one mechanism of
-    noise multiplier inverse_variance^(-1/2), through opacus' RDP accountant (0 when nothing was released)."""
+    """Epsilon at ``delta`` of Gaussian mechanisms (rate 1) whose 1/sigma^2 sum to ``inverse_variance``: one mechanism
+    of noise multiplier inverse_variance^(-1/2), through opacus' RDP accountant (0 when nothing was released)."""
     if inverse_variance <= 0:
         return 0.0
-    return compose_epsilon([(inverse_variance ** -0.5, 1.0, 1)], delta)
+    return compose_epsilon([(inverse_variance**-0.5, 1.0, 1)], delta)
 
 
 class PrivacyLedger:
-    """Per party, what its data released. For the amplified epsilon, per split the (noise multiplier, sample rate, steps)
-    history, releases of one batch within a step pooled (``release``) and folded in at ``end_step``. For the headline
-    epsilon, per sample (row index) the number of releases it took part in and their summed 1/sigma^2. A release without
-    noise makes the party's epsilon infinite (``noiseless``); a released-code mechanism makes it NaN (``unaccounted``).
-    JSON-serialisable through ``state``/``load``."""
+    """Per party, what its data released. For the amplified epsilon, per split the (noise multiplier, sample rate,
+    steps) history, releases of one batch within a step pooled (``release``) and folded in at ``end_step``. For the
+    headline epsilon, per sample (row index) the number of releases it took part in and their summed 1/sigma^2. A
+    release without noise makes the party's epsilon infinite (``noiseless``); a released-code mechanism makes it NaN
+    (``unaccounted``). JSON-serialisable through ``state``/``load``."""
 
     def __init__(self) -> None:
         self.history: dict[str, dict[str, list[list[float]]]] = {}
@@ -174,8 +175,9 @@ class PrivacyLedger:
         self.noiseless: set[str] = set()
         self._pending: dict[tuple[str, str, str], list[float]] = {}
 
-    def release(self, party: str, split: str, samples: torch.Tensor, mechanism: GaussianMechanism | None,
-                sample_rate: float) -> None:
+    def release(
+        self, party: str, split: str, samples: torch.Tensor, mechanism: GaussianMechanism | None, sample_rate: float
+    ) -> None:
         """One release of ``party``'s data on the batch ``samples`` (row indices) of ``split`` in the current step."""
         if not self.record(party, samples, mechanism):
             return
@@ -185,7 +187,8 @@ class PrivacyLedger:
         pooled[0] += math.inf if sigma == 0 else 1.0 / sigma**2
 
     def record(self, party: str, samples: torch.Tensor, mechanism: GaussianMechanism | None) -> bool:
-        """Count one release for each of ``samples``; False (nothing counted) for a mechanism that cannot be accounted."""
+        """Count one release for each of ``samples``; False (nothing counted) for a mechanism that cannot be
+        accounted."""
         if mechanism is not None and not mechanism.accountable:
             self.unaccounted.add(party)
             return False
@@ -231,22 +234,31 @@ class PrivacyLedger:
     def state(self) -> dict:
         if self._pending:
             raise RuntimeError("PrivacyLedger.state() in the middle of a step: call end_step() first")
-        return {"history": self.history, "unaccounted": sorted(self.unaccounted), "noiseless": sorted(self.noiseless),
-                "participation": {p: [[i, *v] for i, v in sorted(rows.items())] for p, rows in sorted(self.participation.items())}}
+        return {
+            "history": self.history,
+            "unaccounted": sorted(self.unaccounted),
+            "noiseless": sorted(self.noiseless),
+            "participation": {
+                p: [[i, *v] for i, v in sorted(rows.items())] for p, rows in sorted(self.participation.items())
+            },
+        }
 
     def load(self, state: dict) -> None:
-        self.history = {p: {s: [list(e) for e in es] for s, es in splits.items()}
-                        for p, splits in state["history"].items()}
+        self.history = {
+            p: {s: [list(e) for e in es] for s, es in splits.items()} for p, splits in state["history"].items()
+        }
         self.unaccounted = set(state["unaccounted"])
         self.noiseless = set(state["noiseless"])
-        self.participation = {p: {int(i): [int(n), float(w)] for i, n, w in rows} for p, rows in state["participation"].items()}
+        self.participation = {
+            p: {int(i): [int(n), float(w)] for i, n, w in rows} for p, rows in state["participation"].items()
+        }
         self._pending.clear()
 
 
 def epsilon_of(ledgers: Sequence[PrivacyLedger], party: str, delta: float) -> float:
-    """Epsilon without amplification of ``party`` over runs on the same rows (e.g. the search, then the retraining): each
-    sample's 1/sigma^2 summed over every ledger, the worst sample's epsilon. NaN if any release was not accountable, inf
-    if any was noiseless, 0 if nothing was released."""
+    """Epsilon without amplification of ``party`` over runs on the same rows (e.g. the search, then the retraining):
+    each sample's 1/sigma^2 summed over every ledger, the worst sample's epsilon. NaN if any release was not
+    accountable, inf if any was noiseless, 0 if nothing was released."""
     if any(party in ledger.unaccounted for ledger in ledgers):
         return math.nan
     if any(party in ledger.noiseless for ledger in ledgers):

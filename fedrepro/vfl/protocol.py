@@ -52,7 +52,8 @@ def party_name(index: int) -> str:
 
 
 def noise_generator(seed: int, key: tuple, *parts: object) -> torch.Generator:
-    """The generator of one DP draw: every process that applies a mechanism (a party's node too) draws the same noise."""
+    """The generator of one DP draw: every process that applies a mechanism (a party's node too) draws the same
+    noise."""
     return torch.Generator().manual_seed(derive_seed(seed, "dp", *key, *parts))
 
 
@@ -147,11 +148,17 @@ class VerticalProtocol:
     size counts as rate 1, no amplification).
     """
 
-    def __init__(self, parties: Sequence[Party], *, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-                 combine: Callable[[list[torch.Tensor]], torch.Tensor] = concat_dim1,
-                 forward_mechanisms: MechanismSpec = None,
-                 backward_mechanism: GaussianMechanism | None = None, seed: int = 0,
-                 split_sizes: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        parties: Sequence[Party],
+        *,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+        combine: Callable[[list[torch.Tensor]], torch.Tensor] = concat_dim1,
+        forward_mechanisms: MechanismSpec = None,
+        backward_mechanism: GaussianMechanism | None = None,
+        seed: int = 0,
+        split_sizes: Mapping[str, int] | None = None,
+    ) -> None:
         self.parties = list(parties)
         if [p.index for p in self.parties] != list(range(len(self.parties))):
             raise ValueError(f"party indices must be 0..K-1 in order, got {[p.index for p in self.parties]}")
@@ -159,7 +166,9 @@ class VerticalProtocol:
         if len(holders) != 1:
             raise ValueError(f"exactly one party holds the labels; got {holders}")
         self.label = holders[0]
-        if self.parties[self.label].top is None or any(p.top is not None for p in self.parties if p.index != self.label):
+        if self.parties[self.label].top is None or any(
+            p.top is not None for p in self.parties if p.index != self.label
+        ):
             raise ValueError("the top network belongs to the label party, and only to it")
         n = {len(p.features) for p in self.parties} | {len(self.parties[self.label].labels)}
         if len(n) != 1:
@@ -168,7 +177,9 @@ class VerticalProtocol:
             forward_mechanisms = {j: forward_mechanisms for j in self.others}
         elif not isinstance(forward_mechanisms, Mapping):
             forward_mechanisms = dict(enumerate(forward_mechanisms))
-        self.forward_mechanisms: dict[int, GaussianMechanism | None] = {j: forward_mechanisms.get(j) for j in self.others}
+        self.forward_mechanisms: dict[int, GaussianMechanism | None] = {
+            j: forward_mechanisms.get(j) for j in self.others
+        }
         self.backward_mechanism = backward_mechanism
         self.loss_fn, self.combine, self.seed = loss_fn, combine, seed
         self.split_sizes = dict(split_sizes or {})
@@ -196,8 +207,15 @@ class VerticalProtocol:
         return noise_generator(self.seed, key, *parts)
 
     # ---- one pass --------------------------------------------------------------------------------------------
-    def forward(self, batches: Mapping[str, torch.Tensor], *, grad: bool = True, channel: Channel | None = None,
-                account: bool = True, noise_key: tuple | None = None) -> Pass:
+    def forward(
+        self,
+        batches: Mapping[str, torch.Tensor],
+        *,
+        grad: bool = True,
+        channel: Channel | None = None,
+        account: bool = True,
+        noise_key: tuple | None = None,
+    ) -> Pass:
         """Steps 1-3 for every batch in ``batches`` (split -> sample indices): one message per other party.
         ``noise_key`` names the draw of DP noise (default: this step's next exchange)."""
         channel = self.channel if channel is None else channel
@@ -244,8 +262,8 @@ class VerticalProtocol:
         for split in p.batches:
             own, leaves = hub.parameters(), [p.received[split][j] for j in self.others]
             g = _grad(p.losses[split], own + leaves)
-            grads[split][self.label] = _split_grads(hub, g[:len(own)])
-            for j, gj in zip(self.others, g[len(own):]):
+            grads[split][self.label] = _split_grads(hub, g[: len(own)])
+            for j, gj in zip(self.others, g[len(own) :]):
                 to_send[j][split] = gj
         mechanism = self.backward_mechanism
         for j in self.others:
@@ -273,8 +291,12 @@ class VerticalProtocol:
         self._exchange += 1
         total = local_squares[self.label].detach().clone()
         for j in self.others:
-            delivered = self.channel.send(self.step, party_name(j), self.hub,
-                                          {f"{GRADNORM}{party_name(j)}": local_squares[j].detach().reshape(())})
+            delivered = self.channel.send(
+                self.step,
+                party_name(j),
+                self.hub,
+                {f"{GRADNORM}{party_name(j)}": local_squares[j].detach().reshape(())},
+            )
             total = total + delivered[f"{GRADNORM}{party_name(j)}"]
         self._exchange += 1
         for j in self.others:
@@ -288,8 +310,13 @@ class VerticalProtocol:
         self._exchange = 0
 
     # ---- plain split training and evaluation ------------------------------------------------------------------
-    def train_step(self, batch: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer | None] = (),
-                   update: bool = True, split: str = "train") -> dict[str, float]:
+    def train_step(
+        self,
+        batch: torch.Tensor,
+        optimizers: Sequence[torch.optim.Optimizer | None] = (),
+        update: bool = True,
+        split: str = "train",
+    ) -> dict[str, float]:
         """One forward/backward pass on ``batch``; every party's ``.grad`` is set to its gradient (weights and
         alphas) and, when ``update``, every party's optimizer steps. Costs 2(K-1) messages in 2 exchanges."""
         p = self.forward({split: batch})
@@ -305,15 +332,24 @@ class VerticalProtocol:
         labels = self.parties[self.label].labels[p.batches[split]]
         return {"loss": float(p.losses[split].detach()), **_accuracy(p.logits[split], labels)}
 
-    def evaluate(self, indices: torch.Tensor, batch_size: int = 256, split: str = "test", account: bool = True,
-                 predictions: bool = False) -> dict[str, Any]:
+    def evaluate(
+        self,
+        indices: torch.Tensor,
+        batch_size: int = 256,
+        split: str = "test",
+        account: bool = True,
+        predictions: bool = False,
+    ) -> dict[str, Any]:
         """Forward only (eval mode, the forward mechanism still applies since N_j still crosses), logged on
         ``eval_channel`` at the current step: K-1 messages per batch. Each sample crosses once per call, so
-        the ledger records one release at rate 1 per party on ``split`` (and one for each of its samples) (``account=False`` leaves it out: an
-        experimenter's measurement on held-out test rows, not a release of training data). ``predictions``
-        adds ``"predicted"``: the label party's argmax class per sample, in the order of ``indices``."""
+        the ledger records one release at rate 1 per party on ``split`` (and one for each of its samples)
+        (``account=False`` leaves it out: an experimenter's measurement on held-out test rows, not a release of
+        training data). ``predictions`` adds ``"predicted"``: the label party's argmax class per sample, in the order
+        of ``indices``."""
         modules = [m for party in self.parties for m in party.modules().values()]
-        result = evaluate_passes(self, modules, self.parties[self.label].labels, indices, batch_size, split, predictions)
+        result = evaluate_passes(
+            self, modules, self.parties[self.label].labels, indices, batch_size, split, predictions
+        )
         if account:
             account_evaluation(self.ledger, indices, split, self.forward_mechanisms)
         self.evaluations += 1
@@ -321,7 +357,9 @@ class VerticalProtocol:
 
     def evaluate_label_party_alone(self, indices: torch.Tensor, batch_size: int = 256) -> float:
         """``label_party_alone_accuracy`` of this protocol's label party."""
-        return label_party_alone_accuracy(self.parties[self.label], len(self.parties), indices, batch_size, self.combine)
+        return label_party_alone_accuracy(
+            self.parties[self.label], len(self.parties), indices, batch_size, self.combine
+        )
 
     # ---- what it cost and what it revealed --------------------------------------------------------------------
     def step_cost(self, step: int, channel: Channel | None = None) -> dict[str, int]:
@@ -331,8 +369,15 @@ class VerticalProtocol:
         return ledger_epsilons(self.ledger, [p.name for p in self.parties], delta, amplified)
 
 
-def evaluate_passes(protocol: Any, modules: Sequence[nn.Module], labels: torch.Tensor, indices: torch.Tensor,
-                    batch_size: int, split: str, predictions: bool) -> dict[str, Any]:
+def evaluate_passes(
+    protocol: Any,
+    modules: Sequence[nn.Module],
+    labels: torch.Tensor,
+    indices: torch.Tensor,
+    batch_size: int,
+    split: str,
+    predictions: bool,
+) -> dict[str, Any]:
     """Forward-only passes of ``protocol`` (a ``VerticalProtocol`` or a node protocol's hub: anything with their
     ``forward`` and ``eval_channel``) over ``indices``, every module in eval mode meanwhile: the mean loss, the
     accuracy (class labels) and, with ``predictions``, the argmax class per sample in the order of ``indices`` (on the
@@ -345,9 +390,14 @@ def evaluate_passes(protocol: Any, modules: Sequence[nn.Module], labels: torch.T
     predicted: list[torch.Tensor] = []
     try:
         for start in range(0, len(indices), batch_size):
-            batch = indices[start:start + batch_size]
-            p = protocol.forward({split: batch}, grad=False, channel=protocol.eval_channel, account=False,
-                                 noise_key=("eval", protocol.evaluations, start))
+            batch = indices[start : start + batch_size]
+            p = protocol.forward(
+                {split: batch},
+                grad=False,
+                channel=protocol.eval_channel,
+                account=False,
+                noise_key=("eval", protocol.evaluations, start),
+            )
             total_loss += float(p.losses[split]) * len(batch)
             if predictions:
                 predicted.append(p.logits[split].argmax(dim=1))
@@ -364,8 +414,9 @@ def evaluate_passes(protocol: Any, modules: Sequence[nn.Module], labels: torch.T
     return result
 
 
-def account_evaluation(ledger: PrivacyLedger, indices: torch.Tensor, split: str,
-                       mechanisms: Mapping[int, GaussianMechanism | None]) -> None:
+def account_evaluation(
+    ledger: PrivacyLedger, indices: torch.Tensor, split: str, mechanisms: Mapping[int, GaussianMechanism | None]
+) -> None:
     """An evaluation's releases: each sample once, at rate 1, by every party that sent its activations."""
     indices = torch.as_tensor(indices, dtype=torch.long)
     for j, mechanism in mechanisms.items():
@@ -373,8 +424,13 @@ def account_evaluation(ledger: PrivacyLedger, indices: torch.Tensor, split: str,
             ledger.add(party_name(j), split, 0.0 if mechanism is None else mechanism.sigma, 1.0)
 
 
-def label_party_alone_accuracy(hub: Party, parties: int, indices: torch.Tensor, batch_size: int = 256,
-                               combine: Callable[[list[torch.Tensor]], torch.Tensor] = concat_dim1) -> float:
+def label_party_alone_accuracy(
+    hub: Party,
+    parties: int,
+    indices: torch.Tensor,
+    batch_size: int = 256,
+    combine: Callable[[list[torch.Tensor]], torch.Tensor] = concat_dim1,
+) -> float:
     """Accuracy of the label party's own decision with every other party's embedding replaced by zeros (eval mode;
     nothing crosses, nothing is released): how much of the network's accuracy the label party's features carry. With
     a linear top network this drops exactly the other parties' terms of the logits. Every party's embedding has the
@@ -387,7 +443,7 @@ def label_party_alone_accuracy(hub: Party, parties: int, indices: torch.Tensor, 
     try:
         with torch.no_grad():
             for start in range(0, len(indices), batch_size):
-                batch = indices[start:start + batch_size]
+                batch = indices[start : start + batch_size]
                 own = hub.bottom(hub.features[batch])
                 parts = [own if k == hub.index else torch.zeros_like(own) for k in range(parties)]
                 correct += int((hub.top(combine(parts)).argmax(dim=1) == hub.labels[batch]).sum())
@@ -400,17 +456,25 @@ def label_party_alone_accuracy(hub: Party, parties: int, indices: torch.Tensor, 
 def step_cost(channel: Channel, step: int, hub: str) -> dict[str, int]:
     """Messages, bytes and sequential exchanges of one step, from a channel's log (``hub``: the label party)."""
     messages = [m for m in channel.messages if m.round == step]
-    return {"messages": len(messages), "bytes": sum(m.nbytes for m in messages), "exchanges": exchange_count(messages, hub)}
+    return {
+        "messages": len(messages),
+        "bytes": sum(m.nbytes for m in messages),
+        "exchanges": exchange_count(messages, hub),
+    }
 
 
-def ledger_epsilons(ledger: PrivacyLedger, names: Sequence[str], delta: float, amplified: bool = False) -> dict[str, float]:
+def ledger_epsilons(
+    ledger: PrivacyLedger, names: Sequence[str], delta: float, amplified: bool = False
+) -> dict[str, float]:
     """Each party's epsilon at ``delta`` so far (NaN: released-code mechanism, inf: no noise): without amplification
     (the headline, ``PrivacyLedger.epsilon``) or assuming Poisson subsampling (``amplified``)."""
     of = ledger.epsilon_amplified if amplified else ledger.epsilon
     return {name: of(name, delta) for name in names}
 
 
-def _grad(output: torch.Tensor, inputs: list[torch.Tensor], grad_output: torch.Tensor | None = None) -> list[torch.Tensor]:
+def _grad(
+    output: torch.Tensor, inputs: list[torch.Tensor], grad_output: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     if not inputs:
         return []
     grads = torch.autograd.grad(output, inputs, grad_outputs=grad_output, allow_unused=True)
@@ -433,8 +497,9 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     return {"accuracy": float((logits.detach().argmax(dim=1) == labels).float().mean())}
 
 
-def parties_from_vertical(ds: VerticalDataset, bottoms: Sequence[nn.Module], top: nn.Module,
-                          dtype: torch.dtype = torch.float32) -> list[Party]:
+def parties_from_vertical(
+    ds: VerticalDataset, bottoms: Sequence[nn.Module], top: nn.Module, dtype: torch.dtype = torch.float32
+) -> list[Party]:
     """Parties from a ``VerticalDataset``: party k gets its own DataFrame's feature columns (``sample_id``
     dropped after checking every party lists the same ids in the same order); only the label party gets the
     labels and the top network."""

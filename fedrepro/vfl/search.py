@@ -61,21 +61,38 @@ class Searchable(Protocol):
     def forward(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-def make_optimizers(protocol: VerticalProtocol, lr: float = 0.025, momentum: float = 0.9, weight_decay: float = 3e-4,
-                    arch_lr: float = 3e-4, arch_weight_decay: float = 1e-3, arch_betas: tuple[float, float] = (0.5, 0.999),
-                    ) -> tuple[list[torch.optim.Optimizer], list[torch.optim.Optimizer | None]]:
+def make_optimizers(
+    protocol: VerticalProtocol,
+    lr: float = 0.025,
+    momentum: float = 0.9,
+    weight_decay: float = 3e-4,
+    arch_lr: float = 3e-4,
+    arch_weight_decay: float = 1e-3,
+    arch_betas: tuple[float, float] = (0.5, 0.999),
+) -> tuple[list[torch.optim.Optimizer], list[torch.optim.Optimizer | None]]:
     """One SGD (weights) and one Adam (alphas; None for a party without alphas) per party, released-code defaults."""
-    pairs = [party_optimizers(p, lr, momentum, weight_decay, arch_lr, arch_weight_decay, arch_betas) for p in protocol.parties]
+    pairs = [
+        party_optimizers(p, lr, momentum, weight_decay, arch_lr, arch_weight_decay, arch_betas)
+        for p in protocol.parties
+    ]
     return [weights for weights, _ in pairs], [arch for _, arch in pairs]
 
 
-def party_optimizers(party: Party, lr: float = 0.025, momentum: float = 0.9, weight_decay: float = 3e-4,
-                     arch_lr: float = 3e-4, arch_weight_decay: float = 1e-3, arch_betas: tuple[float, float] = (0.5, 0.999),
-                     ) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer | None]:
+def party_optimizers(
+    party: Party,
+    lr: float = 0.025,
+    momentum: float = 0.9,
+    weight_decay: float = 3e-4,
+    arch_lr: float = 3e-4,
+    arch_weight_decay: float = 1e-3,
+    arch_betas: tuple[float, float] = (0.5, 0.999),
+) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer | None]:
     """One party's optimizers (``make_optimizers``): what a party running on its own node builds for itself."""
     weights = torch.optim.SGD(party.weight_parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     arch = party.arch_parameters()
-    return weights, torch.optim.Adam(arch, lr=arch_lr, betas=arch_betas, weight_decay=arch_weight_decay) if arch else None
+    return weights, torch.optim.Adam(
+        arch, lr=arch_lr, betas=arch_betas, weight_decay=arch_weight_decay
+    ) if arch else None
 
 
 def batch_at(indices: torch.Tensor, batch_size: int, step: int, seed: int, split: str) -> torch.Tensor:
@@ -86,12 +103,15 @@ def batch_at(indices: torch.Tensor, batch_size: int, step: int, seed: int, split
     if per_epoch == 0:
         raise ValueError(f"split {split!r}: {len(indices)} samples, fewer than one batch of {batch_size}")
     epoch, position = divmod(step, per_epoch)
-    order = torch.randperm(len(indices), generator=torch.Generator().manual_seed(derive_seed(seed, "batches", split, epoch)))
-    return indices[order[position * batch_size:(position + 1) * batch_size]]
+    order = torch.randperm(
+        len(indices), generator=torch.Generator().manual_seed(derive_seed(seed, "batches", split, epoch))
+    )
+    return indices[order[position * batch_size : (position + 1) * batch_size]]
 
 
-def rule_cost(rule: str, senders: int, second_order: bool = False, global_norm: bool = True, bundle: bool = True
-              ) -> tuple[int, int]:
+def rule_cost(
+    rule: str, senders: int, second_order: bool = False, global_norm: bool = True, bundle: bool = True
+) -> tuple[int, int]:
     """(messages, sequential exchanges) of one step of a rule with ``senders`` parties besides the label party (the
     counts in this module's docstring)."""
     if rule == "darts":
@@ -110,8 +130,13 @@ class Search:
 
     rule = "search"
 
-    def __init__(self, protocol: VerticalProtocol, weight_optimizers: Sequence[torch.optim.Optimizer],
-                 arch_optimizers: Sequence[torch.optim.Optimizer | None], grad_clip: float | None = 5.0) -> None:
+    def __init__(
+        self,
+        protocol: VerticalProtocol,
+        weight_optimizers: Sequence[torch.optim.Optimizer],
+        arch_optimizers: Sequence[torch.optim.Optimizer | None],
+        grad_clip: float | None = 5.0,
+    ) -> None:
         if not len(weight_optimizers) == len(arch_optimizers) == len(protocol.parties):
             raise ValueError("one weight optimizer and one arch optimizer (or None) per party")
         self.protocol = protocol
@@ -131,17 +156,27 @@ class Search:
 
     def config(self) -> dict[str, Any]:
         p = self.protocol
-        return {"rule": self.rule, "parties": len(p.parties), "label": p.label, "seed": p.seed, "grad_clip": self.grad_clip}
+        return {
+            "rule": self.rule,
+            "parties": len(p.parties),
+            "label": p.label,
+            "seed": p.seed,
+            "grad_clip": self.grad_clip,
+        }
 
     def step(self, train_batch: torch.Tensor, val_batch: torch.Tensor) -> dict[str, Any]:
         raise NotImplementedError
 
-    def run(self, train_indices: torch.Tensor, val_indices: torch.Tensor, batch_size: int, steps: int) -> list[dict[str, Any]]:
+    def run(
+        self, train_indices: torch.Tensor, val_indices: torch.Tensor, batch_size: int, steps: int
+    ) -> list[dict[str, Any]]:
         """Search until ``protocol.step == steps`` (continues from wherever a loaded state left off)."""
         seed = self.protocol.seed
         while self.protocol.step < steps:
             s = self.protocol.step
-            self.step(batch_at(train_indices, batch_size, s, seed, "train"), batch_at(val_indices, batch_size, s, seed, "val"))
+            self.step(
+                batch_at(train_indices, batch_size, s, seed, "train"), batch_at(val_indices, batch_size, s, seed, "val")
+            )
         return self.history
 
     def _update_weights(self, grads: list[PartyGrads]) -> None:
@@ -170,9 +205,17 @@ class DartsSearch(Search):
 
     rule = "darts"
 
-    def __init__(self, protocol: VerticalProtocol, weight_optimizers: Sequence[torch.optim.Optimizer],
-                 arch_optimizers: Sequence[torch.optim.Optimizer | None], grad_clip: float | None = 5.0,
-                 second_order: bool = False, xi: float = 0.025, r: float = 0.01, global_norm: bool = True) -> None:
+    def __init__(
+        self,
+        protocol: VerticalProtocol,
+        weight_optimizers: Sequence[torch.optim.Optimizer],
+        arch_optimizers: Sequence[torch.optim.Optimizer | None],
+        grad_clip: float | None = 5.0,
+        second_order: bool = False,
+        xi: float = 0.025,
+        r: float = 0.01,
+        global_norm: bool = True,
+    ) -> None:
         super().__init__(protocol, weight_optimizers, arch_optimizers, grad_clip)
         self.second_order, self.xi, self.r, self.global_norm = second_order, xi, r, global_norm
 
@@ -183,7 +226,12 @@ class DartsSearch(Search):
         return rule_cost("darts", self.senders, second_order=self.second_order, global_norm=self.global_norm)[1]
 
     def config(self) -> dict[str, Any]:
-        return super().config() | {"second_order": self.second_order, "xi": self.xi, "r": self.r, "global_norm": self.global_norm}
+        return super().config() | {
+            "second_order": self.second_order,
+            "xi": self.xi,
+            "r": self.r,
+            "global_norm": self.global_norm,
+        }
 
     def step(self, train_batch: torch.Tensor, val_batch: torch.Tensor) -> dict[str, Any]:
         P = self.protocol
@@ -197,7 +245,9 @@ class DartsSearch(Search):
         self._update_weights(P.backward(pt)["train"])
         return self._finish({"loss_train": pt.losses["train"].detach(), "loss_val": loss_val.detach()})
 
-    def _unrolled_arch_grads(self, train_batch: torch.Tensor, val_batch: torch.Tensor) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+    def _unrolled_arch_grads(
+        self, train_batch: torch.Tensor, val_batch: torch.Tensor
+    ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
         """DARTS's second-order alpha gradient; every party moves only its own weights, restored at the end.
         The virtual step is plain SGD (DARTS eq. 6), without the momentum and weight-decay terms that the
         DARTS code folds into it."""
@@ -217,8 +267,10 @@ class DartsSearch(Search):
         g_val = P.backward(pv)["val"]  # at w': grad_alpha L_val and dw'
         dw = [g.weights for g in g_val]
         if self.global_norm:
-            squares = {p.index: sum(((g ** 2).sum() for g in d), torch.zeros((), device=p.features.device))
-                       for p, d in zip(P.parties, dw)}
+            squares = {
+                p.index: sum(((g**2).sum() for g in d), torch.zeros((), device=p.features.device))
+                for p, d in zip(P.parties, dw)
+            }
             eps = self.r / max(P.global_norm(squares), 1e-12)
         else:
             eps = self.r
@@ -227,8 +279,10 @@ class DartsSearch(Search):
         move(dw, -eps)
         g_minus = P.backward(P.forward({"train": train_batch}))["train"]
         move(dw, 0.0)  # restore w
-        arch = [[v - self.xi * (a - b) / (2 * eps) for v, a, b in zip(gv.arch, gp.arch, gm.arch)]
-                for gv, gp, gm in zip(g_val, g_plus, g_minus)]
+        arch = [
+            [v - self.xi * (a - b) / (2 * eps) for v, a, b in zip(gv.arch, gp.arch, gm.arch)]
+            for gv, gp, gm in zip(g_val, g_plus, g_minus)
+        ]
         return arch, pv.losses["val"]
 
 
@@ -237,9 +291,15 @@ class MiLeNASSearch(Search):
 
     rule = "milenas"
 
-    def __init__(self, protocol: VerticalProtocol, weight_optimizers: Sequence[torch.optim.Optimizer],
-                 arch_optimizers: Sequence[torch.optim.Optimizer | None], grad_clip: float | None = 5.0,
-                 lam: float = 1.0, bundle: bool = True) -> None:
+    def __init__(
+        self,
+        protocol: VerticalProtocol,
+        weight_optimizers: Sequence[torch.optim.Optimizer],
+        arch_optimizers: Sequence[torch.optim.Optimizer | None],
+        grad_clip: float | None = 5.0,
+        lam: float = 1.0,
+        bundle: bool = True,
+    ) -> None:
         super().__init__(protocol, weight_optimizers, arch_optimizers, grad_clip)
         self.lam, self.bundle = lam, bundle
 
@@ -295,6 +355,7 @@ class SplitTraining(Search):
 
 # ---- checkpoint ----------------------------------------------------------------------------------------------
 
+
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """An optimizer's state as tensors (``<param index>.<key>``) plus JSON (param groups, non-tensor state)."""
     state = optimizer.state_dict()
@@ -308,7 +369,9 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+def _restore_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
     state: dict[int, dict[str, Any]] = {}
     for key, value in [*tensors.items(), *meta["scalars"].items()]:
         index, name = key.split(".", 1)
@@ -333,24 +396,35 @@ def save_state(directory: str | Path, search: Search) -> None:
     optimizers_meta: dict[str, Any] = {}
     with atomic_dir(Path(directory)) as tmp:
         for party in P.parties:
-            tensors = {f"{name}.{k}": v for name, module in party.modules().items() for k, v in module.state_dict().items()}
-            for kind, optimizer in (("weights", search.weight_optimizers[party.index]), ("arch", search.arch_optimizers[party.index])):
+            tensors = {
+                f"{name}.{k}": v for name, module in party.modules().items() for k, v in module.state_dict().items()
+            }
+            for kind, optimizer in (
+                ("weights", search.weight_optimizers[party.index]),
+                ("arch", search.arch_optimizers[party.index]),
+            ):
                 if optimizer is None:
                     continue
                 flat, meta = _flatten_optimizer(optimizer)
                 tensors |= {f"optimizer.{kind}.{k}": v for k, v in flat.items()}
                 optimizers_meta[f"{party.name}/{kind}"] = meta
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(tmp / f"{party.name}.safetensors"))
-        write_json(tmp / "state.json", {
-            "config": search.config(),
-            "step": P.step,
-            "evaluations": P.evaluations,
-            "history": search.history,
-            "messages": _messages_json(P.channel.messages),
-            "eval_messages": _messages_json(P.eval_channel.messages),
-            "ledger": P.ledger.state(),
-            "optimizers": optimizers_meta,
-        })
+            save_file(
+                {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                str(tmp / f"{party.name}.safetensors"),
+            )
+        write_json(
+            tmp / "state.json",
+            {
+                "config": search.config(),
+                "step": P.step,
+                "evaluations": P.evaluations,
+                "history": search.history,
+                "messages": _messages_json(P.channel.messages),
+                "eval_messages": _messages_json(P.eval_channel.messages),
+                "ledger": P.ledger.state(),
+                "optimizers": optimizers_meta,
+            },
+        )
 
 
 def load_state(directory: str | Path, search: Search) -> dict[str, Any]:
@@ -364,12 +438,15 @@ def load_state(directory: str | Path, search: Search) -> dict[str, Any]:
     for party in P.parties:
         tensors = load_file(str(directory / f"{party.name}.safetensors"))
         for name, module in party.modules().items():
-            module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
-        for kind, optimizer in (("weights", search.weight_optimizers[party.index]), ("arch", search.arch_optimizers[party.index])):
+            module.load_state_dict({k[len(name) + 1 :]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
+        for kind, optimizer in (
+            ("weights", search.weight_optimizers[party.index]),
+            ("arch", search.arch_optimizers[party.index]),
+        ):
             if optimizer is None:
                 continue
             prefix = f"optimizer.{kind}."
-            flat = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            flat = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
             _restore_optimizer(optimizer, flat, meta["optimizers"][f"{party.name}/{kind}"])
     P.step, P.evaluations, P._exchange = meta["step"], meta["evaluations"], 0
     P.channel.messages = _messages_from_json(meta["messages"])

@@ -57,8 +57,12 @@ class Zero(nn.Module):
 
 
 def _sep_half(c: int, affine: bool) -> list[nn.Module]:
-    return [nn.ReLU(), nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.Conv2d(c, c, 1, bias=False),
-            nn.BatchNorm2d(c, affine=affine)]
+    return [
+        nn.ReLU(),
+        nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False),
+        nn.Conv2d(c, c, 1, bias=False),
+        nn.BatchNorm2d(c, affine=affine),
+    ]
 
 
 def conv_op(name: str, c: int, search: bool) -> nn.Module:
@@ -74,8 +78,12 @@ def conv_op(name: str, c: int, search: bool) -> nn.Module:
     if name == "sep_conv_3x3":
         return nn.Sequential(*_sep_half(c, affine), *_sep_half(c, affine))
     if name == "dil_conv_3x3":
-        return nn.Sequential(nn.ReLU(), nn.Conv2d(c, c, 3, padding=2, dilation=2, groups=c, bias=False),
-                             nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c, affine=affine))
+        return nn.Sequential(
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=2, dilation=2, groups=c, bias=False),
+            nn.Conv2d(c, c, 1, bias=False),
+            nn.BatchNorm2d(c, affine=affine),
+        )
     raise ValueError(f"unknown conv op {name!r}; allowed {list(CONV_OPS)}")
 
 
@@ -172,15 +180,30 @@ class DerivedCell(nn.Module):
 class _Skeleton(nn.Module):
     """Stem, cells and output layer shared by the supernets and the derived networks."""
 
-    def __init__(self, kind: str, in_features: int, out_dim: int, width: int, cells: int, nodes: int,
-                 stem_multiplier: int, make_cell: Callable[[int, int], nn.Module]):
+    def __init__(
+        self,
+        kind: str,
+        in_features: int,
+        out_dim: int,
+        width: int,
+        cells: int,
+        nodes: int,
+        stem_multiplier: int,
+        make_cell: Callable[[int, int], nn.Module],
+    ):
         super().__init__()
         _check_kind(kind)
         if min(in_features, out_dim, width, cells, nodes, stem_multiplier) < 1:
             raise ValueError("in_features, out_dim, width, cells, nodes and stem_multiplier must all be >= 1")
         self.kind = kind
-        self.skeleton = {"in_features": in_features, "out_dim": out_dim, "width": width, "cells": cells,
-                         "nodes": nodes, "stem_multiplier": stem_multiplier}
+        self.skeleton = {
+            "in_features": in_features,
+            "out_dim": out_dim,
+            "width": width,
+            "cells": cells,
+            "nodes": nodes,
+            "stem_multiplier": stem_multiplier,
+        }
         c_stem = stem_multiplier * width
         if kind == "conv":
             self.stem = nn.Sequential(nn.Conv2d(in_features, c_stem, 3, padding=1, bias=False), nn.BatchNorm2d(c_stem))
@@ -208,15 +231,32 @@ class _Skeleton(nn.Module):
 class Supernet(_Skeleton):
     """A party's DARTS supernet. ``forward(x) -> (batch, out_dim)``; alphas are ``self.alphas`` (edges, ops)."""
 
-    def __init__(self, kind: str, in_features: int, out_dim: int = 16, width: int = 8, cells: int = 2,
-                 nodes: int = 2, stem_multiplier: int = 1, ops: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        kind: str,
+        in_features: int,
+        out_dim: int = 16,
+        width: int = 8,
+        cells: int = 2,
+        nodes: int = 2,
+        stem_multiplier: int = 1,
+        ops: tuple[str, ...] | None = None,
+    ):
         _check_kind(kind)
         ops = tuple(ops) if ops is not None else _OPS[kind][0]
         unknown = [o for o in ops if o not in _OPS[kind][0]]
         if unknown or "none" not in ops or len(ops) < 2:
             raise ValueError(f"ops {list(ops)}: need 'none' plus at least one of {list(_OPS[kind][0])}")
-        super().__init__(kind, in_features, out_dim, width, cells, nodes, stem_multiplier,
-                         lambda c_pp, c_p: SearchCell(kind, c_pp, c_p, width, nodes, ops))
+        super().__init__(
+            kind,
+            in_features,
+            out_dim,
+            width,
+            cells,
+            nodes,
+            stem_multiplier,
+            lambda c_pp, c_p: SearchCell(kind, c_pp, c_p, width, nodes, ops),
+        )
         self.ops = ops
         # DARTS initialisation: small Gaussian noise around uniform softmax weights (global torch RNG).
         self.alphas = nn.Parameter(1e-3 * torch.randn(edge_count(nodes), len(ops)))
@@ -267,7 +307,7 @@ def derive_genotype(weights: torch.Tensor, ops: tuple[str, ...] | list[str], nod
     keep = [k for k, name in enumerate(ops) if name != "none"]
     gene, start = [], 0
     for i in range(nodes):
-        rows = weights[start:start + 2 + i]
+        rows = weights[start : start + 2 + i]
         best = [max(keep, key=lambda k, r=r: (float(r[k]), -k)) for r in rows]  # strongest non-none op per edge
         strength = [float(r[k]) for r, k in zip(rows, best)]
         chosen = sorted(range(2 + i), key=lambda j: -strength[j])[:EDGES_PER_NODE]
@@ -291,9 +331,16 @@ class DerivedNet(_Skeleton):
                 if not 0 <= int(e["input"]) < 2 + i or e["op"] not in _OPS[kind][0] or e["op"] == "none":
                     raise ValueError(f"node {i}: invalid edge {e}")
         width = skeleton["width"]
-        super().__init__(kind, skeleton["in_features"], skeleton["out_dim"], width, skeleton["cells"],
-                         skeleton["nodes"], skeleton["stem_multiplier"],
-                         lambda c_pp, c_p: DerivedCell(kind, c_pp, c_p, width, gene))
+        super().__init__(
+            kind,
+            skeleton["in_features"],
+            skeleton["out_dim"],
+            width,
+            skeleton["cells"],
+            skeleton["nodes"],
+            skeleton["stem_multiplier"],
+            lambda c_pp, c_p: DerivedCell(kind, c_pp, c_p, width, gene),
+        )
         self.genotype_spec = copy.deepcopy(genotype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -359,8 +406,14 @@ class HandDesigned(nn.Module):
         return list(self.parameters())
 
 
-def hand_designed(kind: str, in_features: int, out_dim: int = 16, width: int | None = None, depth: int = 3,
-                  target_params: int | None = None) -> HandDesigned:
+def hand_designed(
+    kind: str,
+    in_features: int,
+    out_dim: int = 16,
+    width: int | None = None,
+    depth: int = 3,
+    target_params: int | None = None,
+) -> HandDesigned:
     """The baseline; give ``width`` or ``target_params`` (then the width whose parameter count is closest to the
     target, smaller width on ties, searched in 1..4096) so that it matches a derived network's size."""
     if (width is None) == (target_params is None):
@@ -400,9 +453,17 @@ def parameter_counts(**modules: nn.Module) -> dict[str, dict[str, int]]:
     return out
 
 
-_OP_COLOURS = {"skip_connect": "#4c72b0", "identity": "#4c72b0", "max_pool_3x3": "#dd8452",
-               "avg_pool_3x3": "#55a868", "sep_conv_3x3": "#c44e52", "dil_conv_3x3": "#8172b3",
-               "linear_relu": "#c44e52", "linear_tanh": "#8172b3", "bottleneck_relu": "#937860"}
+_OP_COLOURS = {
+    "skip_connect": "#4c72b0",
+    "identity": "#4c72b0",
+    "max_pool_3x3": "#dd8452",
+    "avg_pool_3x3": "#55a868",
+    "sep_conv_3x3": "#c44e52",
+    "dil_conv_3x3": "#8172b3",
+    "linear_relu": "#c44e52",
+    "linear_tanh": "#8172b3",
+    "bottleneck_relu": "#937860",
+}
 
 
 def draw_genotype(genotype: dict[str, Any], title: str, path: str | Path, dpi: int = 120) -> Path:
@@ -434,14 +495,33 @@ def draw_genotype(genotype: dict[str, Any], title: str, path: str | Path, dpi: i
 
     def arrow(src: int, dst: int, colour: str, style: str, rad: float, label: str | None) -> None:
         (x1, y1), (x2, y2) = pos[src], pos[dst]
-        ax.annotate("", xy=(x2, y2), xytext=(x1, y1),
-                    arrowprops={"arrowstyle": "-|>", "color": colour, "linestyle": style, "lw": 1.3,
-                                "shrinkA": 16, "shrinkB": 16, "connectionstyle": f"arc3,rad={rad}"})
+        ax.annotate(
+            "",
+            xy=(x2, y2),
+            xytext=(x1, y1),
+            arrowprops={
+                "arrowstyle": "-|>",
+                "color": colour,
+                "linestyle": style,
+                "lw": 1.3,
+                "shrinkA": 16,
+                "shrinkB": 16,
+                "connectionstyle": f"arc3,rad={rad}",
+            },
+        )
         if label:
             # midpoint of matplotlib's arc3 quadratic Bezier (aspect is equal, so data units work)
             mx, my = (x1 + x2) / 2 + rad * (y2 - y1) / 2, (y1 + y2) / 2 - rad * (x2 - x1) / 2
-            ax.text(mx, my, label, fontsize=7, ha="center", va="center", color=colour,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9})
+            ax.text(
+                mx,
+                my,
+                label,
+                fontsize=7,
+                ha="center",
+                va="center",
+                color=colour,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9},
+            )
 
     for i, node in enumerate(gene):
         for e in node:
@@ -452,8 +532,15 @@ def draw_genotype(genotype: dict[str, Any], title: str, path: str | Path, dpi: i
         arrow(int(node_id), out_id, "#999999", "dashed", 0.0, None)
     for node_id, (x, y) in pos.items():
         colour = "#a1c9f4" if node_id in (0, 1) else "#ffb482" if node_id == out_id else "#d0d0d0"
-        ax.text(x, y, names[node_id], ha="center", va="center", fontsize=9,
-                bbox={"boxstyle": "round,pad=0.35", "fc": colour, "ec": "#333333"})
+        ax.text(
+            x,
+            y,
+            names[node_id],
+            ha="center",
+            va="center",
+            fontsize=9,
+            bbox={"boxstyle": "round,pad=0.35", "fc": colour, "ec": "#333333"},
+        )
     fig.suptitle(title, fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

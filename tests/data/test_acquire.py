@@ -108,8 +108,16 @@ def _with_clinic(root: Path) -> dict[str, str]:
 def test_own_files_declared_in_params_are_copied_and_checked_beside_the_known_ones(mirror, tmp_path):
     root, table = mirror
     own = _with_clinic(root)
-    manifest = acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own,
-                       vertical_sets={"clinic": ["host"]})
+    manifest = acquire(
+        ["toy"],
+        "mirror",
+        root,
+        tmp_path / "out",
+        progress=False,
+        checksums=table,
+        own_files=own,
+        vertical_sets={"clinic": ["host"]},
+    )
     assert (tmp_path / "out/fate_vfl/clinic_hetero_host.csv").read_bytes() == HOST
     assert {f["path"] for f in manifest["files"] if f.get("own")} == set(CLINIC)
     assert "fate_vfl" not in table  # the injected table is not edited
@@ -119,7 +127,10 @@ def test_an_own_file_that_differs_from_its_declared_sha256_is_refused(mirror, tm
     root, table = mirror
     own = _with_clinic(root)
     (root / "fate_vfl/clinic_hetero_host.csv").write_bytes(b"id,x1\n1,3\n")
-    with pytest.raises(DataError, match=f"fate_vfl/clinic_hetero_host.csv: sha256 mismatch, expected {own['fate_vfl/clinic_hetero_host.csv']}"):
+    with pytest.raises(
+        DataError,
+        match=f"fate_vfl/clinic_hetero_host.csv: sha256 mismatch, expected {own['fate_vfl/clinic_hetero_host.csv']}",
+    ):
         acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own)
     assert not (tmp_path / "out").exists()
 
@@ -130,15 +141,32 @@ def test_a_vertical_set_with_an_undeclared_file_names_it_and_how_to_declare_it(m
     own = _with_clinic(root)
     del own["fate_vfl/clinic_hetero_host.csv"]
     with pytest.raises(DataError) as error:
-        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own,
-                vertical_sets={"clinic": ["host"]})
+        acquire(
+            ["toy"],
+            "mirror",
+            root,
+            tmp_path / "out",
+            progress=False,
+            checksums=table,
+            own_files=own,
+            vertical_sets={"clinic": ["host"]},
+        )
     assert str(error.value) == (
         "params: data.vertical_sets.clinic needs fate_vfl/clinic_hetero_host.csv, which has no checksum: declare it in "
         "data.own_files as `fate_vfl/clinic_hetero_host.csv: <sha256>` (sha256sum of your copy); the copy in "
-        f"{root} has sha256 {sha(HOST)}")
+        f"{root} has sha256 {sha(HOST)}"
+    )
     with pytest.raises(DataError, match=r"data.vertical_sets.clinic = null, and no host file of it is declared"):
-        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_files=own,
-                vertical_sets={"clinic": None})
+        acquire(
+            ["toy"],
+            "mirror",
+            root,
+            tmp_path / "out",
+            progress=False,
+            checksums=table,
+            own_files=own,
+            vertical_sets={"clinic": None},
+        )
 
 
 def test_own_files_come_from_the_mirror_at_the_official_and_embedded_sources(mirror, tmp_path):
@@ -146,26 +174,44 @@ def test_own_files_come_from_the_mirror_at_the_official_and_embedded_sources(mir
     own = _with_clinic(root)
     del table["toy"]["toy/LICENSE"]
     sources = {"toy": {rel: {"url": (root / rel).as_uri()} for rel in FILES}}
-    acquire(["toy"], "official", root, tmp_path / "out", progress=False, checksums=table, sources=sources,
-            own_files=own, vertical_sets={"clinic": None})  # null hosts: every declared clinic_hetero_host*.csv
+    acquire(
+        ["toy"],
+        "official",
+        root,
+        tmp_path / "out",
+        progress=False,
+        checksums=table,
+        sources=sources,
+        own_files=own,
+        vertical_sets={"clinic": None},
+    )  # null hosts: every declared clinic_hetero_host*.csv
     assert (tmp_path / "out/fate_vfl/clinic_hetero_guest.csv").read_bytes() == GUEST
     staging = tmp_path / "embedded"
     entries = acquire_own(own, {"clinic": ["host"], "breast": None}, root, staging)  # breast is the package's: left out
     assert [e["path"] for e in entries] == sorted(CLINIC) and (staging / "fate_vfl/clinic_hetero_host.csv").is_file()
     with pytest.raises(DataError, match="data.vertical_sets.clinic needs fate_vfl/clinic_hetero_host_2.csv"):
         acquire_own(own, {"clinic": ["host", "host_2"]}, root, tmp_path / "embedded2")
-    with pytest.raises(DataError, match="data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum"):
+    with pytest.raises(
+        DataError, match="data.vertical_sets.clinic needs fate_vfl/clinic_hetero_guest.csv, which has no checksum"
+    ):
         acquire_own({}, {"clinic": ["host"]}, root, tmp_path / "embedded3")  # a set the package does not know
     (root / "fate_vfl/clinic_hetero_host.csv").unlink()
-    with pytest.raises(DataError, match="fate_vfl/clinic_hetero_host.csv: params: data.own_files declares it, but it is missing"):
+    with pytest.raises(
+        DataError, match="fate_vfl/clinic_hetero_host.csv: params: data.own_files declares it, but it is missing"
+    ):
         acquire_own(own, {"clinic": ["host"]}, root, tmp_path / "embedded4")  # the same words as at the other sources
 
 
 def test_a_collection_of_your_own_without_declared_files_is_refused(mirror, tmp_path):
     root, table = mirror
-    with pytest.raises(DataError, match=r"'bank_faq' is a collection or corpus of your own .* data.own_files declares no "
-                                        r"file under bank_faq/"):
-        acquire(["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_collections=["bank_faq"])
+    with pytest.raises(
+        DataError,
+        match=r"'bank_faq' is a collection or corpus of your own .* data.own_files declares no "
+        r"file under bank_faq/",
+    ):
+        acquire(
+            ["toy"], "mirror", root, tmp_path / "out", progress=False, checksums=table, own_collections=["bank_faq"]
+        )
 
 
 def test_official_member_of_archive(tmp_path):
@@ -177,8 +223,15 @@ def test_official_member_of_archive(tmp_path):
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     table = {"t": {"t/answers.json.gz": {"sha256": sha(data), "bytes": len(data)}}}
-    sources = {"t": {"t/answers.json.gz": {"url": archive.as_uri(), "member": "pkg-1.0/answers.json.gz",
-                                           "archive_sha256": sha(archive.read_bytes())}}}
+    sources = {
+        "t": {
+            "t/answers.json.gz": {
+                "url": archive.as_uri(),
+                "member": "pkg-1.0/answers.json.gz",
+                "archive_sha256": sha(archive.read_bytes()),
+            }
+        }
+    }
     acquire(["t"], "official", None, tmp_path / "out", progress=False, checksums=table, sources=sources)
     assert (tmp_path / "out/t/answers.json.gz").read_bytes() == data
 
@@ -192,6 +245,7 @@ def test_packaged_tables_are_consistent():
 
 
 # ----------------------------------------------------------------------------- safe_extract
+
 
 def make_tar(path: Path, members: list[tarfile.TarInfo]) -> Path:
     with tarfile.open(path, "w:gz") as tar:
@@ -212,14 +266,18 @@ def link_member(name: str, target: str, kind=tarfile.SYMTYPE) -> tarfile.TarInfo
     return info
 
 
-@pytest.mark.parametrize("bad", [
-    file_member("../evil.txt"),
-    file_member("ok/../../evil.txt"),
-    file_member("/tmp/evil.txt"),
-    link_member("link", "../../etc"),
-    link_member("link", "/etc/passwd"),
-    link_member("hard", "../outside.txt", tarfile.LNKTYPE),
-], ids=["dotdot", "nested-dotdot", "absolute", "symlink-rel", "symlink-abs", "hardlink"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        file_member("../evil.txt"),
+        file_member("ok/../../evil.txt"),
+        file_member("/tmp/evil.txt"),
+        link_member("link", "../../etc"),
+        link_member("link", "/etc/passwd"),
+        link_member("hard", "../outside.txt", tarfile.LNKTYPE),
+    ],
+    ids=["dotdot", "nested-dotdot", "absolute", "symlink-rel", "symlink-abs", "hardlink"],
+)
 def test_malicious_tar_refused(tmp_path, bad):
     archive = make_tar(tmp_path / "bad.tar.gz", [file_member("good.txt"), bad])
     dest = tmp_path / "dest"
@@ -253,6 +311,7 @@ def test_safe_extract_benign(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real mirror
+
 
 @pytest.mark.mirror
 def test_real_mirror_verifies(tmp_path):

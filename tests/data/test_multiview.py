@@ -49,7 +49,9 @@ def test_modelnet40_deals_one_view_per_party_aligned_by_object(tmp_path):
     assert np.allclose(ds.parties[1].iloc[0, 1:].to_numpy(float), 71 / 255)
     assert list(ds.groups[:7]) == ["airplane_0001"] * 6 + ["airplane_0002"]
     assert (ds.release_split == "test").sum() == 2 * 6 and set(ds.groups[ds.release_split == "test"]) == {
-        "airplane_0003", "chair_0003"}
+        "airplane_0003",
+        "chair_0003",
+    }
 
 
 def test_modelnet40_drops_an_object_missing_a_view_and_counts_it(tmp_path):
@@ -74,8 +76,9 @@ def test_modelnet40_through_prepare_and_partition_keeps_objects_whole_and_the_te
     stats = empty_statistics()
     write_modelnet40(tmp_path / "prepared", _modelnet(tmp_path / "m", objects=6), 4, 0, stats)
     assert set(stats["vertical"]) == {"modelnet40-k2", "modelnet40-k4"}
-    _, labels, splits, summary = build_partition(tmp_path / "prepared" / "vertical" / "modelnet40-k2", "modelnet40", 2,
-                                                 0.2, 0.5, 0, seed=0)
+    _, labels, splits, summary = build_partition(
+        tmp_path / "prepared" / "vertical" / "modelnet40-k2", "modelnet40", 2, 0.2, 0.5, 0, seed=0
+    )
     objects = labels["sample_id"].str.rsplit("_", n=1).str[0]
     per_object = splits.assign(object=objects).groupby("object")["split"].nunique()
     assert (per_object == 1).all()
@@ -98,13 +101,16 @@ def _chexpert(root, rows: list[tuple[str, dict]]):
 
 def test_chexpert_gives_each_party_one_image_of_the_same_patient(tmp_path):
     prefix = "CheXpert-v1.0-small/train"
-    root = _chexpert(tmp_path, [
-        (f"{prefix}/patient00001/study1/view1_frontal.jpg", {"Cardiomegaly": 1.0, "Edema": -1.0}),
-        (f"{prefix}/patient00001/study1/view2_lateral.jpg", {"Cardiomegaly": 1.0, "Edema": -1.0}),
-        (f"{prefix}/patient00002/study1/view1_frontal.jpg", {"No Finding": 1.0}),
-        (f"{prefix}/patient00003/study1/view1_frontal.jpg", {"Pneumonia": 0.0}),
-        (f"{prefix}/patient00003/study2/view1_frontal.jpg", {"Pneumonia": 1.0}),
-    ])
+    root = _chexpert(
+        tmp_path,
+        [
+            (f"{prefix}/patient00001/study1/view1_frontal.jpg", {"Cardiomegaly": 1.0, "Edema": -1.0}),
+            (f"{prefix}/patient00001/study1/view2_lateral.jpg", {"Cardiomegaly": 1.0, "Edema": -1.0}),
+            (f"{prefix}/patient00002/study1/view1_frontal.jpg", {"No Finding": 1.0}),
+            (f"{prefix}/patient00003/study1/view1_frontal.jpg", {"Pneumonia": 0.0}),
+            (f"{prefix}/patient00003/study2/view1_frontal.jpg", {"Pneumonia": 1.0}),
+        ],
+    )
     ds = load_chexpert(root, parties=2, image_size=4)
     assert ds.task == "multilabel" and ds.labels.shape == (2, 14)
     assert list(ds.parties[0]["sample_id"]) == ["patient00001", "patient00003"]

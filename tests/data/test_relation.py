@@ -9,8 +9,10 @@ from fedrepro.data.relation import load_chemprot, load_i2b2, load_pgr, re_statis
 from fedrepro.errors import DataError
 
 MIRROR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "raw"
-HEADER = ("FILE_ID\tSENTENCE\tGENE\tPHENOTYPE\tGENE_ID\tPHENOTYPE_ID\tGENE_START_POSITION\tGENE_END_POSITION\t"
-          "PHENOTYPE_START_POSITION\tPHENOTYPE_END_POSITION\tRELATION")
+HEADER = (
+    "FILE_ID\tSENTENCE\tGENE\tPHENOTYPE\tGENE_ID\tPHENOTYPE_ID\tGENE_START_POSITION\tGENE_END_POSITION\t"
+    "PHENOTYPE_START_POSITION\tPHENOTYPE_END_POSITION\tRELATION"
+)
 
 
 def pgr_row(doc, sentence, gene, pheno, label, gene_at=None):
@@ -22,12 +24,18 @@ def pgr_row(doc, sentence, gene, pheno, label, gene_at=None):
 def test_pgr_fixture(tmp_path):
     base = tmp_path / "pgr" / "10_12_2018_corpus"
     base.mkdir(parents=True)
-    train = [pgr_row(f"d{i}", f"Loss of ZORB{i} causes blue toes in mice.", f"ZORB{i}", "blue toes",
-                     "True" if i % 2 else "False") for i in range(20)]
+    train = [
+        pgr_row(
+            f"d{i}", f"Loss of ZORB{i} causes blue toes in mice.", f"ZORB{i}", "blue toes", "True" if i % 2 else "False"
+        )
+        for i in range(20)
+    ]
     train.append(pgr_row("d99", "Variants of QUUX relate to hair loss.", "QUUX", "hair loss", "False", gene_at=3))
     (base / "train.tsv").write_text("\n".join([HEADER, *train]) + "\n", encoding="utf-8")
-    test = [pgr_row("t1", "PLIM mutations cause fever.", "PLIM", "fever", "TRUE") + "\tC",
-            pgr_row("t2", "fever was not linked to PLIM.", "PLIM", "fever", "false") + "\tI"]
+    test = [
+        pgr_row("t1", "PLIM mutations cause fever.", "PLIM", "fever", "TRUE") + "\tC",
+        pgr_row("t2", "fever was not linked to PLIM.", "PLIM", "fever", "false") + "\tI",
+    ]
     (base / "test.tsv").write_text("\n".join([HEADER + "\tCONFIRMATION", *test]) + "\n", encoding="utf-8")
     corpus = load_pgr(tmp_path)
     table = corpus.table
@@ -43,8 +51,10 @@ def test_pgr_fixture(tmp_path):
 def test_chemprot_cpr_fixture(tmp_path):
     base = tmp_path / "chemprot" / "cpr_groups_att-chemprot"
     base.mkdir(parents=True)
-    lines = ["CPR:4\tCHEMICAL\tGENE-Y\t4\t0\tgene is blocked by chemical .\tT2\tT1\t111",
-             "NA\tCHEMICAL\tGENE-N\t0\t3\tchemical binds to gene weakly .\tT1\tT2\t222"]
+    lines = [
+        "CPR:4\tCHEMICAL\tGENE-Y\t4\t0\tgene is blocked by chemical .\tT2\tT1\t111",
+        "NA\tCHEMICAL\tGENE-N\t0\t3\tchemical binds to gene weakly .\tT1\tT2\t222",
+    ]
     for name in ("training.txt", "development.txt", "test.txt"):
         (base / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = load_chemprot(tmp_path, "cpr_groups")
@@ -59,12 +69,22 @@ def test_chemprot_scibert_types_from_aligned_sentence(tmp_path):
     sci = tmp_path / "chemprot" / "scibert"
     cpr.mkdir(parents=True)
     sci.mkdir(parents=True)
-    anon = ["CPR:4\tCHEMICAL\tGENE-Y\t5\t0\tgene activity was reduced by chemical in zebrafish .\tT2\tT1\t1",
-            "CPR:3\tCHEMICAL\tGENE-Y\t0\t4\tchemical strongly upregulated the gene receptor .\tT1\tT2\t2"]
-    sents = [{"text": "<< Florbin kinase >> activity was reduced by [[ tazomide ]] in zebrafish.", "label": "INHIBITOR",
-              "metadata": []},
-             {"text": "<< Quelamine >> strongly upregulated the [[ VEX1 ]] receptor.", "label": "UPREGULATOR",
-              "metadata": []}]
+    anon = [
+        "CPR:4\tCHEMICAL\tGENE-Y\t5\t0\tgene activity was reduced by chemical in zebrafish .\tT2\tT1\t1",
+        "CPR:3\tCHEMICAL\tGENE-Y\t0\t4\tchemical strongly upregulated the gene receptor .\tT1\tT2\t2",
+    ]
+    sents = [
+        {
+            "text": "<< Florbin kinase >> activity was reduced by [[ tazomide ]] in zebrafish.",
+            "label": "INHIBITOR",
+            "metadata": [],
+        },
+        {
+            "text": "<< Quelamine >> strongly upregulated the [[ VEX1 ]] receptor.",
+            "label": "UPREGULATOR",
+            "metadata": [],
+        },
+    ]
     for c, s in (("training.txt", "train.txt"), ("development.txt", "dev.txt"), ("test.txt", "test.txt")):
         (cpr / c).write_text("\n".join(anon) + "\n", encoding="utf-8")
         (sci / s).write_text("\n".join(json.dumps(x) for x in sents) + "\n", encoding="utf-8")
@@ -91,8 +111,10 @@ def write_i2b2(folder: Path, name: str, lines: list[str], rels: list[str]):
 
 def test_i2b2_fixture(tmp_path):
     lines = ["admission date :", "patient took zumorol for knee ache and it worsened the knee ache ."]
-    rels = ['c="zumorol" 2:2 2:2||r="TrAP"||c="knee ache" 2:4 2:5',
-            'c="zumorol" 2:2 2:2||r="TrWP"||c="knee ache" 2:10 2:11']
+    rels = [
+        'c="zumorol" 2:2 2:2||r="TrAP"||c="knee ache" 2:4 2:5',
+        'c="zumorol" 2:2 2:2||r="TrWP"||c="knee ache" 2:10 2:11',
+    ]
     for i in range(10):
         write_i2b2(tmp_path / "train", f"note{i}", lines, rels)
     write_i2b2(tmp_path / "test", "note_t", lines, rels[:1])
@@ -126,6 +148,7 @@ def test_synthetic_deterministic_skewed_and_learnable():
 
 # ----------------------------------------------------------------------------- the raw-data mirror
 
+
 def need_mirror(sub: str) -> Path:
     if not (MIRROR / sub).is_dir():
         pytest.skip(f"raw-data mirror not found at {MIRROR / sub}")
@@ -146,7 +169,10 @@ def test_mirror_chemprot_cpr_groups():
     corpus = load_chemprot(need_mirror("chemprot"), "cpr_groups")
     stats = re_statistics(corpus).set_index("split")
     assert [n for n in corpus.notes if "candidate pairs" in n] == [
-        "training.txt: 15492 candidate pairs", "development.txt: 9530 candidate pairs", "test.txt: 13084 candidate pairs"]
+        "training.txt: 15492 candidate pairs",
+        "development.txt: 9530 candidate pairs",
+        "test.txt: 13084 candidate pairs",
+    ]
     dropped = int(corpus.notes[-1].split("; ")[1].split()[0])
     assert stats["sentences"].sum() + dropped == 15492 + 9530 + 13084 and dropped < 300
     assert stats["CPR:4"].tolist() == [2041, 989, 1510] and stats["CPR:6"].tolist() == [212, 184, 270]
@@ -177,9 +203,19 @@ def test_mirror_chemprot_scibert_is_the_same_whatever_the_hash_seed():
     import sys
 
     mirror = need_mirror("chemprot")
-    script = ("import hashlib; from pathlib import Path; from fedrepro.data.relation import load_chemprot; "
-              f"corpus = load_chemprot(Path({str(mirror)!r}), 'scibert'); "
-              "print(hashlib.sha256(corpus.table.to_csv(index=False).encode()).hexdigest())")
-    digests = {subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": seed},
-                              capture_output=True, text=True, check=True).stdout for seed in ("1", "2")}
+    script = (
+        "import hashlib; from pathlib import Path; from fedrepro.data.relation import load_chemprot; "
+        f"corpus = load_chemprot(Path({str(mirror)!r}), 'scibert'); "
+        "print(hashlib.sha256(corpus.table.to_csv(index=False).encode()).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(digests) == 1, digests

@@ -69,9 +69,14 @@ def test_digits_quarters_are_the_four_quadrants_of_the_same_images():
 
 # published counts (MANIFEST): rows, guest features, features per host, classes (0 = regression)
 FATE_SETS = {
-    "breast": (569, 10, [20], 2), "breast_mini": (569, 3, [3], 2), "default_credit": (30000, 13, [10], 2),
-    "dvisits": (5190, 3, [9], 0), "ionosphere_scale": (351, 15, [19], 2), "motor": (800, 4, [7, 3, 4], 0),
-    "motor_mini": (800, 3, [3], 0), "student": (395, 6, [7], 0),
+    "breast": (569, 10, [20], 2),
+    "breast_mini": (569, 3, [3], 2),
+    "default_credit": (30000, 13, [10], 2),
+    "dvisits": (5190, 3, [9], 0),
+    "ionosphere_scale": (351, 15, [19], 2),
+    "motor": (800, 4, [7, 3, 4], 0),
+    "motor_mini": (800, 3, [3], 0),
+    "student": (395, 6, [7], 0),
 }
 
 

@@ -24,8 +24,23 @@ from fedrepro.fl.algorithms.moon import Moon
 from fedrepro.fl.algorithms.scaffold import Scaffold
 
 REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (Individual, Centralised, CoverQuery, FedAvg, FedProx, LGFedAvg, FedPer, FedMatch,
-                              Scaffold, Moon, FedRS, FedLC, FedCMC, FedDyn)
+    cls.name: cls
+    for cls in (
+        Individual,
+        Centralised,
+        CoverQuery,
+        FedAvg,
+        FedProx,
+        LGFedAvg,
+        FedPer,
+        FedMatch,
+        Scaffold,
+        Moon,
+        FedRS,
+        FedLC,
+        FedCMC,
+        FedDyn,
+    )
 }
 
 
@@ -39,8 +54,10 @@ def algorithm_settings(name: str, entries: Mapping[str, Mapping[str, Any]], **pe
         per_cell_knobs = _validated(other, knobs).set_per_cell
         swept = sorted(set(knobs) & set(per_cell_knobs))
         if swept:
-            raise ConfigError(f"params: algorithms.{other}.{swept[0]} is set for each cell from {per_cell_knobs[swept[0]]}; "
-                              "set it there")
+            raise ConfigError(
+                f"params: algorithms.{other}.{swept[0]} is set for each cell from {per_cell_knobs[swept[0]]}; "
+                "set it there"
+            )
     return _validated(name, {**entries.get(name, {}), **per_cell})
 
 

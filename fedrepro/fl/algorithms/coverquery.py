@@ -33,7 +33,9 @@ def with_cover_queries(triples: pd.DataFrame, k: int, seed: int) -> pd.DataFrame
     Groups are numbered in a seeded random order; nothing in the table says which member is real.
     """
     rng = np.random.default_rng(seed)
-    words = Counter(w for text in pd.concat([triples["positive"], triples["negative"]]) for w in str(text).lower().split())
+    words = Counter(
+        w for text in pd.concat([triples["positive"], triples["negative"]]) for w in str(text).lower().split()
+    )
     vocabulary = np.array(sorted(words))
     weights = np.array([words[w] for w in vocabulary], dtype=float)
     weights /= weights.sum()
@@ -48,7 +50,9 @@ def with_cover_queries(triples: pd.DataFrame, k: int, seed: int) -> pd.DataFrame
     rows = []
     for row in triples.itertuples(index=False):
         for question in members[row.question_id]:
-            rows.append((int(group_of[row.question_id]), question, row.positive_id, row.positive, row.negative_id, row.negative))
+            rows.append(
+                (int(group_of[row.question_id]), question, row.positive_id, row.positive, row.negative_id, row.negative)
+            )
     upload = pd.DataFrame(rows, columns=UPLOAD_COLUMNS)
     return upload.sort_values(["group"], kind="stable").reset_index(drop=True)
 
@@ -65,8 +69,9 @@ class CoverQuery(Algorithm):
         """Each client uploads its obfuscated triples; the central trainer trains on exactly what arrived."""
         arrived = {}
         for client_id in task.client_ids:
-            upload = with_cover_queries(task.triples[client_id], self.settings.cover_queries,
-                                        derive_seed(seed, "cover_queries", client_id))
+            upload = with_cover_queries(
+                task.triples[client_id], self.settings.cover_queries, derive_seed(seed, "cover_queries", client_id)
+            )
             received = channel.send_table(-1, client_id, SERVER, "training_triples", upload)
             arrived[client_id] = received.assign(question_id=received["group"].map(lambda g: f"{client_id}-group-{g}"))
         return task.with_triples(arrived)

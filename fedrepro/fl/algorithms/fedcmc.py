@@ -28,7 +28,8 @@ VECTOR_CHOICES = ("major", "minor", "random", "none")
 
 
 def choose_clients(similarity: torch.Tensor, rule: str, rng: np.random.Generator) -> list[int]:
-    """For each class (column of the clients x classes ``similarity``), the index of the client whose vector stands for it."""
+    """For each class (column of the clients x classes ``similarity``), the index of the client whose vector stands for
+    it."""
     if rule == "major":
         return similarity.argmin(dim=0).tolist()
     if rule == "minor":
@@ -38,7 +39,9 @@ def choose_clients(similarity: torch.Tensor, rule: str, rng: np.random.Generator
     raise ValueError(f"fedcmc vectors {rule!r}: allowed {VECTOR_CHOICES}")
 
 
-def contrastive_loss(features: torch.Tensor, vectors: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def contrastive_loss(
+    features: torch.Tensor, vectors: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Cross-entropy over cosine similarities between each feature and the C class vectors (own class positive)."""
     cosine = nn.functional.normalize(features.float(), dim=-1) @ nn.functional.normalize(vectors.float(), dim=-1).T
     return nn.functional.cross_entropy(cosine / temperature, targets)
@@ -52,7 +55,8 @@ class FedCMC(Algorithm):
         mu: float = Field(ge=0, description="weight of the contrastive term against the major classifier vectors")
         temperature: float = Field(gt=0, description="temperature of the contrastive term")
         vectors: Literal[VECTOR_CHOICES] = Field(  # type: ignore[valid-type]
-            "major", description="which client's vector stands for each class (major: the published method)")
+            "major", description="which client's vector stands for each class (major: the published method)"
+        )
 
     def __init__(self, settings: Settings, common: CommonSettings) -> None:
         super().__init__(settings, common)
@@ -66,11 +70,14 @@ class FedCMC(Algorithm):
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
         if MAJOR_VECTORS not in context.received:
             return output.loss
-        contrast = contrastive_loss(output.features, context.received[MAJOR_VECTORS], output.targets,
-                                    self.settings.temperature)
+        contrast = contrastive_loss(
+            output.features, context.received[MAJOR_VECTORS], output.targets, self.settings.temperature
+        )
         return output.loss + self.settings.mu * contrast
 
-    def aggregate(self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+    def aggregate(
+        self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
+    ) -> dict[str, torch.Tensor]:
         result = super().aggregate({n: v for n, v in global_weights.items() if n != MAJOR_VECTORS}, updates)
         self.chosen = []
         if self.settings.vectors == "none":

@@ -58,12 +58,17 @@ class FedDyn(Algorithm):
                 context.client_state[CLIENT_GRADIENT + name] = -step if previous is None else previous - step
         return shared
 
-    def aggregate(self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+    def aggregate(
+        self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
+    ) -> dict[str, torch.Tensor]:
         model_names = [n for n in global_weights if not self.is_server_only(n)]
         averaged = super().aggregate({n: global_weights[n] for n in model_names}, updates)
         # the sum of q_k over this round's clients (averaged is their p_k-weighted mean)
-        share = (sum(u.num_samples for u in updates) / self.total_samples if self.common.weighting == "size"
-                 else len(updates) / self.total_clients)
+        share = (
+            sum(u.num_samples for u in updates) / self.total_samples
+            if self.common.weighting == "size"
+            else len(updates) / self.total_clients
+        )
         alpha, result = self.settings.alpha, {}
         for name in model_names:
             h = global_weights[SERVER_STATE + name] - alpha * share * (averaged[name] - global_weights[name])

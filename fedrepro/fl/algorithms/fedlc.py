@@ -32,4 +32,6 @@ class FedLC(Algorithm):
         client_id = context.client_id
         if client_id not in self.shifts:
             self.shifts[client_id] = calibration(self.task.label_counts(client_id), self.settings.tau)
-        return nn.functional.cross_entropy(output.logits.float() - self.shifts[client_id].to(output.logits.device), output.targets)
+        return nn.functional.cross_entropy(
+            output.logits.float() - self.shifts[client_id].to(output.logits.device), output.targets
+        )

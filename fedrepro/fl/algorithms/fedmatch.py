@@ -21,12 +21,16 @@ class FedMatch(Algorithm):
     class Settings(Algorithm.Settings):
         set_per_cell: ClassVar[dict[str, str]] = {
             "patch": "the method (fedmatch_<insertion>_<structure>) with fedmatch.settings.patch_size and patch_heads",
-            "shared_layers": "fedmatch.settings.shared_layers", "fidelity": "fedmatch.settings.fidelity"}
+            "shared_layers": "fedmatch.settings.shared_layers",
+            "fidelity": "fedmatch.settings.fidelity",
+        }
         patch: PatchSpec | None = Field(None, description="the private patch injected into the backbone")
-        shared_layers: int | None = Field(None, ge=0, description="bottom encoder layers shared; the layers above are "
-                                                                  "private too (None: all shared)")
+        shared_layers: int | None = Field(
+            None, ge=0, description="bottom encoder layers shared; the layers above are private too (None: all shared)"
+        )
         fidelity: Literal["paper", "released_code"] = Field(
-            "paper", description="released_code also keeps every LayerNorm private, as the authors' code does")
+            "paper", description="released_code also keeps every LayerNorm private, as the authors' code does"
+        )
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         if self.settings.patch is None:

@@ -25,8 +25,12 @@ class FedRS(Algorithm):
     name, label = "fedrs", "FedRS"
 
     class Settings(Algorithm.Settings):
-        alpha: float = Field(ge=0, le=1, description="logit scale of a class the client never saw (1 for its most frequent class)")
-        mask: bool = Field(description="the paper's binary present/absent mask instead of the author's count-scaled one")
+        alpha: float = Field(
+            ge=0, le=1, description="logit scale of a class the client never saw (1 for its most frequent class)"
+        )
+        mask: bool = Field(
+            description="the paper's binary present/absent mask instead of the author's count-scaled one"
+        )
 
     def prepare_task(self, task, channel, seed):
         self.task, self.scales = task, {}  # counted where a client trains: a silo-local server holds no labels
@@ -35,6 +39,9 @@ class FedRS(Algorithm):
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
         client_id = context.client_id
         if client_id not in self.scales:
-            self.scales[client_id] = restricted_scale(self.task.label_counts(client_id), self.settings.alpha,
-                                                      self.settings.mask)
-        return nn.functional.cross_entropy(output.logits.float() * self.scales[client_id].to(output.logits.device), output.targets)
+            self.scales[client_id] = restricted_scale(
+                self.task.label_counts(client_id), self.settings.alpha, self.settings.mask
+            )
+        return nn.functional.cross_entropy(
+            output.logits.float() * self.scales[client_id].to(output.logits.device), output.targets
+        )

@@ -17,7 +17,9 @@ class LGFedAvg(Algorithm):
     local_layers = 0
 
     class Settings(Algorithm.Settings):
-        local_layers: int | None = Field(ge=0, description="bottom encoder layers kept local with the embeddings; None: half")
+        local_layers: int | None = Field(
+            ge=0, description="bottom encoder layers kept local with the embeddings; None: half"
+        )
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         layers = {encoder_layer_index(name) for name, _ in model.named_parameters()} - {None}

@@ -1,6 +1,7 @@
 """MOON (Li, He and Song, 2021): model-contrastive learning between the local, global and previous models.
 
-Local loss = task loss + mu * l_con, with l_con = -log e^{sim(z, z_glob)/T} / (e^{sim(z, z_glob)/T} + e^{sim(z, z_prev)/T}),
+Local loss = task loss + mu * l_con, with
+l_con = -log e^{sim(z, z_glob)/T} / (e^{sim(z, z_glob)/T} + e^{sim(z, z_prev)/T}),
 z the projection of this sample's relation features by the model being trained, z_glob by the round's global
 model, z_prev by this client's model at the end of its previous round (the global model on its first round).
 The projection head (two layers, ``projection_dim`` out; 0 = none) is shared and averaged with the rest.
@@ -35,8 +36,11 @@ class Moon(Algorithm):
     class Settings(Algorithm.Settings):
         mu: float = Field(ge=0, description="weight of the model-contrastive term")
         temperature: float = Field(gt=0)
-        projection_dim: int = Field(ge=0, description="output size of the projection head on the relation features "
-                                                      "(0: no head, the features used as they are)")
+        projection_dim: int = Field(
+            ge=0,
+            description="output size of the projection head on the relation features "
+            "(0: no head, the features used as they are)",
+        )
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model.moon_projection = _projection(model.feature_dim, self.settings.projection_dim)
@@ -69,8 +73,9 @@ class Moon(Algorithm):
         temperature = self.settings.temperature
         positive = nn.functional.cosine_similarity(z, z_global, dim=-1) / temperature
         negative = nn.functional.cosine_similarity(z, z_previous, dim=-1) / temperature
-        contrastive = nn.functional.cross_entropy(torch.stack([positive, negative], dim=1).float(),
-                                                  torch.zeros(len(z), dtype=torch.long, device=z.device))
+        contrastive = nn.functional.cross_entropy(
+            torch.stack([positive, negative], dim=1).float(), torch.zeros(len(z), dtype=torch.long, device=z.device)
+        )
         return output.loss + self.settings.mu * contrastive
 
     def upload(self, shared: dict[str, torch.Tensor], context: LocalContext) -> dict[str, torch.Tensor]:

@@ -41,7 +41,8 @@ class Scaffold(Algorithm):
     def local_objective(self, model: nn.Module, output: TaskOutput, context: LocalContext) -> torch.Tensor:
         correction = sum(
             (param * (context.received[CONTROL + name] - self._client_control(name, context))).sum()
-            for name, param in model.named_parameters() if CONTROL + name in context.received
+            for name, param in model.named_parameters()
+            if CONTROL + name in context.received
         )
         return output.loss + correction
 
@@ -67,7 +68,9 @@ class Scaffold(Algorithm):
                 deltas[CONTROL + name] = new - old
         return {**shared, **deltas}
 
-    def aggregate(self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+    def aggregate(
+        self, global_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
+    ) -> dict[str, torch.Tensor]:
         model_names = [n for n in global_weights if not n.startswith(CONTROL)]
         result = super().aggregate({n: global_weights[n] for n in model_names}, updates)
         share = len(updates) / self.total_clients

@@ -44,8 +44,9 @@ def serve(grid: Grid, context: Context) -> None:
     nodes_timeout = float(context.run_config.get(NODES_TIMEOUT_KEY, NODES_TIMEOUT))
     checkpoint_dir = Path(str(context.run_config[CHECKPOINT_KEY]))
     try:
-        FlowerServer(recipe, task, algorithm, checkpoint_dir, progress=False, reply_timeout=timeout,
-                     nodes_timeout=nodes_timeout).serve(grid)
+        FlowerServer(
+            recipe, task, algorithm, checkpoint_dir, progress=False, reply_timeout=timeout, nodes_timeout=nodes_timeout
+        ).serve(grid)
     except TrainingDiverged as error:
         (checkpoint_dir / DIVERGED_FILE).write_text(str(error))
         raise
@@ -57,8 +58,9 @@ client_app = ClientApp()
 def _handlers(context: Context) -> NodeHandlers:
     """A node with no ``state-dir`` of its own keeps its client's state under ``<checkpoint-dir>/nodes/<client id>``,
     in the folder of the cell it runs (the local deployment's nodes serve a stage's cells one after another)."""
-    return NodeHandlers(load_recipe(str(context.run_config[RECIPE_KEY])),
-                        Path(str(context.run_config[CHECKPOINT_KEY])) / NODES)
+    return NodeHandlers(
+        load_recipe(str(context.run_config[RECIPE_KEY])), Path(str(context.run_config[CHECKPOINT_KEY])) / NODES
+    )
 
 
 @client_app.query()

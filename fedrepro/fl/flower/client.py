@@ -70,8 +70,10 @@ class NodeHandlers:
 
     def _check_run(self, config: ConfigRecord) -> None:
         if config[m.FINGERPRINT] != self.recipe.fingerprint:
-            raise WrongRun(f"this node serves run {self.recipe.fingerprint[:12]}, the server runs "
-                           f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the server's recipe")
+            raise WrongRun(
+                f"this node serves run {self.recipe.fingerprint[:12]}, the server runs "
+                f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the server's recipe"
+            )
 
     def client_id(self, context: Context) -> str | None:
         """A node on its own machine is told its client (``client-id``); a simulated node, or one of the numbered nodes
@@ -90,8 +92,10 @@ class NodeHandlers:
         """The client this node serves in the run (a message for a node that serves none is a server's error)."""
         client_id = self.client_id(context)
         if client_id is None:
-            raise FedreproError(f"node {context.node_config[PARTITION_ID_KEY]} serves no client of run "
-                                f"{self.recipe.fingerprint[:12]}, yet was sent a round")
+            raise FedreproError(
+                f"node {context.node_config[PARTITION_ID_KEY]} serves no client of run "
+                f"{self.recipe.fingerprint[:12]}, yet was sent a round"
+            )
         return client_id
 
     def trainer(self, context: Context, client_id: str) -> LocalTrainer:
@@ -102,15 +106,19 @@ class NodeHandlers:
         data_dir = Path(str(configured)) if configured is not None else self.recipe.silo.root / client_id
         trainer = trainer_for(self.recipe, data_dir)
         if list(trainer.task.client_ids) != [client_id]:
-            raise FedreproError(f"node of client {client_id}: its {DATA_DIR_KEY} {data_dir} holds the data of "
-                                f"{list(trainer.task.client_ids)}")
+            raise FedreproError(
+                f"node of client {client_id}: its {DATA_DIR_KEY} {data_dir} holds the data of "
+                f"{list(trainer.task.client_ids)}"
+            )
         return trainer
 
     def store(self, context: Context, client_id: str) -> NodeStateStore:
         if STATE_DIR_KEY in context.node_config:
             return NodeStateStore(Path(str(context.node_config[STATE_DIR_KEY])), self.recipe.fingerprint)
         if self.nodes_root is None:
-            raise FedreproError(f"node of client {client_id}: its node config has no {STATE_DIR_KEY!r} for its private state")
+            raise FedreproError(
+                f"node of client {client_id}: its node config has no {STATE_DIR_KEY!r} for its private state"
+            )
         return NodeStateStore(self.nodes_root / client_id, self.recipe.fingerprint)
 
     def load_state(self, context: Context, store: NodeStateStore, config: ConfigRecord) -> NodeState:
@@ -137,14 +145,20 @@ class NodeHandlers:
         store = self.store(context, client_id)
         state = self.load_state(context, store, config)
         try:
-            result = trainer.client_round(round_index, client_id, m.to_tensors(message.content[m.TENSORS]), state.tensors)
+            result = trainer.client_round(
+                round_index, client_id, m.to_tensors(message.content[m.TENSORS]), state.tensors
+            )
         except TrainingDiverged as error:
             return m.diverged_reply(error, message)
         upload = m.to_record(result.upload)  # a copy, taken before anything else touches the model
         blob = store.save(NodeState(round_index, result.stored), started_from=state.round_index)
         context.state[STATE_KEY] = ConfigRecord({STATE_BYTES: blob})
-        metrics = MetricRecord({m.NUM_SAMPLES: result.num_samples,  # no train_loss: the client had no batch to train on
-                                **({} if result.train_loss is None else {m.TRAIN_LOSS: result.train_loss})})
+        metrics = MetricRecord(
+            {
+                m.NUM_SAMPLES: result.num_samples,  # no train_loss: the client had no batch to train on
+                **({} if result.train_loss is None else {m.TRAIN_LOSS: result.train_loss}),
+            }
+        )
         return Message(RecordDict({m.TENSORS: upload, m.METRICS: metrics}), reply_to=message)
 
     def evaluate(self, message: Message, context: Context) -> Message:

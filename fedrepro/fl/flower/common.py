@@ -87,10 +87,17 @@ def ray_backend_config(cpus: int, device: str = "cpu") -> dict[str, Any]:
     resources = {"num_cpus": cpus, "num_gpus": gpu_share(device)}
     folder = os.environ.get(STAGE_RAY_ENV)
     if folder:
-        return {"client_resources": resources,
-                "init_args": {"address": stage_ray_address(Path(folder)), "_node_ip_address": "127.0.0.1"}}
+        return {
+            "client_resources": resources,
+            "init_args": {"address": stage_ray_address(Path(folder)), "_node_ip_address": "127.0.0.1"},
+        }
     return {
         "client_resources": resources,
-        "init_args": {"num_cpus": cpus, "num_gpus": ray_gpus(), "_node_ip_address": "127.0.0.1", "include_dashboard": False,
-                      "object_store_memory": OBJECT_STORE_BYTES},
+        "init_args": {
+            "num_cpus": cpus,
+            "num_gpus": ray_gpus(),
+            "_node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+            "object_store_memory": OBJECT_STORE_BYTES,
+        },
     }

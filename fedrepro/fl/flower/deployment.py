@@ -37,7 +37,6 @@ from fedrepro.fl.recipe import CellRecipe, write_recipe_spec
 from fedrepro.io import read_json
 
 
-
 class RunningFederation:
     """A started ``LocalFederation`` with its warm ClientApp launcher, and what that launcher was started for
     (``setup``: the cells' torch threads, the modules it preloads, its slots), so a cell that needs another starts
@@ -100,22 +99,33 @@ def watch_rounds(checkpoint_dir: Path, rounds: int, bar: tqdm) -> Callable[[], b
     one is. It counts the checkpoint's rounds, not the bar's: a disabled bar (``progress=False``) never moves, and a
     run watched through the bar's count waited out Flower's status poll (``STATUS_EVERY_SECONDS``, up to 10 s) after
     its last round."""
+
     def last_round_checkpointed() -> bool:
         done = rounds_checkpointed(checkpoint_dir)
         if done > bar.n:
             bar.update(done - bar.n)
         return done >= rounds
+
     return last_round_checkpointed
 
 
 class FlowerDeployment(Engine):
-    """``run()`` trains the cell on a local SuperLink and SuperNodes and returns the same ``TrainingState`` as the engine.
+    """``run()`` trains the cell on a local SuperLink and SuperNodes and returns the same ``TrainingState`` as the
+    engine.
 
     The rounds run in the SuperLink's ServerApp process, so ``on_round_end`` is not called here.
     """
 
-    def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
-                 progress: bool = True, timeout: float = 86400, reply_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        recipe: CellRecipe,
+        task: FederatedTask,
+        algorithm: Algorithm,
+        checkpoint_dir: str | Path,
+        progress: bool = True,
+        timeout: float = 86400,
+        reply_timeout: float | None = None,
+    ) -> None:
         if recipe.spec is None:
             raise FederationError("a deployment rebuilds the cell in other processes: its recipe needs a spec")
         super().__init__(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress)
@@ -157,7 +167,9 @@ class FlowerDeployment(Engine):
             config[DATA_DIR_KEY] = str(self.data_dirs[client_id])
         return federation.start_supernode(number, keys / number, config)
 
-    def restart_node(self, federation: LocalFederation, client_id: str, within: float = 300, settle: float = 15) -> None:
+    def restart_node(
+        self, federation: LocalFederation, client_id: str, within: float = 300, settle: float = 15
+    ) -> None:
         """Start a crashed client's SuperNode again, as a supervisor would. The SuperLink lets the key in again only
         once it has marked the dead connection offline (after missed heartbeats); until then the node exits at
         once, so it is started again every few seconds. Alive after ``settle`` seconds counts as rejoined."""
@@ -186,12 +198,17 @@ class FlowerDeployment(Engine):
         """The federation this cell runs on, with a running node per client: the open ``shared_federation``'s (started
         now if there is none yet, or if it was started for another launcher setup or lost a node), else one of its
         own, stopped after the run. A run that fails stops either."""
-        setup = (self.recipe.threads, ("fedrepro.fl.flower.apps", self.recipe.spec["factory"].partition(":")[0]),
-                 self.launcher_slots)
+        setup = (
+            self.recipe.threads,
+            ("fedrepro.fl.flower.apps", self.recipe.spec["factory"].partition(":")[0]),
+            self.launcher_slots,
+        )
         shared = SharedFederation.folder
         if shared is not None and self.data_dirs:
-            raise FederationError("a cell whose nodes each get a data directory of their own cannot run on a shared "
-                                  "federation: its numbered nodes serve other cells' clients too")
+            raise FederationError(
+                "a cell whose nodes each get a data directory of their own cannot run on a shared "
+                "federation: its numbered nodes serve other cells' clients too"
+            )
         running = SharedFederation.running if shared is not None else None
         if running is not None and (running.setup != setup or self._lost_a_node(running.local)):
             SharedFederation.stop()
@@ -215,18 +232,29 @@ class FlowerDeployment(Engine):
 
     def run(self) -> TrainingState:
         if self.state.next_round < self.settings.rounds:
-            spec = write_recipe_spec(self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint})
+            spec = write_recipe_spec(
+                self.checkpoint_dir / "recipe.json", {**self.recipe.spec, "fingerprint": self.fingerprint}
+            )
             diverged = self.checkpoint_dir / DIVERGED_FILE
             diverged.unlink(missing_ok=True)  # a previous run's
             with stopped_cleanly_on_sigterm(), self._federation() as federation:
                 if self.on_federation_up is not None:
                     self.on_federation_up(federation)
-                with tqdm(desc=f"{self.algorithm.name} rounds on Flower", total=self.settings.rounds,
-                          initial=self.state.next_round, disable=not self.progress) as bar:
+                with tqdm(
+                    desc=f"{self.algorithm.name} rounds on Flower",
+                    total=self.settings.rounds,
+                    initial=self.state.next_round,
+                    disable=not self.progress,
+                ) as bar:
                     try:
-                        self.wire = federation.run_app(spec, self.checkpoint_dir, self.timeout, self.reply_timeout,
-                                                       watch_rounds(self.checkpoint_dir, self.settings.rounds, bar),
-                                                       self.nodes_timeout)["network-traffic"]
+                        self.wire = federation.run_app(
+                            spec,
+                            self.checkpoint_dir,
+                            self.timeout,
+                            self.reply_timeout,
+                            watch_rounds(self.checkpoint_dir, self.settings.rounds, bar),
+                            self.nodes_timeout,
+                        )["network-traffic"]
                     except FederationError:
                         if diverged.exists():  # the error the engine would raise, not "the Flower run failed"
                             raise TrainingDiverged(diverged.read_text()) from None

@@ -43,14 +43,15 @@ def safetensors_metadata(blob: bytes) -> dict[str, str]:
     """The metadata of safetensors bytes (an 8-byte little-endian header length, then the JSON header); ``blob`` may
     be the header alone."""
     (length,) = struct.unpack("<Q", blob[:8])
-    return json.loads(blob[8:8 + length]).get("__metadata__", {})
+    return json.loads(blob[8 : 8 + length]).get("__metadata__", {})
 
 
 def to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
     """A copy of the tensors, packed in one ``Array`` (name order kept)."""
     # safetensors refuses tensors that share memory (views of one parameter): one contiguous copy of each
-    copies = {name: tensor.detach().cpu().clone(memory_format=torch.contiguous_format)
-              for name, tensor in tensors.items()}
+    copies = {
+        name: tensor.detach().cpu().clone(memory_format=torch.contiguous_format) for name, tensor in tensors.items()
+    }
     blob = save_tensors(copies, metadata={ORDER: json.dumps(list(copies))})
     return ArrayRecord({PACKED: Array(dtype="uint8", shape=(len(blob),), stype=PACKED, data=blob)})
 
@@ -58,8 +59,10 @@ def to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
 def to_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
     """The tensors ``to_record`` packed, in the sender's order."""
     if list(record) != [PACKED] or record[PACKED].stype != PACKED:
-        raise FederationError(f"a message's {TENSORS!r} record holds {[(k, a.stype) for k, a in record.items()]}: "
-                              f"expected one array {PACKED!r} of stype {PACKED!r} (both ends must run this fedrepro)")
+        raise FederationError(
+            f"a message's {TENSORS!r} record holds {[(k, a.stype) for k, a in record.items()]}: "
+            f"expected one array {PACKED!r} of stype {PACKED!r} (both ends must run this fedrepro)"
+        )
     blob = record[PACKED].data
     tensors = load_tensors(blob)
     return {name: tensors[name] for name in json.loads(safetensors_metadata(blob)[ORDER])}
@@ -73,4 +76,4 @@ def diverged_reply(error: TrainingDiverged, message: Message) -> Message:
 def divergence(reply: Message | None) -> str | None:
     """The node's ``TrainingDiverged`` text if ``reply`` is a ``diverged_reply``, else None."""
     reason = (reply.error.reason or "") if reply is not None and reply.has_error() else ""
-    return reason[len(DIVERGED):] if reason.startswith(DIVERGED) else None
+    return reason[len(DIVERGED) :] if reason.startswith(DIVERGED) else None

@@ -67,7 +67,7 @@ class NodeStateStore:
     def _rounds(self) -> list[int]:
         if not self.directory.is_dir():
             return []
-        return sorted(int(p.name[len(PREFIX):-len(SUFFIX)]) for p in self.directory.glob(f"{PREFIX}*{SUFFIX}"))
+        return sorted(int(p.name[len(PREFIX) : -len(SUFFIX)]) for p in self.directory.glob(f"{PREFIX}*{SUFFIX}"))
 
     def _ours(self, round_index: int) -> bool:
         """Whether this run wrote the file (reads only its header)."""

@@ -63,8 +63,9 @@ def _receive(connection: socket.socket) -> dict[str, Any]:
     return torch.load(io.BytesIO(exactly(size)), weights_only=True)
 
 
-def ask(socket_path: str | Path, spec: str, op: str, command: str, tensors: Mapping[str, torch.Tensor]
-        ) -> dict[str, torch.Tensor]:
+def ask(
+    socket_path: str | Path, spec: str, op: str, command: str, tensors: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The ClientApp's side: hand one command to the party's service and return its reply tensors."""
     try:
         with socket.socket(socket.AF_UNIX) as connection:

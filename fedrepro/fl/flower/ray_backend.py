@@ -72,8 +72,11 @@ class KeptRayBackend(raybackend.RayBackend):
             KeptRayBackend.kept_pool.terminate_all_actors()
             KeptRayBackend.kept_pool = None
         if KeptRayBackend.kept_pool is None:
-            pool = raybackend.BasicActorPool(actor_type=raybackend.ClientAppActor,
-                                             client_resources=self.client_resources, actor_kwargs=self.actor_kwargs)
+            pool = raybackend.BasicActorPool(
+                actor_type=raybackend.ClientAppActor,
+                client_resources=self.client_resources,
+                actor_kwargs=self.actor_kwargs,
+            )
             pool.add_actors_to_pool(1)
             KeptRayBackend.kept_pool, KeptRayBackend.kept_for = pool, dict(self.client_resources)
             multiprocessing.util.Finalize(None, raybackend.ray.shutdown, exitpriority=0)
@@ -149,10 +152,18 @@ def _signalling(store: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 def kept_ray_backend() -> Iterator[None]:
     """Run one simulation on the process's kept Ray backend, its messages handed on as soon as they are stored; a run
     that fails drops it."""
-    flowers = (raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue,
-               InMemoryLinkState.store_message_ins, InMemoryLinkState.store_message_res)
-    raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue = KeptRayBackend, _feed_messages_promptly, \
-        _StoppableQueue
+    flowers = (
+        raybackend.RayBackend,
+        vce_api.add_messages_to_queue,
+        vce_api.Queue,
+        InMemoryLinkState.store_message_ins,
+        InMemoryLinkState.store_message_res,
+    )
+    raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue = (
+        KeptRayBackend,
+        _feed_messages_promptly,
+        _StoppableQueue,
+    )
     _StoppableQueue.made = []
     InMemoryLinkState.store_message_ins = _signalling(flowers[3])
     InMemoryLinkState.store_message_res = _signalling(flowers[4])
@@ -162,6 +173,11 @@ def kept_ray_backend() -> Iterator[None]:
         KeptRayBackend.drop()
         raise
     finally:
-        (raybackend.RayBackend, vce_api.add_messages_to_queue, vce_api.Queue, InMemoryLinkState.store_message_ins,
-         InMemoryLinkState.store_message_res) = flowers
+        (
+            raybackend.RayBackend,
+            vce_api.add_messages_to_queue,
+            vce_api.Queue,
+            InMemoryLinkState.store_message_ins,
+            InMemoryLinkState.store_message_res,
+        ) = flowers
         _StoppableQueue.made = []

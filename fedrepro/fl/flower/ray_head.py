@@ -33,8 +33,12 @@ STOP_SECONDS = 30.0
 OBJECT_STORE_BYTES = 1024 * 2**20
 """Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD
 sends two)."""
-RAY_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0",
-                   "RAY_worker_niceness": "0"}
+RAY_ENVIRONMENT = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_worker_niceness": "0",
+}
 """What Ray and Flower read from the environment: no usage statistics or telemetry (they would try the network), and
 ClientApp workers at the niceness of the process that runs the cell. Ray lowers its workers' priority to niceness 15
 by default; beside any busy process of the same session (another cell's server, the test suite's other worker) a
@@ -48,9 +52,13 @@ def stage_ray(cpus: int) -> Iterator[None]:
     the stage's processes run (``STAGE_RAY_ENV``); stopped with the stage, or when the stage's process dies."""
     folder = Path(tempfile.mkdtemp(prefix="fedrepro-ray-"))
     with (folder / "head.log").open("w") as log:
-        head = subprocess.Popen([sys.executable, "-m", __name__, str(cpus), str(OBJECT_STORE_BYTES), str(folder)],
-                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **RAY_ENVIRONMENT})
+        head = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(cpus), str(OBJECT_STORE_BYTES), str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **RAY_ENVIRONMENT},
+        )
     (folder / "pid").write_text(str(head.pid))
     os.environ[STAGE_RAY_ENV] = str(folder)
     try:
@@ -110,8 +118,13 @@ def main() -> None:
     from fedrepro.device import ray_gpus
 
     cpus, store_bytes, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    context = ray.init(num_cpus=cpus, num_gpus=ray_gpus(), _node_ip_address="127.0.0.1", include_dashboard=False,
-                       object_store_memory=store_bytes)
+    context = ray.init(
+        num_cpus=cpus,
+        num_gpus=ray_gpus(),
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        object_store_memory=store_bytes,
+    )
     written = folder / "address.tmp"
     written.write_text(context.address_info["gcs_address"])
     written.replace(folder / "address")

@@ -46,9 +46,17 @@ NO_NODE = "no node serves it"
 class FlowerServer(Engine):
     """The engine's loop driving Flower nodes through a ``Grid`` (see the module docstring)."""
 
-    def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
-                 progress: bool = True, on_round_end: Callable[[dict[str, Any]], None] | None = None,
-                 reply_timeout: float | None = None, nodes_timeout: float = NODES_TIMEOUT) -> None:
+    def __init__(
+        self,
+        recipe: CellRecipe,
+        task: FederatedTask,
+        algorithm: Algorithm,
+        checkpoint_dir: str | Path,
+        progress: bool = True,
+        on_round_end: Callable[[dict[str, Any]], None] | None = None,
+        reply_timeout: float | None = None,
+        nodes_timeout: float = NODES_TIMEOUT,
+    ) -> None:
         super().__init__(task, algorithm, recipe.settings, checkpoint_dir, recipe.fingerprint, progress, on_round_end)
         self.recipe = recipe
         self.reply_timeout, self.nodes_timeout = reply_timeout, nodes_timeout
@@ -69,8 +77,10 @@ class FlowerServer(Engine):
         self._wait_for_nodes()
         self._identify_new_nodes()
         if not self.node_of:
-            raise FederationError(f"no Flower node said it serves a client of this run (nodes wait "
-                                  f"{self.nodes_timeout:g} s; the ServerApp's log names nodes that failed to answer)")
+            raise FederationError(
+                f"no Flower node said it serves a client of this run (nodes wait "
+                f"{self.nodes_timeout:g} s; the ServerApp's log names nodes that failed to answer)"
+            )
         Engine.run(self)
 
     def server_app(self) -> ServerApp:
@@ -87,12 +97,21 @@ class FlowerServer(Engine):
         return app
 
     # ----- messages --------------------------------------------------------------------------------------
-    def _exchange(self, message_type: str, contents: dict[str, RecordDict], round_index: int) -> dict[str, Message | None]:
+    def _exchange(
+        self, message_type: str, contents: dict[str, RecordDict], round_index: int
+    ) -> dict[str, Message | None]:
         """Send one message per client and wait for the replies; a client without a reply maps to None. With a reply
         timeout the messages expire with it, so a node that comes back later never works on a finished round."""
-        outgoing = [Message(content=content, dst_node_id=self.node_of[client_id], message_type=message_type,
-                            group_id=str(round_index), ttl=self.reply_timeout)
-                    for client_id, content in contents.items()]
+        outgoing = [
+            Message(
+                content=content,
+                dst_node_id=self.node_of[client_id],
+                message_type=message_type,
+                group_id=str(round_index),
+                ttl=self.reply_timeout,
+            )
+            for client_id, content in contents.items()
+        ]
         return dict(zip(contents, send_and_receive(self.grid, outgoing, self.reply_timeout)))
 
     def _silence(self) -> str:
@@ -122,13 +141,23 @@ class FlowerServer(Engine):
         that serves none (``SERVES_NONE``) is left alone for the run."""
         known = set(self.node_of.values()) | self.spare_nodes
         new = sorted(set(self.grid.get_node_ids()) - known)
-        outgoing = [Message(content=RecordDict({m.CONFIG: self._config(-1)}), dst_node_id=node_id,
-                            message_type=MessageType.QUERY, group_id="identify") for node_id in new]
+        outgoing = [
+            Message(
+                content=RecordDict({m.CONFIG: self._config(-1)}),
+                dst_node_id=node_id,
+                message_type=MessageType.QUERY,
+                group_id="identify",
+            )
+            for node_id in new
+        ]
         node_of = dict(self.node_of)
         for node_id, reply in zip(new, send_and_receive(self.grid, outgoing, self.reply_timeout or self.nodes_timeout)):
             if reply is None or reply.has_error():
-                log.warning("node %s did not say which client it serves: %s", node_id,
-                            "no reply" if reply is None else reply.error.reason)
+                log.warning(
+                    "node %s did not say which client it serves: %s",
+                    node_id,
+                    "no reply" if reply is None else reply.error.reason,
+                )
                 continue
             client_id = str(reply.content[m.CONFIG][m.CLIENT_ID])
             if client_id == SERVES_NONE:
@@ -141,8 +170,10 @@ class FlowerServer(Engine):
         self.node_of = {client_id: node_of[client_id] for client_id in self.train_ids if client_id in node_of}
         unserved = [client_id for client_id in self.train_ids if client_id not in self.node_of]
         if unserved:
-            log.warning("no Flower node serves client(s) %s yet: each misses the rounds that sample it until its "
-                        "node joins", unserved)
+            log.warning(
+                "no Flower node serves client(s) %s yet: each misses the rounds that sample it until its node joins",
+                unserved,
+            )
 
     # ----- one round -------------------------------------------------------------------------------------
     def _run_round(self, round_index: int) -> dict[str, Any]:
@@ -152,8 +183,15 @@ class FlowerServer(Engine):
         sampled, outgoing = self.open_round(round_index)
         reachable = [client_id for client_id in sampled if client_id in self.node_of]
         received = m.to_record(self.channel.broadcast(round_index, SERVER, reachable, outgoing))
-        contents = {client_id: RecordDict({m.TENSORS: received, m.CONFIG: self._config(
-            round_index, **{m.COUNTED: self._counted_round(client_id)})}) for client_id in reachable}
+        contents = {
+            client_id: RecordDict(
+                {
+                    m.TENSORS: received,
+                    m.CONFIG: self._config(round_index, **{m.COUNTED: self._counted_round(client_id)}),
+                }
+            )
+            for client_id in reachable
+        }
         replies = self._exchange(MessageType.TRAIN, contents, round_index)
         updates, losses, missed = [], [], {}
         for client_id in sampled:
@@ -163,8 +201,10 @@ class FlowerServer(Engine):
             reply = replies[client_id]
             diverged = m.divergence(reply)
             if diverged is not None:
-                raise TrainingDiverged(f"Flower node {reply.metadata.src_node_id} of client {client_id}, round "
-                                       f"{round_index + 1}: {diverged}")
+                raise TrainingDiverged(
+                    f"Flower node {reply.metadata.src_node_id} of client {client_id}, round "
+                    f"{round_index + 1}: {diverged}"
+                )
             if reply is None or reply.has_error():
                 missed[client_id] = self._silence() if reply is None else f"node error: {reply.error.reason}"
                 continue
@@ -224,15 +264,27 @@ class FlowerServer(Engine):
         clients = [client_id for client_id in self.task.client_ids if client_id in self.node_of]
         shared = {name: self.state.global_weights[name] for name in self.shared_names}
         sent = m.to_record(self.channel.broadcast(self._round, SERVER, clients, shared))
-        contents = {client_id: RecordDict({m.TENSORS: sent, m.CONFIG: self._config(
-            self._round, **{m.SPLIT: split, m.COUNTED: self._counted_round(client_id)})}) for client_id in clients}
+        contents = {
+            client_id: RecordDict(
+                {
+                    m.TENSORS: sent,
+                    m.CONFIG: self._config(self._round, **{m.SPLIT: split, m.COUNTED: self._counted_round(client_id)}),
+                }
+            )
+            for client_id in clients
+        }
         replies = self._exchange(MessageType.EVALUATE, contents, self._round)
         scores = {}
         for client_id, reply in replies.items():
             if reply is None or reply.has_error():
-                log.warning("round %d: client %s did not score its model (%s)", self._round + 1, client_id,
-                            self._silence() if reply is None else reply.error.reason)
+                log.warning(
+                    "round %d: client %s did not score its model (%s)",
+                    self._round + 1,
+                    client_id,
+                    self._silence() if reply is None else reply.error.reason,
+                )
                 continue
-            scores[client_id] = self.channel.send_scalars(self._round, client_id, SERVER, dict(reply.content[m.METRICS]))
+            scores[client_id] = self.channel.send_scalars(
+                self._round, client_id, SERVER, dict(reply.content[m.METRICS])
+            )
         return scores
-

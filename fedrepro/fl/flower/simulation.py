@@ -39,8 +39,15 @@ from fedrepro.fl.recipe import CellRecipe
 class FlowerSimulation(FlowerServer):
     """``run()`` trains the cell on Flower's simulation engine and returns the same ``TrainingState`` as the engine."""
 
-    def __init__(self, recipe: CellRecipe, task: FederatedTask, algorithm: Algorithm, checkpoint_dir: str | Path,
-                 progress: bool = True, on_round_end: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        recipe: CellRecipe,
+        task: FederatedTask,
+        algorithm: Algorithm,
+        checkpoint_dir: str | Path,
+        progress: bool = True,
+        on_round_end: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         super().__init__(recipe, task, algorithm, checkpoint_dir, progress, on_round_end)
         self.nodes_root = (self.checkpoint_dir / NODES).resolve()
 
@@ -53,9 +60,12 @@ class FlowerSimulation(FlowerServer):
         if self.state.next_round < self.settings.rounds:
             with kept_ray_backend():
                 try:
-                    run_simulation(server_app=self.server_app(),
-                                   client_app=client_app(NodeHandlers(self.recipe, self.nodes_root)),
-                                   num_supernodes=len(self.train_ids), backend_config=self.backend_config())
+                    run_simulation(
+                        server_app=self.server_app(),
+                        client_app=client_app(NodeHandlers(self.recipe, self.nodes_root)),
+                        num_supernodes=len(self.train_ids),
+                        backend_config=self.backend_config(),
+                    )
                 except RuntimeError:
                     if self.failure is None:
                         raise

@@ -80,8 +80,10 @@ class PartyNodeHandlers:
 
     def _check_run(self, config: ConfigRecord) -> None:
         if config[m.FINGERPRINT] != self.recipe.fingerprint:
-            raise FederationError(f"this node serves run {self.recipe.fingerprint[:12]}, the label party runs "
-                                  f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the label party's recipe")
+            raise FederationError(
+                f"this node serves run {self.recipe.fingerprint[:12]}, the label party runs "
+                f"{str(config[m.FINGERPRINT])[:12]}: start the nodes with the label party's recipe"
+            )
 
     def identify(self, message: Message, context: Context) -> Message:
         """Which party this node holds: the label party's first message of a run, so a worker this process kept from
@@ -116,8 +118,9 @@ def party_client_app(handlers: PartyNodeHandlers) -> ClientApp:
 class FlowerTransport:
     """The label party's side: one Flower message per party and command, waiting for every reply."""
 
-    def __init__(self, grid: Grid, recipe: VerticalRecipe, reply_timeout: float | None = None,
-                 nodes_timeout: float = 120.0) -> None:
+    def __init__(
+        self, grid: Grid, recipe: VerticalRecipe, reply_timeout: float | None = None, nodes_timeout: float = 120.0
+    ) -> None:
         self.grid, self.recipe, self.reply_timeout = grid, recipe, reply_timeout
         self.node_of = self._identify(nodes_timeout)
 
@@ -131,8 +134,15 @@ class FlowerTransport:
         while len(node_ids) < len(self.recipe.others) and time.monotonic() < deadline:
             time.sleep(0.5)
             node_ids = sorted(self.grid.get_node_ids())
-        outgoing = [Message(RecordDict({m.CONFIG: self._config()}), dst_node_id=node_id,
-                            message_type=MessageType.QUERY, group_id="identify") for node_id in node_ids]
+        outgoing = [
+            Message(
+                RecordDict({m.CONFIG: self._config()}),
+                dst_node_id=node_id,
+                message_type=MessageType.QUERY,
+                group_id="identify",
+            )
+            for node_id in node_ids
+        ]
         node_of: dict[int, int] = {}
         for node_id, reply in zip(node_ids, send_and_receive(self.grid, outgoing, timeout)):
             if reply is None:
@@ -141,28 +151,40 @@ class FlowerTransport:
                 raise FederationError(f"node {node_id} failed to say which party it holds: {reply.error.reason}")
             index = int(reply.content[m.CONFIG][PARTY])
             if index in node_of:
-                raise FederationError(f"nodes {node_of[index]} and {node_id} both hold "
-                                      f"{party_name(index)}")
+                raise FederationError(f"nodes {node_of[index]} and {node_id} both hold {party_name(index)}")
             node_of[index] = node_id
         missing = [party_name(j) for j in self.recipe.others if j not in node_of]
         if missing:
-            raise FederationError(f"no Flower node holds {missing} (within {timeout:g} s); nodes hold "
-                                  f"{[party_name(j) for j in sorted(node_of)]}")
+            raise FederationError(
+                f"no Flower node holds {missing} (within {timeout:g} s); nodes hold "
+                f"{[party_name(j) for j in sorted(node_of)]}"
+            )
         return node_of
 
-    def exchange(self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
-                 ) -> dict[int, dict[str, torch.Tensor]]:
+    def exchange(
+        self, op: str, commands: Mapping[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]
+    ) -> dict[int, dict[str, torch.Tensor]]:
         outgoing = []
         for j, (command, tensors) in commands.items():
-            content = RecordDict({m.CONFIG: self._config(**{OP: op, COMMAND: json.dumps(command)}),
-                                  m.TENSORS: m.to_record(tensors)})
-            outgoing.append(Message(content, dst_node_id=self.node_of[j], message_type=MessageType.TRAIN,
-                                    group_id=op, ttl=self.reply_timeout))
+            content = RecordDict(
+                {m.CONFIG: self._config(**{OP: op, COMMAND: json.dumps(command)}), m.TENSORS: m.to_record(tensors)}
+            )
+            outgoing.append(
+                Message(
+                    content,
+                    dst_node_id=self.node_of[j],
+                    message_type=MessageType.TRAIN,
+                    group_id=op,
+                    ttl=self.reply_timeout,
+                )
+            )
         replies = {}
         for j, reply in zip(commands, send_and_receive(self.grid, outgoing, self.reply_timeout)):
             if reply is None or reply.has_error():
-                raise FederationError(f"{party_name(j)} (node {self.node_of[j]}) did not answer {op!r}: "
-                                      f"{'no reply' if reply is None else reply.error.reason}")
+                raise FederationError(
+                    f"{party_name(j)} (node {self.node_of[j]}) did not answer {op!r}: "
+                    f"{'no reply' if reply is None else reply.error.reason}"
+                )
             replies[j] = m.to_tensors(reply.content[m.TENSORS])
         return replies
 
@@ -172,8 +194,13 @@ class VerticalSimulation:
     the hub and what ``drive`` returned. At the end every party saves its networks into its own directory
     (``party_directory``), which the harness, owning every node's directory on this machine, may read."""
 
-    def __init__(self, recipe: VerticalRecipe, root: str | Path, drive: Callable[[VerticalHub], Any],
-                 nodes_timeout: float = 900.0) -> None:
+    def __init__(
+        self,
+        recipe: VerticalRecipe,
+        root: str | Path,
+        drive: Callable[[VerticalHub], Any],
+        nodes_timeout: float = 900.0,
+    ) -> None:
         self.recipe, self.drive, self.nodes_timeout = recipe, drive, nodes_timeout
         """How long the label party waits for every node to say which party it holds: the Ray actor starts on the
         first message, which took over 120 s on the 2-core machine under a full load."""
@@ -204,8 +231,12 @@ class VerticalSimulation:
         try:
             nodes = party_client_app(PartyNodeHandlers(self.recipe, self.nodes_root))
             with kept_ray_backend():
-                run_simulation(server_app=app, client_app=nodes, num_supernodes=len(self.recipe.others),
-                               backend_config=ray_backend_config(self.recipe.threads, self.recipe.device))
+                run_simulation(
+                    server_app=app,
+                    client_app=nodes,
+                    num_supernodes=len(self.recipe.others),
+                    backend_config=ray_backend_config(self.recipe.threads, self.recipe.device),
+                )
         except RuntimeError:
             if "failure" not in done:
                 raise

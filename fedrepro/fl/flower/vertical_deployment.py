@@ -70,8 +70,10 @@ client_app = ClientApp()
 def identify(message: Message, context: Context) -> Message:
     recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
     if message.content[m.CONFIG][m.FINGERPRINT] != recipe.fingerprint:
-        raise FederationError(f"this node was given run {recipe.fingerprint[:12]}'s recipe, the label party runs "
-                              f"{str(message.content[m.CONFIG][m.FINGERPRINT])[:12]}")
+        raise FederationError(
+            f"this node was given run {recipe.fingerprint[:12]}'s recipe, the label party runs "
+            f"{str(message.content[m.CONFIG][m.FINGERPRINT])[:12]}"
+        )
     index = int(context.node_config[PARTY_ID_KEY])
     return Message(RecordDict({m.CONFIG: ConfigRecord({PARTY: index})}), reply_to=message)
 
@@ -80,8 +82,13 @@ def identify(message: Message, context: Context) -> Message:
 def command(message: Message, context: Context) -> Message:
     config = message.content[m.CONFIG]
     tensors = m.to_tensors(message.content[m.TENSORS]) if m.TENSORS in message.content else {}
-    reply = ask(str(context.node_config[PARTY_SOCKET_KEY]), str(context.run_config[RECIPE_KEY]), str(config[OP]),
-                str(config[COMMAND]), tensors)
+    reply = ask(
+        str(context.node_config[PARTY_SOCKET_KEY]),
+        str(context.run_config[RECIPE_KEY]),
+        str(config[OP]),
+        str(config[COMMAND]),
+        tensors,
+    )
     return Message(RecordDict({m.TENSORS: m.to_record(reply)}), reply_to=message)
 
 
@@ -90,9 +97,15 @@ class VerticalDeployment:
     SuperNode with its service; returns what ``drive`` returned. Each party keeps its files in ``party_directory``
     under ``root``."""
 
-    def __init__(self, recipe: VerticalRecipe, root: str | Path, drive: Callable[[VerticalHub], Any],
-                 timeout: float = 86400, reply_timeout: float | None = None, nodes_timeout: float = NODES_TIMEOUT
-                 ) -> None:
+    def __init__(
+        self,
+        recipe: VerticalRecipe,
+        root: str | Path,
+        drive: Callable[[VerticalHub], Any],
+        timeout: float = 86400,
+        reply_timeout: float | None = None,
+        nodes_timeout: float = NODES_TIMEOUT,
+    ) -> None:
         self.recipe, self.drive, self.root = recipe, drive, Path(root).resolve()
         self.timeout, self.reply_timeout, self.nodes_timeout = timeout, reply_timeout, nodes_timeout
 
@@ -103,9 +116,16 @@ class VerticalDeployment:
         with atomic_file(self.root / RECIPE_FILE, "wb") as file:
             pickle.dump(self.recipe, file)
         with atomic_file(self.root / LABEL_FILE, "wb") as file:
-            pickle.dump({"drive": self.drive, "result": str(result), "reply_timeout": self.reply_timeout,
-                         "directory": str(party_directory(self.root, self.recipe.label)),
-                         "nodes_timeout": self.nodes_timeout}, file)
+            pickle.dump(
+                {
+                    "drive": self.drive,
+                    "result": str(result),
+                    "reply_timeout": self.reply_timeout,
+                    "directory": str(party_directory(self.root, self.recipe.label)),
+                    "nodes_timeout": self.nodes_timeout,
+                },
+                file,
+            )
         sockets = Path(tempfile.mkdtemp(prefix="fedrepro-parties-"))  # a Unix socket's path is short
         try:
             self._federate(sockets, result)
@@ -120,18 +140,37 @@ class VerticalDeployment:
             federation.start_launcher(1, [__name__])
             for j in self.recipe.others:
                 socket_path = sockets / party_name(j)
-                service = federation.start_service(f"party-{j}", [
-                    sys.executable, "-m", "fedrepro.fl.flower.party_service", str(socket_path),
-                    str(party_directory(self.root, j)), str(j)])
-                wait_until(lambda: socket_path.exists() or service.poll() is not None, 120, f"{party_name(j)}'s service")
+                service = federation.start_service(
+                    f"party-{j}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "fedrepro.fl.flower.party_service",
+                        str(socket_path),
+                        str(party_directory(self.root, j)),
+                        str(j),
+                    ],
+                )
+                wait_until(
+                    lambda: socket_path.exists() or service.poll() is not None, 120, f"{party_name(j)}'s service"
+                )
                 if service.poll() is not None:
                     raise FederationError(f"{party_name(j)}'s service failed: see {federation.logs}/party-{j}.log")
                 private, public = make_node_key(federation.node_keys, party_name(j))
                 federation.register(public)
-                federation.start_supernode(party_name(j), private, {
-                    PARTY_ID_KEY: str(j), PARTY_SOCKET_KEY: str(socket_path),
-                    "state-dir": str(party_directory(self.root, j))})
-            app = write_flower_app(self.root / "app", f"{__name__}:server_app", f"{__name__}:client_app", {
-                RECIPE_KEY: str(self.root / RECIPE_FILE), LABEL_KEY: str(self.root / LABEL_FILE)})
+                federation.start_supernode(
+                    party_name(j),
+                    private,
+                    {
+                        PARTY_ID_KEY: str(j),
+                        PARTY_SOCKET_KEY: str(socket_path),
+                        "state-dir": str(party_directory(self.root, j)),
+                    },
+                )
+            app = write_flower_app(
+                self.root / "app",
+                f"{__name__}:server_app",
+                f"{__name__}:client_app",
+                {RECIPE_KEY: str(self.root / RECIPE_FILE), LABEL_KEY: str(self.root / LABEL_FILE)},
+            )
             federation.run(app, self.timeout, result.exists)
-
