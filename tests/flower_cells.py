@@ -40,8 +40,14 @@ from fedrepro.fl.recipe import CellRecipe, SiloRecipe  # noqa: E402
 from fedrepro.fl.runtime import build_runtime  # noqa: E402
 from fedrepro.models.patches import PatchSpec  # noqa: E402
 from scaffold_invariant import control_variate_gap, largest_control  # noqa: E402
-from toy import (FaultyNodesTask, ToyQATask, relation_server_view, relation_silo_task, relation_task,  # noqa: E402
-                 write_relation_silos)
+from toy import (
+    FaultyNodesTask,
+    ToyQATask,
+    relation_server_view,
+    relation_silo_task,
+    relation_task,  # noqa: E402
+    write_relation_silos,
+)
 
 # What a cell's build and training import on first use, imported with this module because a deployment's warm
 # ClientApp launcher preloads the recipe factory's module (this one: ``fedrepro.fl.flower.launcher``), so that every
@@ -104,12 +110,24 @@ STAGE_RAY_CELLS = ("relation/fedavg", "relation/scaffold")
 them (``fedrepro.grid``), both on the stage's one Ray (``stage_ray``)."""
 FAULT_CASES = ("faults/fedavg", "deploy-faults/fedavg")
 SUPERLINK_KILL_CASE = "superlink-kill-relation/fedavg"
+STAGE_KILL_CASE = "stage-kill-relation/fedavg"
+STAGE_KILL_POINTS = {"federation-up": 10.0, "round-1": 30.0}
+"""Where the stage-kill drill SIGKILLs the process that runs a deployment (the stage), and how many seconds it then
+watches the checkpoint folder: once its federation is up (its nodes still joining, no run started), and once round 1
+is checkpointed (round 2 under way). An orphan ServerApp checkpointed a round every 10-25 s in the drill without a
+reaper, so 30 s sees it write."""
 CRASHES, DIVERGES = "c", "a"
 """In the fault cases: round 1 samples c (whose node fails) but not a, round 2 samples a (whose training diverges)."""
-KNOBS = {"fedprox": {"mu": 0.1}, "fedmatch": {"patch": PatchSpec("horizontal", "lr", size=8)},
-         "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8}, "fedcmc": {"mu": 1.0, "temperature": 0.5},
-         "fedrs": {"alpha": 0.5, "mask": False}, "fedlc": {"tau": 1.0}, "lg_fedavg": {"local_layers": None},
-         "feddyn": {"alpha": 0.1}}
+KNOBS = {
+    "fedprox": {"mu": 0.1},
+    "fedmatch": {"patch": PatchSpec("horizontal", "lr", size=8)},
+    "moon": {"mu": 1.0, "temperature": 0.5, "projection_dim": 8},
+    "fedcmc": {"mu": 1.0, "temperature": 0.5},
+    "fedrs": {"alpha": 0.5, "mask": False},
+    "fedlc": {"tau": 1.0},
+    "lg_fedavg": {"local_layers": None},
+    "feddyn": {"alpha": 0.1},
+}
 """Every knob of every algorithm switched on, so each hook does real work."""
 
 
@@ -120,8 +138,11 @@ def federated_algorithms() -> list[str]:
 
 def all_cases() -> list[str]:
     """The cases the ``runs`` fixture runs together (each drill that kills a process has a fixture of its own)."""
-    return ([f"relation/{name}" for name in federated_algorithms()] + [f"qa/{name}" for name in QA_ALGORITHMS]
-            + [RESUME_CASE, *DEPLOY_CASES, SHARED_CASE])
+    return (
+        [f"relation/{name}" for name in federated_algorithms()]
+        + [f"qa/{name}" for name in QA_ALGORITHMS]
+        + [RESUME_CASE, *DEPLOY_CASES, SHARED_CASE]
+    )
 
 
 def recipe(case: str, rounds: int = 2, silos: str | None = None, clients: int = 3) -> CellRecipe:
@@ -130,21 +151,41 @@ def recipe(case: str, rounds: int = 2, silos: str | None = None, clients: int = 
     family, algorithm = case.split("/")
     family = family.rpartition("-")[2]  # deploy-relation, kill-relation, ...: the relation cell
     relation = family in ("relation", "resume")
-    settings = EngineSettings(rounds=rounds, local_epochs=1, clients_per_round=2, lr=1e-3, batch_size=8 if relation else 4,
-                              warmup_fraction=0.1, max_grad_norm=1.0, seed=0, eval_every=1,
-                              eval_splits=("valid", "test") if relation else ("valid",))
+    settings = EngineSettings(
+        rounds=rounds,
+        local_epochs=1,
+        clients_per_round=2,
+        lr=1e-3,
+        batch_size=8 if relation else 4,
+        warmup_fraction=0.1,
+        max_grad_norm=1.0,
+        seed=0,
+        eval_every=1,
+        eval_splits=("valid", "test") if relation else ("valid",),
+    )
     build = functools.partial(relation_task, clients) if relation else functools.partial(ToyQATask, QA_SIZES)
     if family == "faults":
         build = functools.partial(FaultyNodesTask, QA_SIZES, CRASHES, DIVERGES)
     knobs = REGISTRY[algorithm].Settings(**KNOBS.get(algorithm, {}))
-    silo = None if silos is None else SiloRecipe(Path(silos), relation_silo_task,
-                                                 functools.partial(relation_server_view, Path(silos)))
-    return CellRecipe(build_task=build, algorithm=algorithm, algorithm_settings=knobs,
-                      common=CommonSettings(weighting="size", seed=0), settings=settings,
-                      fingerprint=f"{case}-{rounds}-{clients}", threads=1, silo=silo,
-                      spec={"factory": "flower_cells:recipe",
-                            "kwargs": {"case": case, "rounds": rounds, "clients": clients,
-                                       **({"silos": silos} if silos else {})}})
+    silo = (
+        None
+        if silos is None
+        else SiloRecipe(Path(silos), relation_silo_task, functools.partial(relation_server_view, Path(silos)))
+    )
+    return CellRecipe(
+        build_task=build,
+        algorithm=algorithm,
+        algorithm_settings=knobs,
+        common=CommonSettings(weighting="size", seed=0),
+        settings=settings,
+        fingerprint=f"{case}-{rounds}-{clients}",
+        threads=1,
+        silo=silo,
+        spec={
+            "factory": "flower_cells:recipe",
+            "kwargs": {"case": case, "rounds": rounds, "clients": clients, **({"silos": silos} if silos else {})},
+        },
+    )
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -188,6 +229,8 @@ def run_case(case: str, work: Path) -> dict:
         return run_faults(case, work)
     if case == SUPERLINK_KILL_CASE:
         return run_superlink_kill(work)
+    if case == STAGE_KILL_CASE:
+        return run_stage_kill(work)
     if case in SILO_CASES:
         return run_silo_local(case, work)
     if case in STAGE_SILO_CASES:
@@ -213,17 +256,21 @@ def run_stage_ray(work: Path) -> dict:
     loaded_ray = "ray" in sys.modules  # as a stage's process: not before it forks its cell workers (``ray_head``)
     with stage_ray(cpus=2):
         folder = Path(os.environ[STAGE_RAY_ENV])
-        children = [context.Process(target=simulate_on_stage_ray, args=(case, work, replies))
-                    for case in STAGE_RAY_CELLS]
+        children = [
+            context.Process(target=simulate_on_stage_ray, args=(case, work, replies)) for case in STAGE_RAY_CELLS
+        ]
         for child in children:
             child.start()
         simulated = _replies(replies, children, timeout=600)
         for child in children:
             child.join()
     host, port = simulated[STAGE_RAY_CELLS[0]]["cluster"].rsplit(":", 1)
-    result = {"forked_with_ray": loaded_ray, "folder_left": folder.exists(),
-              "cluster_answers": _answers(host, int(port)),
-              "processes_left": [pid for pid in os.listdir("/proc") if pid.isdigit() and _names(pid, folder)]}
+    result = {
+        "forked_with_ray": loaded_ray,
+        "folder_left": folder.exists(),
+        "cluster_answers": _answers(host, int(port)),
+        "processes_left": [pid for pid in os.listdir("/proc") if pid.isdigit() and _names(pid, folder)],
+    }
     for case in STAGE_RAY_CELLS:
         engine = build_runtime(recipe(case), "engine", work / "stage-ray" / case / "engine", progress=False)
         engine.run()
@@ -241,8 +288,10 @@ def _replies(replies, children: list, timeout: float) -> dict:
         except queue.Empty:
             ended = [child.exitcode for child in children if child.exitcode is not None]
             if len(ended) > len(got) or time.monotonic() > deadline:
-                raise RuntimeError(f"stage-ray: {len(got)} of {len(children)} cells replied; exit codes of the "
-                                   f"children that ended: {ended} (a child's traceback is on stderr)") from None
+                raise RuntimeError(
+                    f"stage-ray: {len(got)} of {len(children)} cells replied; exit codes of the "
+                    f"children that ended: {ended} (a child's traceback is on stderr)"
+                ) from None
             continue
         if isinstance(reply, str):
             raise RuntimeError(f"stage-ray: {case} failed in its child:\n{reply}")
@@ -262,9 +311,19 @@ def simulate_on_stage_ray(case: str, work: Path, replies) -> None:
         from fedrepro.fl.flower.ray_backend import KeptRayBackend
 
         worker = KeptRayBackend.kept_pool.pool[0]
-        replies.put((case, {"flower-simulation": outcome(cell), "cluster": context.gcs_address,
-                            "job": context.get_job_id(), "cpus": ray.cluster_resources()["CPU"],
-                            "niceness": os.nice(0), "worker_niceness": ray.get(worker.__ray_call__.remote(_niceness))}))
+        replies.put(
+            (
+                case,
+                {
+                    "flower-simulation": outcome(cell),
+                    "cluster": context.gcs_address,
+                    "job": context.get_job_id(),
+                    "cpus": ray.cluster_resources()["CPU"],
+                    "niceness": os.nice(0),
+                    "worker_niceness": ray.get(worker.__ray_call__.remote(_niceness)),
+                },
+            )
+        )
     except BaseException:
         replies.put((case, traceback.format_exc()))
         raise
@@ -296,12 +355,15 @@ def run_resume(work: Path) -> dict:
     """SCAFFOLD (server and client state both) for 3 rounds on Flower: once straight through, and once with the
     server killed after round 1 and started again from its checkpoint, its nodes' states left where they were."""
     result = {}
-    straight = build_runtime(recipe(RESUME_CASE, rounds=3), "flower-simulation", work / "resume" / "straight", progress=False)
+    straight = build_runtime(
+        recipe(RESUME_CASE, rounds=3), "flower-simulation", work / "resume" / "straight", progress=False
+    )
     straight.run()
     result["straight"] = outcome(straight)
     folder = work / "resume" / "killed"
-    killed = build_runtime(recipe(RESUME_CASE, rounds=3), "flower-simulation", folder, progress=False,
-                           on_round_end=crash_after_round)
+    killed = build_runtime(
+        recipe(RESUME_CASE, rounds=3), "flower-simulation", folder, progress=False, on_round_end=crash_after_round
+    )
     try:
         killed.run()
         raise AssertionError("the crash did not stop the run")
@@ -323,12 +385,23 @@ def outsiders(folder: Path, drill: dict):
         from fedrepro.fl.flower.federation import CONNECTION
 
         key, _ = make_node_key(federation.folder / "outsider-keys", "unregistered")
-        federation.start_supernode("unregistered", key, {"client-id": "client_00", "state-dir": str(folder / "unregistered")},
-                                   max_wait=OUTSIDER_WAIT)
-        federation.start_supernode("plaintext", None, {"client-id": "client_01", "state-dir": str(folder / "plaintext")},
-                                   tls=False, max_wait=OUTSIDER_WAIT)
+        federation.start_supernode(
+            "unregistered",
+            key,
+            {"client-id": "client_00", "state-dir": str(folder / "unregistered")},
+            max_wait=OUTSIDER_WAIT,
+        )
+        federation.start_supernode(
+            "plaintext",
+            None,
+            {"client-id": "client_01", "state-dir": str(folder / "plaintext")},
+            tls=False,
+            max_wait=OUTSIDER_WAIT,
+        )
         config = federation.home / "config.toml"
-        config.write_text(config.read_text() + f'\n[superlink.plaintext]\naddress = "{federation.address}"\ninsecure = true\n')
+        config.write_text(
+            config.read_text() + f'\n[superlink.plaintext]\naddress = "{federation.address}"\ninsecure = true\n'
+        )
         drill["cli_without_tls"] = federation.flwr("ls", "plaintext", check=False).returncode
         drill["nodes"] = federation.flwr("supernode", "ls", CONNECTION, "--format", "json").stdout
         drill["federation"] = federation
@@ -348,15 +421,22 @@ def run_deployment(case: str, work: Path) -> dict:
     result["flower-deployment"] = outcome(deployment)
     federation = drill.pop("federation")
     for name in ("unregistered", "plaintext"):
-        drill[name] = {"exit": federation.exit_codes[f"supernode-{name}"],
-                       "received_anything": (work / case / "outsiders" / name).exists(),
-                       "errors": [line for line in (federation.logs / f"supernode-{name}.log").read_text().splitlines()
-                                  if "Exit Code" in line or "Failed" in line]}
+        drill[name] = {
+            "exit": federation.exit_codes[f"supernode-{name}"],
+            "received_anything": (work / case / "outsiders" / name).exists(),
+            "errors": [
+                line
+                for line in (federation.logs / f"supernode-{name}.log").read_text().splitlines()
+                if "Exit Code" in line or "Failed" in line
+            ],
+        }
     drill["wire"] = deployment.wire
     started = "Start `flwr-clientapp` process"
-    drill["clientapps"] = {"warm": (federation.logs / "launcher.log").read_text().count(started),
-                           "cold": sum(log.read_text().count(started) for log in federation.logs.glob("supernode-*.log")),
-                           "messages": len(deployment.train_ids) + sum(len(r["clients"]) for r in deployment.state.history)}
+    drill["clientapps"] = {
+        "warm": (federation.logs / "launcher.log").read_text().count(started),
+        "cold": sum(log.read_text().count(started) for log in federation.logs.glob("supernode-*.log")),
+        "messages": len(deployment.train_ids) + sum(len(r["clients"]) for r in deployment.state.history),
+    }
     result["drill"] = drill
     return result
 
@@ -383,8 +463,9 @@ def run_shared_deployment(work: Path) -> dict:
         for case, clients in SHARED_CELLS:
             engine = build_runtime(recipe(case, clients=clients), "engine", work / case / "engine", progress=False)
             engine.run()
-            deployment = build_runtime(recipe(case, clients=clients), "flower-deployment", work / case / "deployment",
-                                       progress=False)
+            deployment = build_runtime(
+                recipe(case, clients=clients), "flower-deployment", work / case / "deployment", progress=False
+            )
             seen: dict = {}
 
             def look(federation, seen=seen) -> None:
@@ -413,8 +494,9 @@ def run_node_kill(work: Path) -> dict:
     from fedrepro.fl.flower.launcher import children_of
 
     folder = work / KILL_CASE
-    deployment = build_runtime(recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False,
-                               reply_timeout=REPLY_TIMEOUT)
+    deployment = build_runtime(
+        recipe(KILL_CASE, KILL_ROUNDS), "flower-deployment", folder, progress=False, reply_timeout=REPLY_TIMEOUT
+    )
     deployment.launcher_slots = 1
     sampled = [deployment.sample_clients(r) for r in range(KILL_ROUNDS)]
     victim = max(sorted(set(sampled[0]) & set(sampled[1])), key=lambda c: sum(c in later for later in sampled[2:]))
@@ -432,6 +514,7 @@ def run_node_kill(work: Path) -> dict:
         wait_until(lambda: checkpointed() >= 1, 600, "round 1")
         name = deployment.node_name(victim)
         node = federation.processes[name]
+
         def running(pid: int) -> bool:  # the launcher lists an ended ClientApp until its next fork reaps it
             try:
                 return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -460,8 +543,9 @@ def run_node_kill(work: Path) -> dict:
     deployment.run()
     drill.pop("thread").join(timeout=5)
     drill["files_at_end"] = state_files()
-    drill["control_gap"] = control_variate_gap(deployment.state.global_weights, deployment.state.client_states,
-                                               deployment.train_ids)
+    drill["control_gap"] = control_variate_gap(
+        deployment.state.global_weights, deployment.state.client_states, deployment.train_ids
+    )
     drill["history"] = deployment.state.history
     return {"drill": drill}
 
@@ -476,8 +560,9 @@ def run_superlink_kill(work: Path) -> dict:
 
     from fedrepro.fl.flower.federation import wait_until
 
-    deployment = build_runtime(recipe(SUPERLINK_KILL_CASE, KILL_ROUNDS), "flower-deployment",
-                               work / SUPERLINK_KILL_CASE, progress=False)
+    deployment = build_runtime(
+        recipe(SUPERLINK_KILL_CASE, KILL_ROUNDS), "flower-deployment", work / SUPERLINK_KILL_CASE, progress=False
+    )
     result: dict = {}
 
     def kill(federation) -> None:
@@ -499,6 +584,68 @@ def run_superlink_kill(work: Path) -> dict:
     return result
 
 
+def run_stage_kill(work: Path) -> dict:
+    """For each of ``STAGE_KILL_POINTS``, a stage of its own (this script with ``--stage``: FedAvg for ``KILL_ROUNDS``
+    rounds on a deployment) SIGKILLed there: the seconds until none of its federation's processes ran, those still
+    running 10 s after the kill, and whether its checkpoint folder changed between 1 s after it and the end of the
+    point's watch."""
+    import signal
+    import subprocess
+
+    from fedrepro.fl.flower.federation import wait_until
+    from fedrepro.fl.flower.reaper import marked
+
+    def files(folder: Path) -> dict[str, tuple[int, int]]:
+        return {str(path): (path.stat().st_mtime_ns, path.stat().st_size) for path in sorted(folder.rglob("*"))}
+
+    result = {}
+    for point, watch in STAGE_KILL_POINTS.items():
+        folder = work / STAGE_KILL_CASE / point
+        folder.mkdir(parents=True)
+        stage = subprocess.Popen([sys.executable, __file__, "--stage", str(folder)])
+        up, checkpoint = folder / "federation", folder / "cell"
+        state = checkpoint / "latest" / "state.json"
+        wait_until(lambda: up.exists() or stage.poll() is not None, 600, "the stage's federation")
+        if point == "round-1":
+            wait_until(lambda: state.exists() or stage.poll() is not None, 600, "round 1")
+        if stage.poll() is not None:
+            raise RuntimeError(f"the stage ended (code {stage.returncode}) before the kill at {point}")
+        prefix = f"{up.read_text()}:"
+        stage.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        stage.wait()
+        while marked(prefix) and time.monotonic() - killed < 10:
+            time.sleep(0.05)
+        gone = time.monotonic() - killed
+        time.sleep(max(0.0, killed + 1 - time.monotonic()))
+        at_one_second = files(checkpoint)
+        time.sleep(max(0.0, killed + 10 - time.monotonic()))
+        left = sorted(marked(prefix).values())
+        time.sleep(max(0.0, killed + watch - time.monotonic()))
+        result[point] = {
+            "seconds_to_none": gone,
+            "left_after_10s": left,
+            "checkpoint_changed": files(checkpoint) != at_one_second,
+            "rounds_checkpointed": json.loads(state.read_text())["next_round"] if state.exists() else 0,
+        }
+    return result
+
+
+def run_stage(folder: Path) -> None:
+    """The stage the stage-kill drill kills: ``STAGE_KILL_CASE`` on a deployment, its federation's folder written to
+    ``folder/federation`` once it is up."""
+    deployment = build_runtime(
+        recipe(STAGE_KILL_CASE, KILL_ROUNDS), "flower-deployment", folder / "cell", progress=False
+    )
+
+    def say_up(federation: LocalFederation) -> None:
+        (folder / "federation.tmp").write_text(str(federation.folder))
+        (folder / "federation.tmp").replace(folder / "federation")
+
+    deployment.on_federation_up = say_up
+    deployment.run()
+
+
 def run_silo_local(case: str, work: Path) -> dict:
     """The relation cell in the engine (the whole task in one process) and on Flower on silo-local data. On the
     deployment every SuperNode's data directory holds its own client's silo alone (copied out of the layout, every
@@ -513,8 +660,9 @@ def run_silo_local(case: str, work: Path) -> dict:
     engine.run()
     result = {"engine": outcome(engine), "silo_files": {}}
     if not case.startswith("deploy-"):
-        cell = build_runtime(recipe(case, silos=str(silos)), "flower-simulation", work / case / "flower",
-                             progress=False)
+        cell = build_runtime(
+            recipe(case, silos=str(silos)), "flower-simulation", work / case / "flower", progress=False
+        )
         cell.run()
         result["flower"] = outcome(cell)
         return result
@@ -576,14 +724,34 @@ def stage_silo_data(paper: str, folder: Path) -> tuple:
     params = params.model_copy(update={"train": params.train.model_copy(update={"rounds": 2})})
     mined, texts = folder / "mined", []
     for index, client_id in enumerate(["bank", "clinic", "insurer"]):
-        rows = [(f"{client_id}{q}", f"how do i file claim {q} at the {client_id}", f"p{q}", f"file form {q} online",
-                 f"n{q}{j}", f"policy rider {j} of {client_id}") for q in range(4 + 2 * index) for j in range(2)]
-        candidates = [(split, f"{client_id}{q}", f"how do i file claim {q}", f"a{q}{k}", f"answer {k} form {q}",
-                       int(k == q % 3)) for split in ("valid", "test") for q in range(3) for k in range(3)]
-        write_table(mined / client_id / "triples.parquet", pd.DataFrame(rows, columns=[
-            "question_id", "question", "positive_id", "positive", "negative_id", "negative"]))
-        write_table(mined / client_id / "candidates.parquet", pd.DataFrame(candidates, columns=[
-            "split", "question_id", "question", "answer_id", "answer", "relevance"]))
+        rows = [
+            (
+                f"{client_id}{q}",
+                f"how do i file claim {q} at the {client_id}",
+                f"p{q}",
+                f"file form {q} online",
+                f"n{q}{j}",
+                f"policy rider {j} of {client_id}",
+            )
+            for q in range(4 + 2 * index)
+            for j in range(2)
+        ]
+        candidates = [
+            (split, f"{client_id}{q}", f"how do i file claim {q}", f"a{q}{k}", f"answer {k} form {q}", int(k == q % 3))
+            for split in ("valid", "test")
+            for q in range(3)
+            for k in range(3)
+        ]
+        write_table(
+            mined / client_id / "triples.parquet",
+            pd.DataFrame(
+                rows, columns=["question_id", "question", "positive_id", "positive", "negative_id", "negative"]
+            ),
+        )
+        write_table(
+            mined / client_id / "candidates.parquet",
+            pd.DataFrame(candidates, columns=["split", "question_id", "question", "answer_id", "answer", "relevance"]),
+        )
         texts += [text for row in rows for text in (row[1], row[3], row[5])] + [row[4] for row in candidates]
     train_wordpiece(pd.Series(texts), 300).save_pretrained(tokenizer_dir)
     return params, Cell("fedmatch_h_lr", 0), (mined, tokenizer_dir)
@@ -597,14 +765,18 @@ def run_stage_silo_local(case: str, work: Path) -> dict:
     paper = case.split("/")[1]
     runs = __import__(f"fedrepro.{paper}.runs", fromlist=["run_cell"])
     params, cell, folders = stage_silo_data(paper, work / case / "data")
-    on_silos = params.model_copy(update={"train": params.train.model_copy(
-        update={"runtime": "flower-simulation", "silo_local": True})})
+    on_silos = params.model_copy(
+        update={"train": params.train.model_copy(update={"runtime": "flower-simulation", "silo_local": True})}
+    )
     result = {}
     for name, cell_params in (("engine", params), ("flower", on_silos)):
         out, checkpoints = work / case / name / "out", work / case / name / "checkpoints"
         metrics = runs.run_cell(cell_params, cell, *folders, out, checkpoints, "inputs")
-        files = {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*"))
-                 if p.is_file() and p.name != "metrics.json"}
+        files = {
+            str(p.relative_to(out)): p.read_text()
+            for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "metrics.json"
+        }
         result[name] = {"metrics": json.loads(json.dumps(metrics)), "files": files}
     silos = work / case / "flower" / "checkpoints" / SILOS
     result["silos"] = {p.name: sorted(f.name for f in p.iterdir()) if p.is_dir() else None for p in silos.iterdir()}
@@ -613,11 +785,16 @@ def run_stage_silo_local(case: str, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--work", type=Path)
     parser.add_argument("--only", nargs="*", help="cases to run (default: all)")
+    parser.add_argument("--stage", type=Path, help="run the stage the stage-kill drill kills, in this folder")
     args = parser.parse_args()
     LocalFederation.node_timings = NODE_TIMINGS
+    if args.stage is not None:
+        return run_stage(args.stage)
+    if args.out is None or args.work is None:
+        parser.error("--out and --work are required")
     results = {}
     for case in args.only or all_cases():
         try:
@@ -635,8 +812,12 @@ def print_federation_logs(folder: Path, lines: int = 20) -> None:
         changed = time.strftime("%H:%M:%S", time.localtime(log.stat().st_mtime))
         plain = (re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip() for line in log.read_text(errors="replace").splitlines())
         tail = [line for line in plain if line and not line.endswith(":")][-lines:]
-        print(f"--- {log.relative_to(folder)} (last written {changed}, now {time.strftime('%H:%M:%S')}):",
-              *tail, sep="\n", file=sys.stderr)
+        print(
+            f"--- {log.relative_to(folder)} (last written {changed}, now {time.strftime('%H:%M:%S')}):",
+            *tail,
+            sep="\n",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

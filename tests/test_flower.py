@@ -28,9 +28,29 @@ from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_rou
 from fedrepro.fl.flower.ray_backend import KeptRayBackend, kept_ray_backend, raybackend
 from fedrepro.fl.flower.ray_head import stage_ray_address
 from fedrepro.fl.runtime import build_runtime
-from flower_cells import (CRASHES, DEPLOY_CASES, DIVERGES, FAULT_CASES, KILL_CASE, KILL_ROUNDS, NODE_UNAVAILABLE,
-                          QA_SIZES, RESUME_CASE, SHARED_CASE, SHARED_CELLS, SILO_CASES, STAGE_RAY_CASE, STAGE_RAY_CELLS, STAGE_SILO_CASES,
-                          SUPERLINK_KILL_CASE, all_cases, federated_algorithms, recipe)
+from flower_cells import (
+    CRASHES,
+    DEPLOY_CASES,
+    DIVERGES,
+    FAULT_CASES,
+    KILL_CASE,
+    KILL_ROUNDS,
+    NODE_UNAVAILABLE,
+    QA_SIZES,
+    RESUME_CASE,
+    SHARED_CASE,
+    SHARED_CELLS,
+    SILO_CASES,
+    STAGE_KILL_CASE,
+    STAGE_KILL_POINTS,
+    STAGE_RAY_CASE,
+    STAGE_RAY_CELLS,
+    STAGE_SILO_CASES,
+    SUPERLINK_KILL_CASE,
+    all_cases,
+    federated_algorithms,
+    recipe,
+)
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
@@ -46,9 +66,15 @@ def test_node_state_keeps_the_state_a_round_started_from_and_survives_a_restart(
     assert store.latest_until(1).round_index == 0, "a replayed round 2 starts from what the client held before it"
     assert store.latest_until(2).round_index == 2
     store.save(NodeState(3, {"param/head.weight": torch.zeros(2, 3)}), started_from=0)  # the server never counted 2
-    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["round-000000.safetensors", "round-000003.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == [
+        "round-000000.safetensors",
+        "round-000003.safetensors",
+    ]
     store.save(NodeState(4, {"param/head.weight": torch.zeros(2, 3)}), started_from=3)
-    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["round-000003.safetensors", "round-000004.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == [
+        "round-000003.safetensors",
+        "round-000004.safetensors",
+    ]
     reopened = NodeStateStore(tmp_path / "node", "run-1")  # a node restarted: only its directory is left
     assert torch.equal(reopened.latest_until(3).tensors["param/head.weight"], torch.zeros(2, 3))
     state, fingerprint = decode(first)
@@ -64,8 +90,11 @@ def test_node_state_file_is_the_bytes_it_returns(tmp_path):
 
 
 def test_the_round_a_node_goes_on_from_is_the_last_the_server_counted():
-    history = [{"round": 1, "clients": ["a", "b"]}, {"round": 2, "clients": ["a"], "missed": {"b": "no reply"}},
-               {"round": 3, "clients": ["c"], "missed": {"a": "rejected: client a: ..."}}]
+    history = [
+        {"round": 1, "clients": ["a", "b"]},
+        {"round": 2, "clients": ["a"], "missed": {"b": "no reply"}},
+        {"round": 3, "clients": ["c"], "missed": {"a": "rejected: client a: ..."}},
+    ]
     assert [counted_round(history, c) for c in "abcd"] == [1, 0, 2, -1]
 
 
@@ -94,9 +123,13 @@ def test_a_node_whose_reply_the_server_never_counted_goes_on_as_if_it_had_not_tr
 
         def train(round_index: int, counted: int) -> dict[str, torch.Tensor]:
             config = ConfigRecord({m.ROUND: round_index, m.FINGERPRINT: cell.fingerprint, m.COUNTED: counted})
-            message = Message(RecordDict({m.TENSORS: m.to_record(outgoing), m.CONFIG: config}), dst_node_id=1,
-                              message_type=MessageType.TRAIN)
+            message = Message(
+                RecordDict({m.TENSORS: m.to_record(outgoing), m.CONFIG: config}),
+                dst_node_id=1,
+                message_type=MessageType.TRAIN,
+            )
             return m.to_tensors(handlers.train(message, context).content[m.TENSORS])
+
         return train
 
     late, fresh = node(tmp_path / "late"), node(tmp_path / "fresh")
@@ -124,8 +157,11 @@ def test_a_silo_node_given_another_clients_directory_refuses_naming_both(tmp_pat
     monkeypatch.setattr(node, "_trainers", {})
     config = {"client-id": "client_00", "data-dir": str(tmp_path / "client_01")}
     context = Context(run_id=1, node_id=1, node_config=config, state=RecordDict(), run_config={})
-    with pytest.raises(FedreproError, match=rf"node of client client_00: its data-dir {tmp_path / 'client_01'} holds "
-                                            r"the data of \['client_01'\]"):
+    with pytest.raises(
+        FedreproError,
+        match=rf"node of client client_00: its data-dir {tmp_path / 'client_01'} holds "
+        r"the data of \['client_01'\]",
+    ):
         node.NodeHandlers(cell).trainer(context, "client_00")
     assert node.NodeHandlers(cell).trainer(context, "client_01").task.client_ids == ["client_01"]
 
@@ -154,10 +190,14 @@ def test_waiting_for_a_flower_run_names_its_timeout_and_a_failed_runs_log(monkey
     assert entry["status"] == "finished:completed" and asked == ["ls"] * 3
     asked.clear()
     with pytest.raises(FederationError, match=r"Flower run 7 ended finished:failed: .*ClientApp raised"):
-        federation.wait_for_run("7", lambda: {"status": "finished:failed"}, lambda: "log ... ClientApp raised", 60,
-                                looks_done=lambda: True)
-    with pytest.raises(FederationError, match=r"timed out after 0\.01 s waiting for Flower run 7 to end \("
-                                              r"train\.run_timeout = 0\.01 s; .* resumes"):
+        federation.wait_for_run(
+            "7", lambda: {"status": "finished:failed"}, lambda: "log ... ClientApp raised", 60, looks_done=lambda: True
+        )
+    with pytest.raises(
+        FederationError,
+        match=r"timed out after 0\.01 s waiting for Flower run 7 to end \("
+        r"train\.run_timeout = 0\.01 s; .* resumes",
+    ):
         federation.wait_for_run("7", listing, lambda: "", 0.01, timeout_name="train.run_timeout = 0.01 s")
     assert asked == [], "without a final checkpoint, Flower is not asked before STATUS_EVERY_SECONDS"
 
@@ -194,8 +234,18 @@ def flower_cells(folder: Path, cases: list[str], timeout: float) -> dict:
     """``cases`` (all: none given), in one loopback-only subprocess (Ray starts once per Flower run)."""
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
     out = folder / "results.json"
-    run_on_loopback([sys.executable, str(HERE / "flower_cells.py"), "--out", str(out), "--work", str(folder / "work"),
-                     *(["--only", *cases] if cases else [])], timeout=timeout)
+    run_on_loopback(
+        [
+            sys.executable,
+            str(HERE / "flower_cells.py"),
+            "--out",
+            str(out),
+            "--work",
+            str(folder / "work"),
+            *(["--only", *cases] if cases else []),
+        ],
+        timeout=timeout,
+    )
     return json.loads(out.read_text())
 
 
@@ -214,7 +264,9 @@ def node_kill(tmp_path_factory):
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
     """The fault cases alone, so their tests need none of the other runs."""
-    return flower_cells(tmp_path_factory.mktemp("faults"), [*FAULT_CASES, SUPERLINK_KILL_CASE], timeout=600)
+    return flower_cells(
+        tmp_path_factory.mktemp("faults"), [*FAULT_CASES, SUPERLINK_KILL_CASE, STAGE_KILL_CASE], timeout=900
+    )
 
 
 def test_every_federated_algorithm_of_the_registry_is_checked():
@@ -233,8 +285,9 @@ def expected_flower_messages(case: str, engine: dict) -> list:
     for round_index in range(len(engine["history"])):
         this_round = [m for m in engine["messages"] if m[0] == round_index]
         upload = next(m for m in this_round if m[2] == "server")
-        expected += this_round + [[round_index, "server", client, upload[3], upload[4]]
-                                  for _split in (FIT, "valid") for client in QA_SIZES]
+        expected += this_round + [
+            [round_index, "server", client, upload[3], upload[4]] for _split in (FIT, "valid") for client in QA_SIZES
+        ]
     return expected
 
 
@@ -330,8 +383,9 @@ def test_a_stages_forked_cells_join_its_one_ray_and_each_equals_the_engine(stage
     cells = [stage_ray_run[case] for case in STAGE_RAY_CELLS]
     assert len({cell["cluster"] for cell in cells}) == 1 and len({cell["job"] for cell in cells}) == 2, cells
     assert {cell["cpus"] for cell in cells} == {2.0}
-    assert [cell["worker_niceness"] for cell in cells] == [cell["niceness"] for cell in cells], \
+    assert [cell["worker_niceness"] for cell in cells] == [cell["niceness"] for cell in cells], (
         "a ClientApp's worker runs at its cell's priority (Ray's default, 15, starved it beside any busy process)"
+    )
     for case, cell in zip(STAGE_RAY_CELLS, cells):
         for key in ("history", "global", "clients", "messages"):
             assert cell["flower-simulation"][key] == cell["engine"][key], (case, key)
@@ -416,8 +470,10 @@ def test_an_upload_that_crossed_flower_is_checked_as_the_engine_checks_it():
     good = {"encoder.w": torch.ones(2, 3), "head.b": torch.ones(1)}
     assert upload_problem("a", to_tensors(to_record(good)), tensors, shared) is None
     poisoned = to_tensors(to_record({**good, "head.b": torch.tensor([float("nan")])}))
-    assert upload_problem("b", poisoned, tensors, shared) == \
-        "client b: upload field 'head.b' holds 1 non-finite values (NaN or Inf) of 1"
+    assert (
+        upload_problem("b", poisoned, tensors, shared)
+        == "client b: upload field 'head.b' holds 1 non-finite values (NaN or Inf) of 1"
+    )
 
 
 def test_a_messages_tensors_travel_packed_in_one_array_bit_for_bit_in_their_order():
@@ -431,8 +487,14 @@ def test_a_messages_tensors_travel_packed_in_one_array_bit_for_bit_in_their_orde
     from fedrepro.fl.flower.messages import PACKED, to_record, to_tensors
 
     weight = torch.randn(3, 4)
-    tensors = {"z.weight": weight, "a.row": weight[1], "count": torch.tensor(7), "empty": torch.zeros(0, 5),
-               "half": torch.randn(6).to(torch.bfloat16), "nan": torch.tensor([float("nan"), -0.0])}
+    tensors = {
+        "z.weight": weight,
+        "a.row": weight[1],
+        "count": torch.tensor(7),
+        "empty": torch.zeros(0, 5),
+        "half": torch.randn(6).to(torch.bfloat16),
+        "nan": torch.tensor([float("nan"), -0.0]),
+    }
     record = to_record(tensors)
     assert list(record) == [PACKED]
     back = to_tensors(record)
@@ -519,13 +581,16 @@ def test_a_supernode_killed_mid_round_is_left_out_and_rejoins_with_its_state_int
     assert all(victim not in record["clients"] for record in history if victim in record.get("missed", {}))
     assert drill["files_at_kill"], "the victim had trained before it was killed"
     assert list(drill["files_at_kill"]) == ["round-000000.safetensors"], "killed before it saved round 2's state"
-    assert drill["files_before_restart"].items() >= drill["files_at_kill"].items(), \
+    assert drill["files_before_restart"].items() >= drill["files_at_kill"].items(), (
         "the state it held when killed is kept as it was (its round-2 ClientApp may have saved an uncounted round)"
-    rejoined = history[drill["rejoined_after_round"]:]
+    )
+    rejoined = history[drill["rejoined_after_round"] :]
     assert any(victim in record["clients"] for record in rejoined), "it trained again after rejoining"
-    assert drill["control_gap"] <= 1e-3 * drill["control_off_if_lost"], \
-        ("the rejoined node went on from the control variate it held when killed (c = mean of every client's c_k)",
-         drill["control_gap"], [(record["round"], record.get("missed")) for record in history])
+    assert drill["control_gap"] <= 1e-3 * drill["control_off_if_lost"], (
+        "the rejoined node went on from the control variate it held when killed (c = mean of every client's c_k)",
+        drill["control_gap"],
+        [(record["round"], record.get("missed")) for record in history],
+    )
 
 
 def test_a_superlink_killed_mid_run_stops_the_stage_naming_it_and_leaves_no_process(faults):
@@ -537,6 +602,19 @@ def test_a_superlink_killed_mid_run_stops_the_stage_naming_it_and_leaves_no_proc
     assert "the SuperLink exited" in killed["error"]["message"] and "resumes" in killed["error"]["message"]
     assert killed["left_running"] == []
     assert 1 <= killed["rounds_checkpointed"] < KILL_ROUNDS
+
+
+def test_a_stage_killed_with_sigkill_leaves_no_process_of_its_federation_and_no_checkpoint_write(faults):
+    """SIGKILL of the stage's own process (the OOM killer, a CI timeout's ``kill -9``: no ``finally`` runs), once its
+    federation is up and once in round 2: within seconds no process of the federation runs (its reaper,
+    ``fedrepro.fl.flower.reaper``), and the checkpoint folder is not written to after that."""
+    drills = faults[STAGE_KILL_CASE]
+    assert sorted(drills) == sorted(STAGE_KILL_POINTS)
+    for point, drill in drills.items():
+        assert drill["left_after_10s"] == [], point
+        assert drill["seconds_to_none"] < 3, point
+        assert not drill["checkpoint_changed"], f"{point}: an orphan wrote to the cell's checkpoint after the kill"
+    assert 1 <= drills["round-1"]["rounds_checkpointed"] < KILL_ROUNDS, "killed while the run was under way"
 
 
 def test_a_superlink_that_dies_while_flwr_ls_asks_it_is_named_as_the_cause(tmp_path, monkeypatch):
@@ -572,8 +650,11 @@ def test_a_node_whose_own_training_diverges_stops_the_run_naming_client_round_an
     result = faults[case]
     assert DIVERGES not in result["sampled"][0] and DIVERGES in result["sampled"][1], result["sampled"]
     assert result["diverged"] is not None, "the run went on without the diverging client"
-    assert re.fullmatch(rf"Flower node \d+ of client {DIVERGES}, round 2: client {DIVERGES} diverged in round 2 at local "
-                        rf"step 1 of \d+ \(schedule step \d+ of \d+\): training loss nan, .*", result["diverged"])
+    assert re.fullmatch(
+        rf"Flower node \d+ of client {DIVERGES}, round 2: client {DIVERGES} diverged in round 2 at local "
+        rf"step 1 of \d+ \(schedule step \d+ of \d+\): training loss nan, .*",
+        result["diverged"],
+    )
     assert [record["round"] for record in result["history"]] == [1]
 
 
@@ -641,11 +722,16 @@ def fake_round(tmp_path, monkeypatch):
 
     def play(tamper, reply_timeout=None):
         """``tamper`` may change the reply's content, or return what the node answers instead (``FakeGrid``)."""
+
         def answer(client_id, message):
             if message.metadata.message_type == MessageType.EVALUATE:
                 return RecordDict({m.METRICS: MetricRecord({"accuracy": 0.5})})
-            content = RecordDict({m.TENSORS: message.content[m.TENSORS],
-                                  m.METRICS: MetricRecord({m.NUM_SAMPLES: QA_SIZES[client_id], m.TRAIN_LOSS: 1.0})})
+            content = RecordDict(
+                {
+                    m.TENSORS: message.content[m.TENSORS],
+                    m.METRICS: MetricRecord({m.NUM_SAMPLES: QA_SIZES[client_id], m.TRAIN_LOSS: 1.0}),
+                }
+            )
             instead = tamper(client_id, content)
             return content if instead is None else instead
 
@@ -674,6 +760,7 @@ def test_each_miss_says_why_a_node_marked_offline_by_the_superlink_and_a_silent_
             if not victim:
                 victim.append(client_id)
                 return answer
+
         return victim, tamper
 
     offline, tamper = first_one(Error(0, "Error: Node Unavailable"))
@@ -713,8 +800,9 @@ def test_a_client_claiming_more_samples_than_its_partition_holds_is_rejected_nam
     record = fake_round(inflate)
     client = inflated[0]
     assert list(record["missed"]) == [client] and client not in record["clients"] and record["clients"]
-    assert record["missed"][client] == (f"rejected: client {client}: num_samples 1000000000 is not its declared "
-                                        f"training size {QA_SIZES[client]}")
+    assert record["missed"][client] == (
+        f"rejected: client {client}: num_samples 1000000000 is not its declared training size {QA_SIZES[client]}"
+    )
 
 
 # ----- silo-local data: each node holds its own client's rows, the server none ----------------------------------
@@ -761,8 +849,9 @@ def test_on_silo_local_data_only_counts_and_losses_of_the_evaluation_cross(silo_
     clients = sorted({m[1] for m in flower["scalars"] if m[0] == -1})
     evaluations = [set(m[3]) for m in flower["scalars"] if m[0] >= 0 and "num_samples" not in m[3]]
     rounds = len(engine["history"])
-    assert sorted(map(sorted, evaluations)) == sorted([sorted(counts)] * (2 * rounds * len(clients))
-                                                      + [["loss", "samples"]] * (rounds * len(clients)))
+    assert sorted(map(sorted, evaluations)) == sorted(
+        [sorted(counts)] * (2 * rounds * len(clients)) + [["loss", "samples"]] * (rounds * len(clients))
+    )
     extra = list(flower["messages"])
     for message in engine["messages"]:
         extra.remove(message)
@@ -824,9 +913,17 @@ def test_flower_sends_no_telemetry_from_a_process_that_runs_it_through_fedrepro(
     """Flower reads ``FLWR_TELEMETRY_ENABLED`` once, as it is imported, and then posts an event to its server at every
     simulation it starts: a stage whose process imported Flower before switching it off posted them (a user with a
     network would have sent them; here they failed). Checked in a fresh process with nothing set beforehand."""
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("FLWR_TELEMETRY_ENABLED", "RAY_USAGE_STATS_ENABLED")}
-    probe = subprocess.run([sys.executable, "-c", TELEMETRY_PROBE.format(module=module)], capture_output=True,
-                           text=True, env=environment, timeout=120)
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("FLWR_TELEMETRY_ENABLED", "RAY_USAGE_STATS_ENABLED")
+    }
+    probe = subprocess.run(
+        [sys.executable, "-c", TELEMETRY_PROBE.format(module=module)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert probe.stdout.strip().splitlines()[-1] == "[]", probe.stdout

@@ -3,17 +3,18 @@ certificates generated here (``fedrepro.fl.flower.certificates``), SuperNodes au
 against it.
 
 ``LocalFederation`` starts and stops the processes (each in its own session; stopping ends them and everything they
-started, so no process outlives the run). What a process started is found by ``MARK``, an environment variable every
-process inherits from the one the federation spawned, not by the process tree: Flower starts its SuperExecs in
-sessions of their own, and once a SuperLink or SuperNode dies its children are re-parented, so a SuperLink killed
-mid-run left its ServerApp running long after the stage had failed. While a run is on, a SuperNode that died
-unasked (a crashed silo) has its SuperExec and ClientApps ended at once (``end_dead_supernodes``): otherwise the
-dead node stays a zombie of this process, Flower's parent monitors keep its SuperExec alive, and the ClientApp that
-SuperExec started retries its dead node forever in one of the launcher's few slots, so every other node's ClientApp
-queued behind it and the round never ended. Every address is loopback; ports are picked free. The same pieces spread
-over machines are in the README ("The same algorithms on Flower"): the SuperLink's certificate must name its address,
-each SuperNode gets the CA certificate, its own key (registered with ``flwr supernode register``) and its
-``client-id`` / ``state-dir`` node config.
+started, so no process outlives the run), and a reaper (``fedrepro.fl.flower.reaper``) ends them all within a second of
+the federation's own process dying, SIGKILL included. What a process started is found by ``MARK``, an environment
+variable every process inherits from the one the federation spawned, not by the process tree: Flower starts its
+SuperExecs in sessions of their own, and once a SuperLink or SuperNode dies its children are re-parented, so a SuperLink
+killed mid-run left its ServerApp running long after the stage had failed. While a run is on, a SuperNode that died
+unasked (a crashed silo) has its SuperExec and ClientApps ended at once (``end_dead_supernodes``): otherwise the dead
+node stays a zombie of this process, Flower's parent monitors keep its SuperExec alive, and the ClientApp that SuperExec
+started retries its dead node forever in one of the launcher's few slots, so every other node's ClientApp queued behind
+it and the round never ended. Every address is loopback; ports are picked free. The same pieces spread over machines are
+in the README ("The same algorithms on Flower"): the SuperLink's certificate must name its address, each SuperNode gets
+the CA certificate, its own key (registered with ``flwr supernode register``) and its ``client-id`` / ``state-dir`` node
+config.
 
 The nodes run each message's ClientApp in a process forked by a warm launcher (``fedrepro.fl.flower.launcher``) that
 has torch and the cell's modules imported already, one at a time per core budget of the cell.
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedrepro.errors import FederationError
-from fedrepro.fl.flower import launcher
+from fedrepro.fl.flower import launcher, reaper
 from fedrepro.fl.flower.certificates import LOOPBACK, make_certificates
 from fedrepro.fl.flower.common import CHECKPOINT_KEY, NODES_TIMEOUT, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
 
@@ -46,7 +47,7 @@ CONNECTION = "fedrepro"
 """The SuperLink connection's name in the federation's own Flower config (``$FLWR_HOME/config.toml``)."""
 TASK_POLL_SECONDS = "0.2"
 """How often a SuperExec asks its SuperNode for a message to run (Flower's default: every second)."""
-MARK = "FEDREPRO_FEDERATION_PROCESS"
+MARK = reaper.MARK
 """Set to ``<federation folder>:<process name>`` in the environment of each process the federation spawns, and so of
 everything that process starts (see the module docstring)."""
 STATUS_EVERY_SECONDS = 10.0
@@ -118,9 +119,15 @@ def listed_run(answer: str, run_id: str) -> dict[str, Any]:
     return runs[0]
 
 
-def wait_for_run(run_id: str, listing: Callable[[], dict[str, Any]], log: Callable[[], str], timeout: float,
-                 looks_done: Callable[[], bool] = lambda: False, on_poll: Callable[[], None] = lambda: None,
-                 timeout_name: str = "the run's timeout") -> dict[str, Any]:
+def wait_for_run(
+    run_id: str,
+    listing: Callable[[], dict[str, Any]],
+    log: Callable[[], str],
+    timeout: float,
+    looks_done: Callable[[], bool] = lambda: False,
+    on_poll: Callable[[], None] = lambda: None,
+    timeout_name: str = "the run's timeout",
+) -> dict[str, Any]:
     """Wait until Flower run ``run_id`` is over and return its ``flwr ls`` entry (``listing()``); one that did not
     complete raises with the end of its log (``log()``). Flower is asked when ``looks_done()`` (say, the last
     checkpoint is there), else every ``STATUS_EVERY_SECONDS`` (each ask is a CLI process); ``on_poll`` runs on every
@@ -136,8 +143,12 @@ def wait_for_run(run_id: str, listing: Callable[[], dict[str, Any]], log: Callab
         asked = time.monotonic()
         return listing()["status"].startswith("finished")
 
-    wait_until(finished, timeout, f"Flower run {run_id} to end ({timeout_name}; the server's checkpoints are kept, "
-                                  f"so running it again resumes from the last one)")
+    wait_until(
+        finished,
+        timeout,
+        f"Flower run {run_id} to end ({timeout_name}; the server's checkpoints are kept, "
+        f"so running it again resumes from the last one)",
+    )
     run = listing()
     if run["status"] != "finished:completed":
         raise FederationError(f"Flower run {run_id} ended {run['status']}: {log()[-3000:]}")
@@ -163,25 +174,30 @@ def _descendants(pid: int) -> list[int]:
 
 def _marked(mark: str) -> list[int]:
     """The live processes whose environment holds ``MARK=mark`` (zombies have no environment left)."""
-    entry = f"{MARK}={mark}".encode()
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if entry in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
+    return [pid for pid, their_mark in reaper.marked(mark).items() if their_mark == mark]
 
 
-def write_app(folder: Path, recipe_spec: Path, checkpoint_dir: Path, reply_timeout: float | None = None,
-              nodes_timeout: float = NODES_TIMEOUT) -> Path:
+def write_app(
+    folder: Path,
+    recipe_spec: Path,
+    checkpoint_dir: Path,
+    reply_timeout: float | None = None,
+    nodes_timeout: float = NODES_TIMEOUT,
+) -> Path:
     """The Flower App ``flwr run`` sends for a horizontal cell (``fedrepro.fl.flower.apps``) with its run config: the
     recipe spec the apps rebuild the cell from, where the server checkpoints, the reply timeout, how long the server
     waits for one node per client before its first round."""
-    return write_flower_app(folder, "fedrepro.fl.flower.apps:server_app", "fedrepro.fl.flower.apps:client_app", {
-        RECIPE_KEY: str(recipe_spec), CHECKPOINT_KEY: str(checkpoint_dir), REPLY_TIMEOUT_KEY: float(reply_timeout or 0),
-        NODES_TIMEOUT_KEY: float(nodes_timeout)})
+    return write_flower_app(
+        folder,
+        "fedrepro.fl.flower.apps:server_app",
+        "fedrepro.fl.flower.apps:client_app",
+        {
+            RECIPE_KEY: str(recipe_spec),
+            CHECKPOINT_KEY: str(checkpoint_dir),
+            REPLY_TIMEOUT_KEY: float(reply_timeout or 0),
+            NODES_TIMEOUT_KEY: float(nodes_timeout),
+        },
+    )
 
 
 def write_flower_app(folder: Path, serverapp: str, clientapp: str, config: dict[str, str | float]) -> Path:
@@ -196,6 +212,7 @@ def write_flower_app(folder: Path, serverapp: str, clientapp: str, config: dict[
 def stopped_cleanly_on_sigterm() -> Any:
     """Turn SIGTERM into SystemExit while the federation runs, so a stage killed by DVC or a CI timeout still stops
     the processes it started (Python's default SIGTERM ends the process without running ``finally``)."""
+
     def leave(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)
 
@@ -204,7 +221,6 @@ def stopped_cleanly_on_sigterm() -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
 
 
 # ----- the federation's processes -----------------------------------------------------------------------
@@ -220,6 +236,9 @@ class LocalFederation:
         self.logs = self.folder / "logs"
         self.port = free_port()
         self.processes: dict[str, subprocess.Popen] = {}
+        self.reaper: subprocess.Popen | None = None
+        """The reaper of this federation's processes (``fedrepro.fl.flower.reaper``), from the first process it
+        spawns until ``stop_all``."""
         self.exit_codes: dict[str, int | None] = {}
         """Per stopped process: its exit code if it had ended by itself before ``stop``, else None."""
         self.ended: set[int] = set()
@@ -231,12 +250,17 @@ class LocalFederation:
         self.launcher_socket = Path(tempfile.mkdtemp(prefix="fedrepro-launcher-")) / "socket"
         """In a short temporary folder: a Unix socket's path may not exceed about 100 bytes."""
         launcher.shim_script(self.folder / "bin")
-        self.environment = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
-                            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": TASK_POLL_SECONDS,
-                            launcher.SOCKET_ENV: str(self.launcher_socket),
-                            "PATH": os.pathsep.join([str(self.folder / "bin"), str(Path(sys.executable).parent),
-                                                     os.environ.get("PATH", "")])}
+        self.environment = {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": TASK_POLL_SECONDS,
+            launcher.SOCKET_ENV: str(self.launcher_socket),
+            "PATH": os.pathsep.join(
+                [str(self.folder / "bin"), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+            ),
+        }
 
     @property
     def address(self) -> str:
@@ -244,9 +268,17 @@ class LocalFederation:
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
+        if self.reaper is None:
+            self.reaper = self._start_reaper()
         log = open(self.logs / f"{name}.log", "ab")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                                   env={**self.environment, MARK: self._mark(name)}, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.folder,
+            env={**self.environment, MARK: self._mark(name)},
+            start_new_session=True,
+        )
         log.close()
         self.processes[name] = process
         return process
@@ -254,12 +286,46 @@ class LocalFederation:
     def _mark(self, name: str) -> str:
         return f"{self.folder}:{name}"
 
+    def _start_reaper(self) -> subprocess.Popen:
+        """The reaper of every process marked ``<folder>:``, owned by this process (``fedrepro.fl.flower.reaper``)."""
+        with open(self.logs / "reaper.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", reaper.__name__, str(os.getpid()), self._mark("")],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={key: value for key, value in self.environment.items() if key != MARK},
+                start_new_session=True,
+            )
+
+    def _end_reaper(self) -> None:
+        """Tell the reaper the federation is stopped; it ends what may be left, and exits."""
+        if self.reaper is None:
+            return
+        with contextlib.suppress(BrokenPipeError):
+            self.reaper.stdin.write(f"{reaper.END}\n".encode())
+            self.reaper.stdin.close()
+        try:
+            self.reaper.wait(reaper.KILL_SECONDS + 5)
+        except subprocess.TimeoutExpired:
+            self.reaper.kill()
+            self.reaper.wait()
+        self.reaper = None
+
     def flwr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """The Flower CLI against this federation's SuperLink."""
-        result = subprocess.run([str(Path(sys.executable).parent / "flwr"), *args], capture_output=True, text=True,
-                                env=self.environment, cwd=self.folder, timeout=timeout)
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "flwr"), *args],
+            capture_output=True,
+            text=True,
+            env=self.environment,
+            cwd=self.folder,
+            timeout=timeout,
+        )
         if check and result.returncode != 0:
-            raise FederationError(f"flwr {' '.join(args)} failed ({result.returncode}): {(result.stdout + result.stderr)[-2000:]}")
+            raise FederationError(
+                f"flwr {' '.join(args)} failed ({result.returncode}): {(result.stdout + result.stderr)[-2000:]}"
+            )
         return result
 
     def start_superlink(self) -> None:
@@ -268,24 +334,46 @@ class LocalFederation:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n'
-            f'root-certificates = "{self.certificates["ca"]}"\n')
-        self._spawn("superlink", [
-            "flower-superlink", "--ssl-ca-certfile", str(self.certificates["ca"]),
-            "--ssl-certfile", str(self.certificates["cert"]), "--ssl-keyfile", str(self.certificates["key"]),
-            "--enable-supernode-auth", "--disable-runtime-dependency-installation", "--host", LOOPBACK,
-            "--port", str(self.port)])
-        wait_until(lambda: self.flwr("supernode", "ls", CONNECTION, check=False).returncode == 0, 60,
-                   f"the SuperLink on {self.address}")
+            f'root-certificates = "{self.certificates["ca"]}"\n'
+        )
+        self._spawn(
+            "superlink",
+            [
+                "flower-superlink",
+                "--ssl-ca-certfile",
+                str(self.certificates["ca"]),
+                "--ssl-certfile",
+                str(self.certificates["cert"]),
+                "--ssl-keyfile",
+                str(self.certificates["key"]),
+                "--enable-supernode-auth",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.port),
+            ],
+        )
+        wait_until(
+            lambda: self.flwr("supernode", "ls", CONNECTION, check=False).returncode == 0,
+            60,
+            f"the SuperLink on {self.address}",
+        )
 
     def start_launcher(self, threads: int, preload: list[str], slots: int | None = None) -> None:
         """The warm ClientApp launcher (``fedrepro.fl.flower.launcher``) with ``preload`` imported, shared by the nodes
         of this machine: as many ClientApps at once as its cores fit ClientApps of ``threads`` torch threads, or
         ``slots`` (a drill pins 1, a 2-core machine's count for a cell of 2 threads)."""
         slots = slots or max(1, (os.cpu_count() or 1) // max(1, threads))
-        self._spawn("launcher", [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(self.launcher_socket), str(slots),
-                                 *preload])
-        wait_until(lambda: self.launcher_socket.exists() or self.processes["launcher"].poll() is not None, 120,
-                   "the ClientApp launcher")
+        self._spawn(
+            "launcher",
+            [sys.executable, "-m", "fedrepro.fl.flower.launcher", str(self.launcher_socket), str(slots), *preload],
+        )
+        wait_until(
+            lambda: self.launcher_socket.exists() or self.processes["launcher"].poll() is not None,
+            120,
+            "the ClientApp launcher",
+        )
         if self.processes["launcher"].poll() is not None:
             raise FederationError(f"the ClientApp launcher failed: see {self.logs / 'launcher.log'}")
 
@@ -296,16 +384,38 @@ class LocalFederation:
     def register(self, public_key: Path) -> None:
         self.flwr("supernode", "register", str(public_key), CONNECTION)
 
-    def start_supernode(self, name: str, private_key: Path | None, node_config: dict[str, str], tls: bool = True,
-                        max_wait: float | None = None) -> subprocess.Popen:
+    def start_supernode(
+        self,
+        name: str,
+        private_key: Path | None,
+        node_config: dict[str, str],
+        tls: bool = True,
+        max_wait: float | None = None,
+    ) -> subprocess.Popen:
         """A SuperNode named ``name``; ``private_key`` authenticates it (None: none), ``tls=False`` tries plain HTTP."""
         config = " ".join(f"{key}='{value}'" for key, value in node_config.items())
         timings = self.node_timings
-        command = ["flower-supernode"] if timings == NodeTimings() else [
-            sys.executable, "-m", "fedrepro.fl.flower.supernode", str(timings.heartbeat_interval),
-            str(timings.pull_interval)]
-        command += ["--superlink", self.address, "--node-config", config, "--host", LOOPBACK,
-                    "--port", str(free_port())]
+        command = (
+            ["flower-supernode"]
+            if timings == NodeTimings()
+            else [
+                sys.executable,
+                "-m",
+                "fedrepro.fl.flower.supernode",
+                str(timings.heartbeat_interval),
+                str(timings.pull_interval),
+            ]
+        )
+        command += [
+            "--superlink",
+            self.address,
+            "--node-config",
+            config,
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(free_port()),
+        ]
         command += ["--root-certificates", str(self.certificates["ca"])] if tls else ["--insecure"]
         if private_key is not None:
             command += ["--auth-supernode-private-key", str(private_key)]
@@ -348,14 +458,18 @@ class LocalFederation:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 self.ended.add(process.pid)
-                logger.warning("%s exited (code %s) during the run: its SuperExec and ClientApps were ended",
-                               name, process.returncode)
+                logger.warning(
+                    "%s exited (code %s) during the run: its SuperExec and ClientApps were ended",
+                    name,
+                    process.returncode,
+                )
 
     def stop_all(self) -> None:
         """SuperNodes first, then the launcher (and any ClientApp still running), the SuperLink last."""
         last = [name for name in ("launcher", "superlink") if name in self.processes]
         for name in [n for n in self.processes if n not in last] + last:
             self.stop(name)
+        self._end_reaper()
         shutil.rmtree(self.launcher_socket.parent, ignore_errors=True)
 
     def __enter__(self) -> "LocalFederation":
@@ -369,9 +483,15 @@ class LocalFederation:
     def __exit__(self, *_: Any) -> None:
         self.stop_all()
 
-    def run_app(self, recipe_spec: Path, checkpoint_dir: Path, timeout: float, reply_timeout: float | None = None,
-                looks_done: Callable[[], bool] = lambda: False, nodes_timeout: float = NODES_TIMEOUT
-                ) -> dict[str, Any]:
+    def run_app(
+        self,
+        recipe_spec: Path,
+        checkpoint_dir: Path,
+        timeout: float,
+        reply_timeout: float | None = None,
+        looks_done: Callable[[], bool] = lambda: False,
+        nodes_timeout: float = NODES_TIMEOUT,
+    ) -> dict[str, Any]:
         """``flwr run`` the cell's app; wait until the run is over (at most ``timeout`` seconds,
         ``train.run_timeout``); return its entry of ``flwr ls`` (see ``wait_for_run``)."""
         app = write_app(self.folder / "app", recipe_spec, checkpoint_dir, reply_timeout, nodes_timeout)
@@ -409,6 +529,8 @@ class LocalFederation:
         except subprocess.TimeoutExpired:
             code = None
         if code is not None:
-            raise FederationError(f"the SuperLink exited (code {code}) during Flower run {run_id}: see "
-                                  f"{self.logs / 'superlink.log'}; the server's checkpoints are kept, so running the "
-                                  f"stage again resumes from the last one")
+            raise FederationError(
+                f"the SuperLink exited (code {code}) during Flower run {run_id}: see "
+                f"{self.logs / 'superlink.log'}; the server's checkpoints are kept, so running the "
+                f"stage again resumes from the last one"
+            )
