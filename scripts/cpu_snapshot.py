@@ -571,7 +571,9 @@ def head_runs(paper: str, plan_data: dict) -> tuple[dict[str, tuple[str, str, fl
     cell_stages = [t for t in PAPERS[paper]["targets"] if not t.endswith("_report")]
     moved = [
         line
-        for line in dependency_changes(yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages)
+        for line in dependency_changes(
+            yaml.safe_dump(plan_data["upstream_lock"]), raw, cell_stages, since=plan_data["commit"]
+        )
         if line.split(":")[0].split("@")[0] not in cell_stages
     ]
     if moved:
@@ -1027,12 +1029,15 @@ def _compare_cells(paper: str, workdir: Path, folder: Path) -> tuple[list[str], 
     return differences, compared, how
 
 
-def dependency_changes(lock: str, params: dict, targets: list[str], revision: str = "HEAD") -> list[str]:
+def dependency_changes(
+    lock: str, params: dict, targets: list[str], revision: str = "HEAD", since: str | None = None
+) -> list[str]:
     """What differs between a snapshot's dvc.lock and ``revision``'s code and dvc.yaml run with ``params``: one
     line per changed dependency, param or command of ``targets`` and the stages upstream of them (DVC's own
     comparison, in a copy of ``revision``; outputs are absent there, so those are not counted). Empty = fresh. The
     ``check`` stage is left out: it reads every param and writes the same output for every valid params.yaml, so
-    what changes it changes no cell."""
+    what changes it changes no cell. With ``since``, the commit whose code the lock was taken from, a dependency
+    whose bytes changed but which does the same (``same_behaviour``: a restyle, a docstring) is not a change."""
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp)
         archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
@@ -1059,8 +1064,49 @@ def dependency_changes(lock: str, params: dict, targets: list[str], revision: st
                     if isinstance(state, dict):  # a params file: {param: state}
                         changes += [f"{stage}: param {param} ({what})" for param, what in state.items()]
                     elif kind == "changed deps" and state != "deleted":  # outputs are absent in the copy
+                        if state == "modified" and since is not None and same_behaviour(name, since, revision):
+                            continue
                         changes.append(f"{stage}: {name} ({state})")
     return changes
+
+
+def same_behaviour(path: str, since: str, revision: str, root: Path = ROOT) -> bool:
+    """Whether ``path`` (a file or a folder of the repository at ``root``) does at ``revision`` what it did at
+    ``since``: the same files, the Python ones with the same syntax tree less docstrings
+    (``fedrepro.code_closure.source_digest``, what a cell's fingerprint holds of its code), any other with the same
+    bytes. DVC compares bytes, so a restyle or a docstring staled every snapshot (the ruff restyle moved 91 of the
+    SS-VFNAS snapshot's deps and not one cell's fingerprint); a cell's result follows its fingerprint."""
+    sys.path.insert(0, str(root))
+    from fedrepro.code_closure import source_digest
+
+    def files(commit: str) -> dict[str, bytes]:
+        listed = subprocess.run(
+            ["git", "ls-tree", "-r", "-z", "--name-only", commit, "--", path], cwd=root, capture_output=True, check=True
+        ).stdout.decode()
+        return {
+            name: subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True, check=True).stdout
+            for name in listed.split("\0")
+            if name
+        }
+
+    def behaviour(name: str, content: bytes, folder: Path) -> str | bytes:
+        if not name.endswith(".py"):
+            return content
+        file = folder / hashlib.sha256(name.encode()).hexdigest()
+        file.write_bytes(content)
+        try:
+            return source_digest(file)
+        except SyntaxError:
+            return content
+
+    before, after = files(since), files(revision)
+    if not before or before.keys() != after.keys():
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        then, now = Path(tmp) / "since", Path(tmp) / "now"
+        then.mkdir()
+        now.mkdir()
+        return all(behaviour(name, before[name], then) == behaviour(name, after[name], now) for name in before)
 
 
 def trained_by(folder: Path) -> str:
@@ -1085,8 +1131,15 @@ def status(paper: str) -> list[str]:
         subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     )
     mirror = yaml.safe_load((folder / "params.yaml").read_text())["data"]["mirror"]
+    lock = folder / "SNAPSHOT.lock"
+    taken_at = (
+        "HEAD" if git("status", "--porcelain", "--", str(lock)) else git("log", "-1", "--format=%H", "--", str(lock))
+    )
     return dependency_changes(
-        (folder / "SNAPSHOT.lock").read_text(), snapshot_params(paper, head_params, mirror), PAPERS[paper]["targets"]
+        lock.read_text(),
+        snapshot_params(paper, head_params, mirror),
+        PAPERS[paper]["targets"],
+        since=taken_at.strip() or None,
     )
 
 

@@ -217,3 +217,33 @@ def test_carry_finds_the_entries_behind_heads_runs_compares_them_but_the_hardwar
     stamp = json.loads((tmp_path / "a" / "run-a-head-avx2-fp32" / "stamp.json").read_text())
     assert stamp["run"] == "run-a-head" and stamp["carried_from"] == "run-a-old" and stamp["carried_by"] == "abc1234"
     assert json.loads((tmp_path / cpu_snapshot.PLAN).read_text())["cells"]["a"]["run"] == "run-a-head"
+
+
+def test_a_dependency_restyled_or_redocumented_does_the_same_and_one_edited_does_not(tmp_path):
+    """``same_behaviour``: DVC's deps compare bytes; a snapshot stays fresh through a change that moves no cell's
+    fingerprint (layout, comments, docstrings) and goes stale with one that does (code, a data file, a new file)."""
+
+    def commit(files: dict[str, str]) -> str:
+        for name, text in files.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(text)
+        subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"], cwd=tmp_path, check=True
+        )
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    first = commit({"pkg/a.py": '"""A."""\nx = f(1, 2)  # one\n', "pkg/data.txt": "1\n"})
+    restyled = commit({"pkg/a.py": '"""A, said otherwise."""\n\nx = f(\n    1,\n    2,\n)\n'})
+    edited = commit({"pkg/a.py": '"""A."""\nx = f(1, 3)\n'})
+    data = commit({"pkg/data.txt": "2\n"})
+    added = commit({"pkg/b.py": "y = 1\n"})
+
+    def same(path: str, since: str, now: str) -> bool:
+        return cpu_snapshot.same_behaviour(path, since, now, root=tmp_path)
+
+    assert same("pkg/a.py", first, restyled) and same("pkg", first, restyled)
+    assert not same("pkg/a.py", first, edited) and not same("pkg", restyled, edited)
+    assert same("pkg/a.py", edited, data) and not same("pkg", edited, data) and not same("pkg/data.txt", edited, data)
+    assert not same("pkg", data, added)
