@@ -1076,7 +1076,7 @@ def same_behaviour(path: str, since: str, revision: str, root: Path = ROOT) -> b
     (``fedrepro.code_closure.source_digest``, what a cell's fingerprint holds of its code), any other with the same
     bytes. DVC compares bytes, so a restyle or a docstring staled every snapshot (the ruff restyle moved 91 of the
     SS-VFNAS snapshot's deps and not one cell's fingerprint); a cell's result follows its fingerprint."""
-    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(ROOT))
     from fedrepro.code_closure import source_digest
 
     def files(commit: str) -> dict[str, bytes]:
