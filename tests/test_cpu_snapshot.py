@@ -141,7 +141,7 @@ def test_ledger_status_counts_each_tables_cells_by_machine_class_and_the_stale_e
     from fedrepro.fedcmc.runs import run_fingerprint
 
     monkeypatch.setattr(cpu_snapshot, "ledger_dir", lambda paper: tmp_path)
-    monkeypatch.setattr(cpu_snapshot, "dependency_changes", lambda lock, params, targets: [])
+    monkeypatch.setattr(cpu_snapshot, "dependency_changes", lambda lock, params, targets, since=None: [])
     params = parse_params(cpu_snapshot.snapshot_params("fedcmc", read_raw_params(ROOT / "params.yaml"), "mirror"))
     groups = cpu_snapshot.snapshot_cells("fedcmc", params)
     cells = {
