@@ -23,8 +23,8 @@ socket), so a drill can take a silo's link down mid-run.
 
 Usage: python scripts/several_hosts.py --recipe SPEC.json --work DIR [--prefix NAME] [--reply-timeout S]
        [--heartbeat-interval S] [--pull-interval S]
-The SuperNodes keep Flower's timings (``flower-supernode``, as docs/flower.md's step 3) unless the last two say
-otherwise (``fedrepro.fl.flower.federation.NodeTimings``; the tests' link drill sees a silo offline sooner).
+The SuperNodes keep Flower's timings (docs/flower.md's step 3) unless the last two say otherwise
+(``fedrepro.fl.flower.federation.NodeTimings``; the tests' link drill sees a silo offline sooner).
 The spec is ``{"factory": "module:function", "kwargs": {...}}`` (``fedrepro.fl.recipe``); every process of the
 federation imports the factory, so its module must be on ``PYTHONPATH``.
 """
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from fedrepro.errors import FederationError
 from fedrepro.fl.checkpoint import LATEST
-from fedrepro.fl.flower import launcher
+from fedrepro.fl.flower import federation, launcher
 from fedrepro.fl.flower.certificates import make_certificates, make_node_key
 from fedrepro.fl.flower.federation import (
     CONNECTION,
@@ -66,8 +66,6 @@ BRIDGE = "br0"
 SUPERLINK, EXPERIMENTER = "superlink", "experimenter"
 GRACE_SECONDS = 10.0
 """How long the processes of a host get to end after SIGTERM before SIGKILL."""
-FLOWERS_TIMINGS = NodeTimings()
-"""Flower's own SuperNode timings: the SuperNodes are docs/flower.md's ``flower-supernode``."""
 
 
 def ip(*args: str) -> None:
@@ -274,32 +272,23 @@ def superlink_command(certificates: dict[str, Path], address: str) -> list[str]:
 
 
 def supernode_command(
-    superlink: str, ca: Path, private_key: Path, client: str, state_dir: Path, timings: NodeTimings = FLOWERS_TIMINGS
+    superlink: str, ca: Path, private_key: Path, client: str, state_dir: Path, timings: NodeTimings = NodeTimings()
 ) -> list[str]:
-    """docs/flower.md's step 3 (tests/test_flower_hosts.py checks that the docs give the same flags). ``timings``
-    other than Flower's start the same SuperNode with the same flags through ``fedrepro.fl.flower.supernode``."""
-    entry = (
-        ["flower-supernode"]
-        if timings == FLOWERS_TIMINGS
-        else [
-            sys.executable,
-            "-m",
-            "fedrepro.fl.flower.supernode",
-            str(timings.heartbeat_interval),
-            str(timings.pull_interval),
-        ]
+    """docs/flower.md's step 3 (tests/test_flower_hosts.py checks that the docs give the same flags), with ``timings``
+    where they are not Flower's."""
+    return federation.supernode_command(
+        [
+            "--superlink",
+            superlink,
+            "--root-certificates",
+            str(ca),
+            "--auth-supernode-private-key",
+            str(private_key),
+            "--node-config",
+            f"client-id='{client}' state-dir='{state_dir}'",
+        ],
+        timings,
     )
-    return [
-        *entry,
-        "--superlink",
-        superlink,
-        "--root-certificates",
-        str(ca),
-        "--auth-supernode-private-key",
-        str(private_key),
-        "--node-config",
-        f"client-id='{client}' state-dir='{state_dir}'",
-    ]
 
 
 def last_round_checkpointed(checkpoint_dir: Path, rounds: int) -> bool:
@@ -317,7 +306,7 @@ def run(
     subnet: str,
     reply_timeout: float | None,
     timeout: float,
-    timings: NodeTimings = FLOWERS_TIMINGS,
+    timings: NodeTimings = NodeTimings(),
 ) -> dict:
     """The docs' four steps on namespaces (see the module docstring); Flower's ``flwr ls`` entry of the run."""
     recipe = load_recipe(spec_path)

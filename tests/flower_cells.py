@@ -427,7 +427,7 @@ def run_deployment(case: str, work: Path) -> dict:
             "errors": [
                 line
                 for line in (federation.logs / f"supernode-{name}.log").read_text().splitlines()
-                if "Exit Code" in line or "Failed" in line
+                if "Exit Code" in line or "Failed" in line or "refused" in line
             ],
         }
     drill["wire"] = deployment.wire

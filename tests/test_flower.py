@@ -8,10 +8,13 @@ cases compared with the engine, one for the fault cases.
 
 from __future__ import annotations
 
+import collections
+import ipaddress
 import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,6 +30,7 @@ from fedrepro.fl.flower.common import STORED, StoreSignal
 from fedrepro.fl.flower.node_state import NodeState, NodeStateStore, counted_round, decode
 from fedrepro.fl.flower.ray_backend import KeptRayBackend, kept_ray_backend, raybackend
 from fedrepro.fl.flower.ray_head import stage_ray_address
+from fedrepro.fl.flower.supernode import REFUSED_EXIT
 from fedrepro.fl.runtime import build_runtime
 from flower_cells import (
     CRASHES,
@@ -54,6 +58,9 @@ from flower_cells import (
 from loopback import run_on_loopback
 
 HERE = Path(__file__).resolve().parent
+TRACED = "connect,sendto,execve"
+TRACE_KEY = "syscalls trace"
+INET_ADDRESS = re.compile(r'inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)"')
 EQUIVALENCE_CASES = [case for case in all_cases() if case.split("/")[0] in ("relation", "qa")]
 
 
@@ -230,12 +237,21 @@ def test_an_unknown_runtime_names_the_param_and_the_choices(tmp_path):
 
 
 # ----- on Flower ---------------------------------------------------------------------------------------------
-def flower_cells(folder: Path, cases: list[str], timeout: float) -> dict:
-    """``cases`` (all: none given), in one loopback-only subprocess (Ray starts once per Flower run)."""
+def flower_cells(folder: Path, cases: list[str], timeout: float, traced: bool = False) -> dict:
+    """``cases`` (all: none given), in one loopback-only subprocess (Ray starts once per Flower run). ``traced``: under
+    ``strace``, every process it starts included, recording each connect, each send to an address and each program
+    started (``TRACED``), in ``folder/syscalls.trace``, whose path the results' ``TRACE_KEY`` holds."""
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
     out = folder / "results.json"
+    tracer = []
+    if traced:
+        if shutil.which("strace") is None:
+            pytest.fail("the Flower tests record every connection with `strace` (apt-get install strace)")
+        tracer = ["strace", "-f", "--seccomp-bpf", "-qq", "-s", "256", "-e", f"trace={TRACED}"]
+        tracer += ["-o", str(folder / "syscalls.trace")]
     run_on_loopback(
         [
+            *tracer,
             sys.executable,
             str(HERE / "flower_cells.py"),
             "--out",
@@ -246,13 +262,16 @@ def flower_cells(folder: Path, cases: list[str], timeout: float) -> dict:
         ],
         timeout=timeout,
     )
-    return json.loads(out.read_text())
+    results = json.loads(out.read_text())
+    if traced:
+        results[TRACE_KEY] = str(folder / "syscalls.trace")
+    return results
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every case of ``all_cases`` in both runtimes."""
-    return flower_cells(tmp_path_factory.mktemp("flower"), [], timeout=1500)
+    """Every case of ``all_cases`` in both runtimes, every connection recorded."""
+    return flower_cells(tmp_path_factory.mktemp("flower"), [], timeout=1500, traced=True)
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +379,28 @@ def test_once_a_simulated_run_stops_its_runtimes_threads_stop_waiting_on_their_q
         with pytest.raises(Empty):
             queues[1].get(timeout=60)  # a stopped queue's get does not wait for its timeout
     assert vce_api.Queue is flowers_queue
+
+
+def test_no_process_of_a_simulated_or_deployed_run_connects_outside_loopback_or_starts_a_dashboard(runs):
+    """Every connect and addressed send of every process the Flower runs started (Ray's head, agents and workers, the
+    SuperLink, SuperNodes, SuperExecs, ServerApps, ClientApps, the Flower CLI) went to loopback. Seen failing before
+    ``ray_head.ray_on_loopback_only`` and Flower's update check off: Ray's dashboard process asked 169.254.169.254 and
+    looked up metadata.google.internal, Ray looked up its node address by a UDP socket to 8.8.8.8:53, and each ``flwr``
+    call looked up api.flower.ai (inside this namespace they failed; on a machine with a network they would not)."""
+    trace = Path(runs[TRACE_KEY]).read_text()
+    addresses = collections.Counter(
+        v4 or v6 for line in trace.splitlines() for v4, v6 in INET_ADDRESS.findall(line) if "AF_INET" in line
+    )
+    assert addresses, "the trace recorded no connection at all: it did not follow the run's processes"
+    outside = {
+        address: count
+        for address, count in addresses.items()
+        if not ipaddress.ip_address(address).is_loopback
+        and not (address.startswith("::ffff:") and ipaddress.ip_address(address[7:]).is_loopback)
+    }
+    assert not outside, f"connections outside loopback (address: count): {outside}"
+    programs = [line for line in trace.splitlines() if "execve(" in line and "dashboard/dashboard.py" in line]
+    assert not programs, f"a Ray dashboard process started: {programs[0][:300]}"
 
 
 def test_every_simulated_cell_of_a_process_ran_on_the_kept_ray_workers(runs):
@@ -558,8 +599,8 @@ def test_a_supernode_whose_key_is_not_registered_is_refused_and_receives_nothing
 def test_a_supernode_or_a_cli_without_tls_cannot_connect(runs, case):
     drill = runs[case]["drill"]
     plaintext = drill["plaintext"]
-    assert plaintext["exit"] not in (None, 0)
-    assert any("Failed to initialize the connection" in line for line in plaintext["errors"]), plaintext["errors"]
+    assert plaintext["exit"] == REFUSED_EXIT, "refused before it starts, not after retrying until --max-wait-time"
+    assert any("speaks TLS" in line for line in plaintext["errors"]), plaintext["errors"]
     assert not plaintext["received_anything"]
     assert drill["cli_without_tls"] != 0, "flwr over plain HTTP is refused too"
 

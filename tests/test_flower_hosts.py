@@ -59,11 +59,10 @@ def test_the_docs_several_machines_steps_are_the_scripts():
     script = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(script)
     section, source = several_machines_section(), SCRIPT.read_text()
+    entries = {"superlink": "flower-superlink ", "supernode": "fedrepro.fl.flower.supernode "}
     commands = {
-        name: next(
-            line.split(f"flower-{name} ")[1].split() for line in section.splitlines() if f"flower-{name} " in line
-        )
-        for name in ("superlink", "supernode")
+        name: next(line.split(entry)[1].split() for line in section.splitlines() if entry in line)
+        for name, entry in entries.items()
     }
     certificates = {"ca": Path("ca.crt"), "cert": Path("c.pem"), "key": Path("c.key")}
     assert flags(commands["superlink"]) == flags(script.superlink_command(certificates, "10.0.0.5"))

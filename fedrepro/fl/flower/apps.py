@@ -1,13 +1,14 @@
 """The ServerApp and ClientApp of a real deployment, at module level, as ``flwr run`` loads them by name.
 
-A deployment starts them in processes of their own (the SuperLink's ServerApp process, each SuperNode's
-ClientApp process), so they rebuild the cell from its recipe spec: a JSON file named by the run config key
-``recipe``, holding ``{"factory": "module:function", "kwargs": {...}}``; the factory returns the
-``CellRecipe``. The server writes its checkpoints under the run config's ``checkpoint-dir``, waits at most
-``reply-timeout`` seconds for a round's replies (0: until every node answers) and at most ``nodes-timeout`` seconds
-for one node per client before its first round (``common.NODES_TIMEOUT`` if not given). A node serves the client
-named by its node config's ``client-id``, or the n-th client of the run by its ``partition-id`` (the numbered nodes a
-local deployment's cells share); it keeps its client's state under its node config's ``state-dir``, or else under the
+A deployment starts them in processes of their own (the SuperLink's ServerApp process, each SuperNode's ClientApp
+process), so they rebuild the cell from its recipe spec: a JSON file named by the run config key ``recipe``, holding
+``{"factory": "module:function", "kwargs": {...}}``; the factory returns the ``CellRecipe``. The server writes its
+checkpoints under the run config's ``checkpoint-dir``, which it holds as its sole writer for the whole run
+(``writer_lock``: a second ServerApp on the folder is refused, naming the first), waits at most ``reply-timeout``
+seconds for a round's replies (0: until every node answers) and at most ``nodes-timeout`` seconds for one node per
+client before its first round (``common.NODES_TIMEOUT`` if not given). A node serves the client named by its node
+config's ``client-id``, or the n-th client of the run by its ``partition-id`` (the numbered nodes a local
+deployment's cells share); it keeps its client's state under its node config's ``state-dir``, or else under the
 cell's ``<checkpoint-dir>/nodes/<client id>``; on silo-local data (``CellRecipe.silo``) it loads that client's rows
 from its node config's ``data-dir`` only (else from the recipe's silos folder, ``<root>/<client id>``).
 A run stopped by a client's diverged training leaves the reason in ``DIVERGED_FILE`` for the stage to raise.
@@ -26,6 +27,7 @@ from fedrepro.fl.flower.client import NodeHandlers
 from fedrepro.fl.flower.common import CHECKPOINT_KEY, NODES_TIMEOUT, NODES_TIMEOUT_KEY, RECIPE_KEY, REPLY_TIMEOUT_KEY
 from fedrepro.fl.flower.node_state import NODES
 from fedrepro.fl.flower.server import FlowerServer
+from fedrepro.fl.flower.writer_lock import sole_writer
 from fedrepro.fl.recipe import load_recipe
 
 DIVERGED_FILE = "diverged.txt"
@@ -38,18 +40,25 @@ server_app = ServerApp()
 
 @server_app.main()
 def serve(grid: Grid, context: Context) -> None:
-    recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
-    task, algorithm = recipe.build_server()
+    checkpoint_dir = Path(str(context.run_config[CHECKPOINT_KEY]))
     timeout = float(context.run_config.get(REPLY_TIMEOUT_KEY, 0)) or None
     nodes_timeout = float(context.run_config.get(NODES_TIMEOUT_KEY, NODES_TIMEOUT))
-    checkpoint_dir = Path(str(context.run_config[CHECKPOINT_KEY]))
-    try:
-        FlowerServer(
-            recipe, task, algorithm, checkpoint_dir, progress=False, reply_timeout=timeout, nodes_timeout=nodes_timeout
-        ).serve(grid)
-    except TrainingDiverged as error:
-        (checkpoint_dir / DIVERGED_FILE).write_text(str(error))
-        raise
+    with sole_writer(checkpoint_dir):  # before the checkpoint is read: an older ServerApp may still be writing it
+        recipe = load_recipe(str(context.run_config[RECIPE_KEY]))
+        task, algorithm = recipe.build_server()
+        try:
+            FlowerServer(
+                recipe,
+                task,
+                algorithm,
+                checkpoint_dir,
+                progress=False,
+                reply_timeout=timeout,
+                nodes_timeout=nodes_timeout,
+            ).serve(grid)
+        except TrainingDiverged as error:
+            (checkpoint_dir / DIVERGED_FILE).write_text(str(error))
+            raise
 
 
 client_app = ClientApp()

@@ -96,6 +96,16 @@ class NodeTimings:
     pull_interval: float = 3.0
 
 
+def supernode_command(arguments: list[str], timings: NodeTimings = NodeTimings()) -> list[str]:
+    """Flower's SuperNode with ``arguments``, through ``fedrepro.fl.flower.supernode``: it refuses, with the reason,
+    TLS settings that could never join the SuperLink, and sets ``timings`` where they are not Flower's."""
+    command = [sys.executable, "-m", "fedrepro.fl.flower.supernode"]
+    if timings != NodeTimings():
+        command += ["--heartbeat-interval", str(timings.heartbeat_interval)]
+        command += ["--pull-interval", str(timings.pull_interval)]
+    return command + arguments
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
@@ -294,7 +304,10 @@ class LocalFederation:
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={key: value for key, value in self.environment.items() if key != MARK},
+                env={  # the stage's own environment, unmarked: the reaper is no process of the federation
+                    **{key: value for key, value in os.environ.items() if key != MARK},
+                    "PYTHONPATH": self.environment["PYTHONPATH"],
+                },
                 start_new_session=True,
             )
 
@@ -394,19 +407,7 @@ class LocalFederation:
     ) -> subprocess.Popen:
         """A SuperNode named ``name``; ``private_key`` authenticates it (None: none), ``tls=False`` tries plain HTTP."""
         config = " ".join(f"{key}='{value}'" for key, value in node_config.items())
-        timings = self.node_timings
-        command = (
-            ["flower-supernode"]
-            if timings == NodeTimings()
-            else [
-                sys.executable,
-                "-m",
-                "fedrepro.fl.flower.supernode",
-                str(timings.heartbeat_interval),
-                str(timings.pull_interval),
-            ]
-        )
-        command += [
+        arguments = [
             "--superlink",
             self.address,
             "--node-config",
@@ -416,12 +417,12 @@ class LocalFederation:
             "--port",
             str(free_port()),
         ]
-        command += ["--root-certificates", str(self.certificates["ca"])] if tls else ["--insecure"]
+        arguments += ["--root-certificates", str(self.certificates["ca"])] if tls else ["--insecure"]
         if private_key is not None:
-            command += ["--auth-supernode-private-key", str(private_key)]
+            arguments += ["--auth-supernode-private-key", str(private_key)]
         if max_wait is not None:
-            command += ["--max-wait-time", str(max_wait)]
-        return self._spawn(f"supernode-{name}", command)
+            arguments += ["--max-wait-time", str(max_wait)]
+        return self._spawn(f"supernode-{name}", supernode_command(arguments, self.node_timings))
 
     def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 15) -> None:
         """End a process and everything it started (its SuperExec, ServerApp or ClientApp processes)."""

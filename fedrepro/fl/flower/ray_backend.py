@@ -36,6 +36,7 @@ from flwr.server.superlink.fleet.vce.backend import raybackend
 from flwr.server.superlink.linkstate import InMemoryLinkState
 
 from fedrepro.fl.flower.common import STORED
+from fedrepro.fl.flower.ray_head import ray_on_loopback_only
 
 MESSAGE_POLL_SECONDS = 0.1
 """How often the feed looks for messages the server sent when no store wakes it (Flower's own loop's interval)."""
@@ -59,9 +60,11 @@ class KeptRayBackend(raybackend.RayBackend):
     def init_ray(self, backend_config: dict[str, Any]) -> None:
         """Flower's, with Python's ``random`` seeded from the OS for it and then put back as the cell left it: Ray names
         a driver's subscriptions to its cluster with ``random``, which every cell seeds, and two cells of one seed that
-        joined a stage's Ray under one name took each other's replies, polling it in a loop (a core's worth of CPU)."""
+        joined a stage's Ray under one name took each other's replies, polling it in a loop (a core's worth of CPU). The
+        Ray it starts or joins stays on loopback, with no dashboard process (``ray_head.ray_on_loopback_only``)."""
         cell_draws = random.getstate()
         random.seed()
+        ray_on_loopback_only()
         try:
             super().init_ray(backend_config)
         finally:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from fedrepro.errors import FederationError
 
@@ -33,13 +33,17 @@ STOP_SECONDS = 30.0
 OBJECT_STORE_BYTES = 1024 * 2**20
 """Ray's shared-memory store: messages to and from the worker pass through it (a MiniLM model is ~90 MB, SCAFFOLD
 sends two)."""
+LOOPBACK_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for whether a node's address may be other than loopback (``ray_on_loopback_only``)."""
 RAY_ENVIRONMENT = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "FLWR_TELEMETRY_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
     "RAY_worker_niceness": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
 }
-"""What Ray and Flower read from the environment: no usage statistics or telemetry (they would try the network), and
+"""What Ray and Flower read from the environment: no usage statistics, telemetry or update check (each would try the
+network: the Flower CLI looked up api.flower.ai at every ``flwr`` call for its update check), and
 ClientApp workers at the niceness of the process that runs the cell. Ray lowers its workers' priority to niceness 15
 by default; beside any busy process of the same session (another cell's server, the test suite's other worker) a
 worker then got almost no CPU, and both cells of a stage's Ray waited out their 120 s for a node's first answer."""
@@ -57,7 +61,7 @@ def stage_ray(cpus: int) -> Iterator[None]:
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **RAY_ENVIRONMENT},
+            env={**os.environ, **RAY_ENVIRONMENT, LOOPBACK_RAY_ENV: "0"},
         )
     (folder / "pid").write_text(str(head.pid))
     os.environ[STAGE_RAY_ENV] = str(folder)
@@ -112,12 +116,38 @@ def _running(pid: int) -> bool:
         return False
 
 
+def ray_on_loopback_only() -> None:
+    """Make the Ray that this process starts or joins from here on stay on loopback and quiet, in this process and in
+    those it starts. Ray 2.55 does neither by itself:
+
+    - ``_node_ip_address="127.0.0.1"`` is replaced by the address of the machine's default route (Ray asks the kernel
+      which source address a UDP socket "connected" to 8.8.8.8:53 would use, else resolves the host name), so a
+      "loopback" head's GCS listened on the machine's network address. Ray keeps loopback only where it believes
+      clusters unsupported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read at import in every Ray process): set here for
+      the processes this one starts and, as Ray reads it from its constant when it asks, in this one. Only the local
+      Rays of Flower's simulation call this; a stage's Ray cluster of several machines (``fedrepro.cluster``) must not.
+    - A head starts a dashboard process whatever ``include_dashboard`` says (with it False, one serving only Ray's usage
+      statistics), and at its start that process asks three clouds' metadata services who hosts the machine: two HTTP
+      requests to 169.254.169.254 and a DNS lookup of metadata.google.internal, whether usage statistics are on or not
+      (``ray._common.usage.usage_lib.get_cluster_config_to_report``). No part of fedrepro uses the dashboard, so its
+      start is replaced by what Ray does when the dashboard fails to start (no web UI, no process)."""
+    from ray._private import node, ray_constants
+
+    def start_no_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
+        self._webui_url = None
+
+    os.environ[LOOPBACK_RAY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    node.Node.start_api_server = start_no_api_server
+
+
 def main() -> None:
     import ray
 
     from fedrepro.device import ray_gpus
 
     cpus, store_bytes, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    ray_on_loopback_only()
     context = ray.init(
         num_cpus=cpus,
         num_gpus=ray_gpus(),
