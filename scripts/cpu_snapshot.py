@@ -11,7 +11,7 @@
     python scripts/cpu_snapshot.py canary ssvfnas            # a stale one carried forward, or marked
     python scripts/cpu_snapshot.py plan [fedmatch]           # the cells a snapshot trains, by table and figure
     python scripts/cpu_snapshot.py plan --scale paper        # what the paper-scale grid costs on a GPU (bench/README)
-    python scripts/cpu_snapshot.py partial fedcmc WORKDIR    # Table 2 as the ledger holds it, no verdicts (PARTIAL.md)
+    python scripts/cpu_snapshot.py partial fedmatch WORKDIR  # Table 2 as the ledger holds it, no verdicts (PARTIAL.md)
 
 A snapshot grows across stretches of work in its results ledger, ``reports/cpu/<paper>/cells`` (``fedrepro.ledger``):
 each cell's outputs a report needs, none of the raw data, committed as it lands. ``run`` clones HEAD (its committed
@@ -401,7 +401,7 @@ def run(paper: str, mirror: Path, workdir: Path, budget: float | None = None, co
     if complete:
         (workdir / f"stage_times_{paper}.txt").write_text("\n".join(timings) + "\n")
         collect(paper, workdir)
-    elif paper == "fedcmc" and (workdir / "data" / "fedcmc" / "partitions").is_dir():
+    elif paper in PARTIAL_INPUTS and all((workdir / folder).is_dir() for folder in PARTIAL_INPUTS[paper]):
         write_partial(paper, workdir)
     if commit:
         commit_ledger(
@@ -810,18 +810,33 @@ def held_metrics(paper: str) -> dict[str, dict]:
     return held
 
 
+PARTIAL_INPUTS = {"fedcmc": ["data/fedcmc/partitions"], "fedmatch": ["data/mined", "data/mined_bm25"]}
+"""What a paper's PARTIAL.md reads from a stretch's workdir beside the ledger: the data stages' outputs its trivial rows
+are scored on."""
+
+
 def write_partial(paper: str, workdir: Path) -> Path:
-    """``reports/cpu/<paper>/PARTIAL.md`` from the ledger's entries at HEAD and the partitions of ``workdir``."""
+    """``reports/cpu/<paper>/PARTIAL.md`` from the ledger's entries at HEAD and the data stages' outputs in
+    ``workdir`` (``PARTIAL_INPUTS``)."""
     sys.path.insert(0, str(ROOT))
     from fedrepro.config import parse_params, read_raw_params
-    from fedrepro.fedcmc.partial import render_partial
 
-    partitions = Path(workdir) / "data" / "fedcmc" / "partitions"
-    if not partitions.is_dir():
-        sys.exit(f"{partitions} does not exist: give the workdir of a stretch or a carry (its data stages made it)")
+    inputs = [Path(workdir) / folder for folder in PARTIAL_INPUTS[paper]]
+    for folder in inputs:
+        if not folder.is_dir():
+            sys.exit(f"{folder} does not exist: give the workdir of a stretch or a carry (its data stages made it)")
     params = parse_params(snapshot_params(paper, read_raw_params(ROOT / "params.yaml"), "mirror"))
+    commit = git("rev-parse", "HEAD").strip()
+    if paper == "fedcmc":
+        from fedrepro.fedcmc.partial import render_partial as render_fedcmc
+
+        text = render_fedcmc(params, held_metrics(paper), *inputs, commit)
+    else:
+        from fedrepro.fedmatch.partial import render_partial as render_fedmatch
+
+        text = render_fedmatch(params, held_metrics(paper), *inputs, commit)
     target = ROOT / "reports" / "cpu" / paper / PARTIAL
-    target.write_text(render_partial(params, held_metrics(paper), partitions, git("rev-parse", "HEAD").strip()))
+    target.write_text(text)
     return target
 
 
@@ -1243,14 +1258,14 @@ def main() -> None:
         help="(--scale paper) a measured throughput in achieved TFLOP/s, in place of the peak x MFU",
     )
     partial_parser = commands.add_parser(
-        "partial", help="FedCMC's Table 2 as the ledger holds it, no verdicts (reports/cpu/fedcmc/PARTIAL.md)"
+        "partial", help="a paper's Table 2 as the ledger holds it, no verdicts (reports/cpu/<paper>/PARTIAL.md)"
     )
-    partial_parser.add_argument("paper", choices=["fedcmc"])
+    partial_parser.add_argument("paper", choices=sorted(PARTIAL_INPUTS))
     partial_parser.add_argument(
         "workdir",
         type=Path,
         help="a clone whose data stages ran at HEAD (a stretch's or a "
-        "carry's workdir): the partitions give the trivial rows",
+        "carry's workdir): its data stages' outputs give the trivial rows",
     )
     args = parser.parse_args()
     if args.command == "run":

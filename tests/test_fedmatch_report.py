@@ -483,3 +483,50 @@ def test_a_sweep_table_ends_with_each_columns_chance_row():
     assert table.loc[CHANCE].tolist() == pytest.approx([0.1 + 0.01 * i for i in range(len(PAPER_CLIENTS))] + [0.3])
     assert table.loc[2, "overall"] > table.loc[0, "overall"] > table.loc[CHANCE, "overall"]
     assert CHANCE not in sweep_table(data, "shared_layers").index
+
+
+def test_a_partial_table2_says_how_many_seeds_each_entry_has_and_gives_no_verdict(tmp_path):
+    """While the ledger is being built (scripts/cpu_snapshot.py partial fedmatch): each entry with its seeds in, its
+    health mark, 'missing' where none is, and the trivial rows of the same test candidates (every client: one test
+    question, its gold answer of two; BM25 scores the gold higher, so MAP 1; a random ordering's MAP is 0.75)."""
+    from fedrepro.config import parse_params
+    from fedrepro.fedmatch.cells import table_cells
+    from fedrepro.fedmatch.methods import FIGURE_METHOD
+    from fedrepro.fedmatch.partial import partial_table2, render_partial
+    from fedrepro.fedmatch.report import BM25_ONLY, LABELS
+    from fedrepro.report.results import CHANCE
+    from test_config import with_change
+
+    raw = with_change("fedmatch.methods", ["fedavg", FIGURE_METHOD])
+    raw["fedmatch"]["table2"], raw["fedmatch"]["table3"] = [FIGURE_METHOD], ["fedavg", FIGURE_METHOD]
+    raw["fedmatch"]["seeds"] = [0, 1, 2]
+    params = parse_params(raw)
+    mined, bm25 = tmp_path / "mined", tmp_path / "mined_bm25"
+    bm25.mkdir()
+    candidates = pd.DataFrame(
+        {"split": ["test", "test"], "question_id": ["q", "q"], "answer_id": ["a0", "a1"], "relevance": [1, 0]}
+    )
+    for client in params.qa_clients:
+        (mined / client).mkdir(parents=True)
+        candidates.to_parquet(mined / client / "candidates.parquet")
+        candidates.assign(score=[1.0, 0.0]).to_parquet(bm25 / f"{client}.parquet")
+
+    def metrics(level: float, losses: list[float]) -> dict:
+        scores = {"map": level, "mrr": level}
+        valid = {client: {"mrr": 0.5} for client in params.qa_clients}
+        return {
+            "test": {"clients": {client: scores for client in params.qa_clients}, "overall": scores},
+            "history": [{"round": r + 1, "fit_loss": loss, "valid": valid} for r, loss in enumerate(losses)],
+        }
+
+    fedavg = [c for c in table_cells(params) if c.method == "fedavg"]
+    held = {fedavg[0].name: metrics(0.6, [1.0, 0.5, 0.34, 0.33]), fedavg[2].name: metrics(0.7, [1.0, 2.0, 3.0, 4.0])}
+    table = partial_table2(params, held, mined, bm25, "map")
+    assert table.loc[LABELS["fedavg"], "overall"] == "0.650 ± 0.071 † (2 of 3 seeds)"
+    assert table.loc[LABELS[FIGURE_METHOD], "overall"] == "missing (0 of 3 seeds)"
+    assert set(table.loc[BM25_ONLY]) == {"1.000"} and set(table.loc[CHANCE]) == {"0.750"}
+    text = render_partial(params, held, mined, bm25, "abc1234")
+    assert "**2 of 6 Table 2 cells** (seed 0: 1 of 2, seed 1: 0 of 2, seed 2: 1 of 2)" in text
+    assert "## Test MAP" in text and "## Test MRR" in text
+    assert "no verdict" in text and "holds" not in text and "inconclusive" not in text
+    assert "the widest range of overall test MAP is 0.100 (FedAvg)" in text.replace(LABELS["fedavg"], "FedAvg")
