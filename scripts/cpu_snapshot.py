@@ -1052,7 +1052,14 @@ def dependency_changes(
     comparison, in a copy of ``revision``; outputs are absent there, so those are not counted). Empty = fresh. The
     ``check`` stage is left out: it reads every param and writes the same output for every valid params.yaml, so
     what changes it changes no cell. With ``since``, the commit whose code the lock was taken from, a dependency
-    whose bytes changed but which does the same (``same_behaviour``: a restyle, a docstring) is not a change."""
+    whose bytes changed but which does the same (``same_behaviour``: a restyle, a docstring) is not a change. Nor,
+    where ``params`` train on the engine, is a module of Flower's (``fedrepro.code_closure.FLOWER``): a stage imports
+    them to run on Flower, and on the engine none of them runs a cell (the cells' fingerprints leave them out by
+    the same rule), so a Flower-only change staled both engine snapshots for nothing."""
+    sys.path.insert(0, str(ROOT))
+    from fedrepro.code_closure import FLOWER
+
+    on_engine = params.get("train", {}).get("runtime", "engine") == "engine"
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp)
         archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
@@ -1080,6 +1087,8 @@ def dependency_changes(
                         changes += [f"{stage}: param {param} ({what})" for param, what in state.items()]
                     elif kind == "changed deps" and state != "deleted":  # outputs are absent in the copy
                         if state == "modified" and since is not None and same_behaviour(name, since, revision):
+                            continue
+                        if on_engine and Path(name).is_relative_to(FLOWER):
                             continue
                         changes.append(f"{stage}: {name} ({state})")
     return changes

@@ -50,6 +50,20 @@ def test_a_lock_is_fresh_until_a_file_or_a_param_its_cells_depend_on_changes():
     train_script["md5"] = "0" * 32
     changes = cpu_snapshot.dependency_changes(yaml.safe_dump(entries), yaml.safe_load(head("params.yaml")), targets)
     assert changes == ["ssvfnas_table: stages/ssvfnas_train.py (modified)"]
+    train_script["md5"] = next(  # back as it was; now a Flower module: no change on the engine, a change on Flower
+        dep["md5"]
+        for dep in yaml.safe_load(lock)["stages"]["ssvfnas_table"]["deps"]
+        if dep["path"] == train_script["path"]
+    )
+    flower = next(
+        dep for dep in entries["stages"]["ssvfnas_table"]["deps"] if dep["path"].startswith("fedrepro/fl/flower/")
+    )
+    flower["md5"] = "0" * 32
+    assert cpu_snapshot.dependency_changes(yaml.safe_dump(entries), yaml.safe_load(head("params.yaml")), targets) == []
+    on_flower = yaml.safe_load(head("params.yaml"))
+    on_flower["train"]["runtime"] = "flower-simulation"
+    changes = cpu_snapshot.dependency_changes(yaml.safe_dump(entries), on_flower, targets)
+    assert f"ssvfnas_table: {flower['path']} (modified)" in changes
 
 
 def test_a_canarys_restamp_takes_heads_code_and_keeps_what_the_cells_read_and_wrote():
