@@ -448,6 +448,32 @@ def test_joining_ray_names_its_subscriptions_from_the_os_and_leaves_the_cells_dr
     assert random.getrandbits(64) == seeded
 
 
+def test_a_ray_joined_or_started_for_flower_is_on_loopback_while_it_starts_and_the_process_is_as_before_after(
+    monkeypatch,
+):
+    """``ray_on_loopback_only`` holds only around the ``ray.init``: a later ``ray start`` of a cluster of several
+    machines from the same process (a test's, ``fedrepro.cluster``'s) is refused under Ray's loopback-only switch."""
+    from ray._private import node, ray_constants
+
+    from fedrepro.fl.flower.ray_head import LOOPBACK_RAY_ENV
+
+    monkeypatch.delenv(LOOPBACK_RAY_ENV, raising=False)
+    seen = []
+
+    def init_ray(self, config):
+        seen.append((os.environ.get(LOOPBACK_RAY_ENV), ray_constants.ENABLE_RAY_CLUSTER))
+        probe = type("Probe", (), {})()
+        node.Node.start_api_server(probe, include_dashboard=False, raise_on_failure=True)  # starts nothing
+        seen.append(probe._webui_url)
+
+    monkeypatch.setattr(raybackend.RayBackend, "init_ray", init_ray)
+    before = ray_constants.ENABLE_RAY_CLUSTER, node.Node.start_api_server
+    KeptRayBackend.init_ray(KeptRayBackend.__new__(KeptRayBackend), {})
+    assert seen == [("0", False), None]
+    assert LOOPBACK_RAY_ENV not in os.environ
+    assert (ray_constants.ENABLE_RAY_CLUSTER, node.Node.start_api_server) == before
+
+
 def test_a_cell_waiting_for_a_stages_ray_that_ended_says_so_with_its_last_lines(tmp_path):
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "pid").write_text(ended.stdout.strip())

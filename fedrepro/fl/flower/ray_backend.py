@@ -64,9 +64,9 @@ class KeptRayBackend(raybackend.RayBackend):
         Ray it starts or joins stays on loopback, with no dashboard process (``ray_head.ray_on_loopback_only``)."""
         cell_draws = random.getstate()
         random.seed()
-        ray_on_loopback_only()
         try:
-            super().init_ray(backend_config)
+            with ray_on_loopback_only():
+                super().init_ray(backend_config)
         finally:
             random.setstate(cell_draws)
 

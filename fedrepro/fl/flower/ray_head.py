@@ -61,7 +61,7 @@ def stage_ray(cpus: int) -> Iterator[None]:
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **RAY_ENVIRONMENT, LOOPBACK_RAY_ENV: "0"},
+            env={**os.environ, **RAY_ENVIRONMENT},
         )
     (folder / "pid").write_text(str(head.pid))
     os.environ[STAGE_RAY_ENV] = str(folder)
@@ -116,29 +116,41 @@ def _running(pid: int) -> bool:
         return False
 
 
-def ray_on_loopback_only() -> None:
-    """Make the Ray that this process starts or joins from here on stay on loopback and quiet, in this process and in
-    those it starts. Ray 2.55 does neither by itself:
+@contextlib.contextmanager
+def ray_on_loopback_only() -> Iterator[None]:
+    """Around a ``ray.init`` that starts or joins a local Ray (the stage's, or a cell's own): the Ray stays on
+    loopback and quiet, in this process and in those the block starts. Ray 2.55 does neither by itself:
 
     - ``_node_ip_address="127.0.0.1"`` is replaced by the address of the machine's default route (Ray asks the kernel
       which source address a UDP socket "connected" to 8.8.8.8:53 would use, else resolves the host name), so a
       "loopback" head's GCS listened on the machine's network address. Ray keeps loopback only where it believes
-      clusters unsupported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read at import in every Ray process): set here for
-      the processes this one starts and, as Ray reads it from its constant when it asks, in this one. Only the local
-      Rays of Flower's simulation call this; a stage's Ray cluster of several machines (``fedrepro.cluster``) must not.
+      clusters unsupported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read at import in every Ray process): set for the
+      processes the block starts (a head's raylet, agents and, through them, its workers) and, as Ray reads it from
+      its constant when it asks, in this process. Both are put back after the block: the same process may later
+      start or join a Ray cluster of several machines (``fedrepro.cluster``, a test's ``ray start``), which needs
+      them as they were.
     - A head starts a dashboard process whatever ``include_dashboard`` says (with it False, one serving only Ray's usage
       statistics), and at its start that process asks three clouds' metadata services who hosts the machine: two HTTP
       requests to 169.254.169.254 and a DNS lookup of metadata.google.internal, whether usage statistics are on or not
-      (``ray._common.usage.usage_lib.get_cluster_config_to_report``). No part of fedrepro uses the dashboard, so its
-      start is replaced by what Ray does when the dashboard fails to start (no web UI, no process)."""
+      (``ray._common.usage.usage_lib.get_cluster_config_to_report``). No part of fedrepro uses the dashboard, so within
+      the block its start is replaced by what Ray does when the dashboard fails to start (no web UI, no process)."""
     from ray._private import node, ray_constants
 
     def start_no_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
         self._webui_url = None
 
+    saved = os.environ.get(LOOPBACK_RAY_ENV), ray_constants.ENABLE_RAY_CLUSTER, node.Node.start_api_server
     os.environ[LOOPBACK_RAY_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     node.Node.start_api_server = start_no_api_server
+    try:
+        yield
+    finally:
+        environment, ray_constants.ENABLE_RAY_CLUSTER, node.Node.start_api_server = saved
+        if environment is None:
+            os.environ.pop(LOOPBACK_RAY_ENV, None)
+        else:
+            os.environ[LOOPBACK_RAY_ENV] = environment
 
 
 def main() -> None:
@@ -147,14 +159,14 @@ def main() -> None:
     from fedrepro.device import ray_gpus
 
     cpus, store_bytes, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    ray_on_loopback_only()
-    context = ray.init(
-        num_cpus=cpus,
-        num_gpus=ray_gpus(),
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        object_store_memory=store_bytes,
-    )
+    with ray_on_loopback_only():
+        context = ray.init(
+            num_cpus=cpus,
+            num_gpus=ray_gpus(),
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            object_store_memory=store_bytes,
+        )
     written = folder / "address.tmp"
     written.write_text(context.address_info["gcs_address"])
     written.replace(folder / "address")
