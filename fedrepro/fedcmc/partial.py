@@ -24,6 +24,7 @@ from fedrepro.fl.health import cell_health, training_losses
 from fedrepro.io import read_json, read_table
 from fedrepro.metrics.classification import trivial_scores
 from fedrepro.report.health import LEGEND, mark_of
+from fedrepro.report.partial import coverage, machines
 
 
 def cell_label(metrics: Mapping) -> str:
@@ -70,18 +71,7 @@ def partial_table2(params: Params, held: Mapping[str, Mapping], partitions: Path
 def render_partial(params: Params, held: Mapping[str, Mapping], partitions: Path, commit: str) -> str:
     """PARTIAL.md: Table 2 as the ledger holds it at ``commit``, and why it has no verdicts yet."""
     cells = table_cells(params)
-    have = sum(c.name in held for c in cells)
-    per_seed = ", ".join(
-        f"seed {seed}: {sum(c.name in held for c in cells if c.seed == seed)} of {sum(c.seed == seed for c in cells)}"
-        for seed in sorted({c.seed for c in cells})
-    )
-    machines = sorted(
-        {
-            f"{m['hardware'].get('cpu', '?')} ({m['hardware'].get('torch_cpu_capability', '?')})"
-            for m in held.values()
-            if m.get("hardware")
-        }
-    )
+    have, per_seed = coverage(cells, held)
     return "\n".join(
         [
             "# FedCMC at CPU scale: Table 2 so far (partial, from the results ledger)",
@@ -94,7 +84,7 @@ def render_partial(params: Params, held: Mapping[str, Mapping], partitions: Path
             "once the ledger is complete). Test micro-F1 in %, mean ± std over the seeds in (the mean alone for one); "
             f"the trivial rows are the partition's (its training prior, its test sentences). {LEGEND} "
             "(the shared health rule, `docs/reproducibility.md`). Cells trained on: "
-            f"{', '.join(machines) or '-'} (each entry's `stamp.json` names its machine class).",
+            f"{machines(held)} (each entry's `stamp.json` names its machine class).",
             "",
             partial_table2(params, held, partitions).to_markdown(disable_numparse=True),
             "",

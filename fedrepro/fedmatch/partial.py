@@ -21,6 +21,7 @@ from fedrepro.fedmatch.cells import history_health, table_cells
 from fedrepro.fedmatch.report import BM25_ONLY, LABELS, bm25_levels, chance_levels
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.health import LEGEND, mark_of
+from fedrepro.report.partial import coverage, machines
 from fedrepro.report.results import CHANCE, OVERALL
 
 METRICS = ("map", "mrr")
@@ -69,18 +70,7 @@ def partial_table2(
 def render_partial(params: Params, held: Mapping[str, Mapping], mined: Path, bm25_scores: Path, commit: str) -> str:
     """PARTIAL.md: Table 2 as the ledger holds it at ``commit``, and why it has no verdicts yet."""
     cells = table_cells(params)
-    have = sum(c.name in held for c in cells)
-    per_seed = ", ".join(
-        f"seed {seed}: {sum(c.name in held for c in cells if c.seed == seed)} of {sum(c.seed == seed for c in cells)}"
-        for seed in sorted({c.seed for c in cells})
-    )
-    machines = sorted(
-        {
-            f"{m['hardware'].get('cpu', '?')} ({m['hardware'].get('torch_cpu_capability', '?')})"
-            for m in held.values()
-            if m.get("hardware")
-        }
-    )
+    have, per_seed = coverage(cells, held)
     lines = [
         "# FedMatch at CPU scale: Table 2 so far (partial, from the results ledger)",
         "",
@@ -91,7 +81,7 @@ def render_partial(params: Params, held: Mapping[str, Mapping], mined: Path, bm2
         "once the ledger is complete). Test MAP and MRR of each client's test questions (overall: the mean over the "
         "clients), mean ± std over the seeds in (the mean alone for one); the trivial rows rank the same test "
         f"candidates by their BM25 score alone and at random (its exact expectation). {LEGEND} (the shared health "
-        f"rule, `docs/reproducibility.md`). Cells trained on: {', '.join(machines) or '-'} (each entry's "
+        f"rule, `docs/reproducibility.md`). Cells trained on: {machines(held)} (each entry's "
         "`stamp.json` names its machine class).",
     ]
     for metric in METRICS:
