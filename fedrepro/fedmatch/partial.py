@@ -22,14 +22,13 @@ from fedrepro.fedmatch.report import BM25_ONLY, LABELS, bm25_levels, chance_leve
 from fedrepro.metrics.summary import mean_std
 from fedrepro.report.health import LEGEND, mark_of
 from fedrepro.report.partial import coverage, machines
-from fedrepro.report.results import CHANCE, OVERALL
+from fedrepro.report.results import CHANCE, OVERALL, client_level
 
 METRICS = ("map", "mrr")
 
 
 def _score(metrics: Mapping, client: str, metric: str) -> float:
-    test = metrics["test"]
-    return float(test["overall"][metric] if client == OVERALL else test["clients"][client][metric])
+    return float(client_level(metrics["test"], client)[metric])
 
 
 def partial_table2(
@@ -58,10 +57,7 @@ def partial_table2(
     for name, levels in trivial.items():
         if levels is None:
             continue
-        table[name] = {
-            client: f"{(levels['overall'] if client == OVERALL else levels['clients'][client])[metric]:.3f}"
-            for client in clients
-        }
+        table[name] = {client: f"{client_level(levels, client)[metric]:.3f}" for client in clients}
     frame = pd.DataFrame.from_dict(table, orient="index").reindex(columns=clients).fillna("-")
     frame.index.name = "method"
     return frame
